@@ -1,0 +1,71 @@
+"""Wire models of toolfleet (pydantic v2); JSON Schema copies live in ``schemas/json/``."""
+
+from schemas._base import SCHEMA_VERSION, Message, WireModel, describe_validation_error
+from schemas.inbound import (
+    AgentRef,
+    ApprovalDecision,
+    CancelRequest,
+    FunctionCallItem,
+    ModelResponseEvent,
+    TurnConfig,
+)
+from schemas.internal import (
+    CallError,
+    CallOutcome,
+    CallStatus,
+    DeadLetter,
+    Disposition,
+    Effect,
+    EffectClass,
+    ErrorSeverity,
+    ExecutionCommand,
+    HumanTask,
+    PlannedCall,
+    TurnError,
+    TurnPlan,
+)
+from schemas.outbound import CallRecord, FunctionCallOutput, Interruption, TurnResult
+
+EXPORTED_MODELS: tuple[type[WireModel], ...] = (
+    ModelResponseEvent,
+    ApprovalDecision,
+    CancelRequest,
+    TurnResult,
+    ExecutionCommand,
+    TurnPlan,
+    CallOutcome,
+    HumanTask,
+    DeadLetter,
+)
+"""The top-level messages whose JSON Schema is published in ``schemas/json/``."""
+
+__all__ = [
+    "EXPORTED_MODELS",
+    "SCHEMA_VERSION",
+    "AgentRef",
+    "ApprovalDecision",
+    "CallError",
+    "CallOutcome",
+    "CallRecord",
+    "CallStatus",
+    "CancelRequest",
+    "DeadLetter",
+    "Disposition",
+    "Effect",
+    "EffectClass",
+    "ErrorSeverity",
+    "ExecutionCommand",
+    "FunctionCallItem",
+    "FunctionCallOutput",
+    "HumanTask",
+    "Interruption",
+    "Message",
+    "ModelResponseEvent",
+    "PlannedCall",
+    "TurnConfig",
+    "TurnError",
+    "TurnPlan",
+    "TurnResult",
+    "WireModel",
+    "describe_validation_error",
+]

@@ -1,0 +1,166 @@
+"""Messages between toolfleet's own services: plans, commands, outcomes, tasks, dead letters."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from schemas._base import Message, WireModel
+from schemas.inbound import TurnConfig
+
+CallStatus = Literal[
+    "succeeded", "failed", "rejected", "timed_out", "cancelled", "pending_approval", "skipped"
+]
+"""What happened at the transport level."""
+
+Effect = Literal["not_executed", "applied", "unknown", "wrong_effect", "compensated"]
+"""What happened at the business level. A timeout or a lost worker never proves not_executed."""
+
+EffectClass = Literal["read_only", "idempotent", "non_idempotent", "irreversible"]
+"""What a tool's side effect allows: replay-safe (read_only, idempotent) or not."""
+
+ErrorSeverity = Literal["cancellation", "error", "base_exception"]
+"""Rank of a failure for the deterministic failure choice: base_exception > error > cancellation."""
+
+Disposition = Literal["dispatch", "reuse", "reject", "interrupt", "not_found", "attach"]
+"""What the planner decided for one call of a turn."""
+
+
+class CallError(WireModel):
+    """The error behind a failed call, for operators; the model sees ``output`` instead."""
+
+    type: str = Field(min_length=1, description="Exception class name, e.g. ValueError.")
+    message: str
+    severity: ErrorSeverity = "error"
+
+
+class PlannedCall(WireModel):
+    """The planner's decision for one call, at its position in model order."""
+
+    call_id: str
+    tool_name: str
+    index: int = Field(ge=0, description="Position among the response's function calls.")
+    arguments: str
+    disposition: Disposition
+    pool: str | None = Field(default=None, description="Worker pool of a dispatched call.")
+    output: str | None = Field(
+        default=None, description="Output already decided (reuse, reject, not_found)."
+    )
+    effect_class: EffectClass = "non_idempotent"
+    on_unknown: Literal["report_now", "reconcile_then_report"] = "reconcile_then_report"
+
+
+class TurnError(WireModel):
+    """Why a turn failed, in the SDK's words."""
+
+    type: str = Field(min_length=1, description="e.g. ModelBehaviorError, UserError.")
+    message: str
+    call_id: str | None = None
+
+
+class TurnPlan(Message):
+    """Every call of one turn and what the planner decided for it; the aggregator's input."""
+
+    topic = "plans"
+
+    run_id: str = Field(min_length=1)
+    turn_id: int = Field(ge=0)
+    response_id: str = Field(min_length=1)
+    agent_name: str = Field(min_length=1)
+    calls: list[PlannedCall] = Field(default_factory=list, description="In model order.")
+    config: TurnConfig = Field(default_factory=TurnConfig)
+    error: TurnError | None = Field(
+        default=None, description="Set when planning failed the turn before any side effect."
+    )
+    planned_at: float = Field(description="Unix time the plan was made.")
+
+
+class ExecutionCommand(Message):
+    """Run, probe or compensate one call; keyed by call_id on commands.<pool>."""
+
+    run_id: str = Field(min_length=1)
+    turn_id: int = Field(ge=0)
+    call_id: str = Field(min_length=1)
+    kind: Literal["execute", "probe", "compensate"] = "execute"
+    tool_name: str = Field(min_length=1)
+    arguments: str
+    index: int = Field(ge=0)
+    pool: str = Field(min_length=1)
+    attempt: int = Field(ge=1, description="1 for the first run; retries count up.")
+    fencing_token: int = Field(ge=1, description="Outcomes with an older token are ignored.")
+    idempotency_key: str = Field(min_length=1, description="Stable per call, never per attempt.")
+    fingerprint: str = Field(min_length=1)
+    approved: bool = Field(
+        default=False, description="Approval already granted: never evaluate needs_approval."
+    )
+    failure_policy: Literal["error_as_output", "fail_turn"] = "error_as_output"
+    pre_approval_guardrails: bool = False
+    deadline_at: float | None = Field(default=None, description="Unix time the turn ends.")
+    original_output: str | None = Field(
+        default=None, description="For compensate: the output of the call being compensated."
+    )
+    issued_at: float
+
+
+class CallOutcome(Message):
+    """What happened to one call: transport status, business effect, model-visible output."""
+
+    topic = "outcomes"
+
+    run_id: str = Field(min_length=1)
+    turn_id: int = Field(ge=0)
+    call_id: str = Field(min_length=1)
+    tool_name: str = Field(min_length=1)
+    index: int = Field(ge=0)
+    attempt: int = Field(ge=1)
+    fencing_token: int = Field(ge=0)
+    status: CallStatus
+    effect: Effect
+    output: str | None = Field(default=None, description="What the model sees for this call.")
+    error: CallError | None = None
+    fails_turn: bool = Field(
+        default=False, description="No failure handler: this failure fails the whole turn."
+    )
+    resolved: bool = Field(
+        default=True,
+        description="False while the reconciler still has to resolve an unknown effect.",
+    )
+    source: Literal["executor", "reconciler", "human", "planner"] = "executor"
+    worker_id: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class HumanTask(Message):
+    """A call an operator has to resolve: its effect could not be established automatically."""
+
+    topic = "human-tasks"
+
+    task_id: str = Field(min_length=1)
+    run_id: str = Field(min_length=1)
+    turn_id: int = Field(ge=0)
+    call_id: str = Field(min_length=1)
+    tool_name: str = Field(min_length=1)
+    idempotency_key: str = Field(min_length=1)
+    kind: Literal["unknown_effect", "compensation_approval", "circuit_open"] = "unknown_effect"
+    reason: str = Field(min_length=1, description="Why automation stopped, and what was tried.")
+    created_at: float
+
+
+class DeadLetter(WireModel):
+    """A message that could not be processed, with its original bytes and where it came from.
+
+    Not a ``Message``: the bytes it carries may not even name a tenant.
+    """
+
+    schema_version: Literal[1] = 1
+    tenant_id: str | None = None
+    original_topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    reason: str = Field(min_length=1)
+    service: str = Field(min_length=1)
+    dead_lettered_at: float

@@ -1,0 +1,56 @@
+"""The message toolfleet hands back to the agent runtime: one result per turn."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from schemas._base import Message, WireModel
+from schemas.internal import CallStatus, Effect, TurnError
+
+
+class FunctionCallOutput(WireModel):
+    """An output item the runtime can append to the model's next input as it is."""
+
+    type: Literal["function_call_output"] = "function_call_output"
+    call_id: str
+    output: str
+
+
+class Interruption(WireModel):
+    """A call waiting for approval."""
+
+    call_id: str
+    tool_name: str
+    arguments: str
+
+
+class CallRecord(WireModel):
+    """Per-call bookkeeping for dashboards and audits."""
+
+    call_id: str
+    tool_name: str
+    status: CallStatus
+    effect: Effect
+    attempts: int = Field(ge=0)
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class TurnResult(Message):
+    """Every call of one turn, settled: outputs in model order, interruptions, the error."""
+
+    topic = "turn-results"
+
+    run_id: str = Field(min_length=1)
+    turn_id: int = Field(ge=0)
+    status: Literal["completed", "interrupted", "failed", "cancelled"]
+    outputs: list[FunctionCallOutput] = Field(default_factory=list, description="In model order.")
+    interruptions: list[Interruption] = Field(default_factory=list)
+    error: TurnError | None = None
+    next_tool_choice: Literal["auto"] | None = Field(
+        default=None,
+        description="'auto' when the agent used a tool and resets tool_choice for its next call.",
+    )
+    calls: list[CallRecord] = Field(default_factory=list)

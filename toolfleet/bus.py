@@ -1,0 +1,235 @@
+"""The Kafka edge: an idempotent producer, manually committed consumers, dead-lettering."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from schemas import DeadLetter, Message
+from toolfleet.errors import InfrastructureError, InvalidMessageError
+from toolfleet.metrics import DEAD_LETTERS, MESSAGES
+from toolfleet.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Record(Protocol):
+    """The fields of a consumed Kafka record that toolfleet reads."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+Handler = Callable[[Record], Awaitable[None]]
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    KafkaError,
+    RedisConnectionError,
+    RedisTimeoutError,
+    InfrastructureError,
+    ConnectionError,
+    TimeoutError,
+)
+"""Errors that say a dependency is unavailable, not that the message is bad: retried forever."""
+
+
+class KafkaBus:
+    """One process's connection to Kafka: publishes with an idempotent, acks=all producer."""
+
+    def __init__(self, settings: Settings, service: str) -> None:
+        self.settings = settings
+        self.service = service
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        """Connect the producer."""
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.settings.kafka_servers(),
+            client_id=f"toolfleet-{self.service}",
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=2,
+        )
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        """Flush and disconnect the producer."""
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        """The started producer."""
+        if self._producer is None:
+            raise InfrastructureError("KafkaBus used before start(); await bus.start() first")
+        return self._producer
+
+    def topic(self, name: str) -> str:
+        """Full name of a logical topic."""
+        return self.settings.topic(name)
+
+    async def publish(
+        self, topic: str, key: str | bytes | None, value: Message | bytes
+    ) -> asyncio.Future[Any]:
+        """Queue one record on logical ``topic``; await the returned future for the broker's ack.
+
+        Returning the future lets a caller queue many records and await them together, which
+        keeps the producer's batches full while preserving per-key order.
+        """
+        raw_key = key.encode() if isinstance(key, str) else key
+        raw = value.encode() if isinstance(value, Message) else value
+        future: asyncio.Future[Any] = await self.producer.send(self.topic(topic), raw, key=raw_key)
+        return future
+
+    async def publish_and_wait(
+        self, topic: str, key: str | bytes | None, value: Message | bytes
+    ) -> None:
+        """Publish one record and wait until the broker has it (acks=all)."""
+        await (await self.publish(topic, key, value))
+
+    async def dead_letter(self, record: Record, reason: str) -> None:
+        """Put ``record``'s original bytes on the dead-letter topic with where it came from."""
+        letter = DeadLetter(
+            tenant_id=_tenant_of(record.value),
+            original_topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            key=record.key,
+            value=record.value,
+            reason=reason,
+            service=self.service,
+            dead_lettered_at=time.time(),
+        )
+        await self.publish_and_wait("dead-letter", record.key, letter.model_dump_json().encode())
+        DEAD_LETTERS.labels(self.service, record.topic).inc()
+        log.warning(
+            "dead-lettered a message",
+            extra={
+                "topic": record.topic,
+                "partition": record.partition,
+                "offset": record.offset,
+                "reason": reason,
+            },
+        )
+
+    def consumer(self, topics: Iterable[str], group: str, **options: Any) -> AIOKafkaConsumer:
+        """A consumer of logical ``topics`` whose offsets are committed only by the caller."""
+        return AIOKafkaConsumer(
+            *(self.topic(t) for t in topics),
+            bootstrap_servers=self.settings.kafka_servers(),
+            group_id=f"{self.settings.topic_prefix}{group}",
+            client_id=f"toolfleet-{self.service}",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            **options,
+        )
+
+
+def _tenant_of(raw: bytes | None) -> str | None:
+    try:
+        tenant = json.loads(raw or b"").get("tenant_id")
+    except (ValueError, AttributeError):
+        return None
+    return tenant if isinstance(tenant, str) else None
+
+
+class ConsumeLoop:
+    """Feeds records to a handler and commits each partition's offset after the handler is done.
+
+    - ``InvalidMessageError`` from the handler dead-letters the record and moves on;
+    - a transient error (Kafka, Redis, connection) retries the same record with backoff,
+      forever: an outage must not turn good messages into dead letters;
+    - any other exception retries up to ``max_attempts`` times, then dead-letters the record
+      with the error as the reason, so one poison message never becomes a crash loop.
+    """
+
+    def __init__(
+        self,
+        bus: KafkaBus,
+        consumer: AIOKafkaConsumer,
+        handler: Handler,
+        *,
+        max_attempts: int = 5,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 5.0,
+    ) -> None:
+        self.bus = bus
+        self.consumer = consumer
+        self.handler = handler
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Finish the current record, commit, and return from ``run``."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Consume until ``stop`` is called."""
+        while not self._stopping.is_set():
+            batches = await self.consumer.getmany(timeout_ms=100, max_records=500)
+            for tp, records in batches.items():
+                handled = None
+                for record in records:
+                    if not await self._handle(record):
+                        break
+                    handled = record
+                if handled is not None:
+                    await self.consumer.commit({tp: handled.offset + 1})
+
+    async def _handle(self, record: Record) -> bool:
+        """Process one record; False only when stopping left it unprocessed (uncommitted)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await self.handler(record)
+            except InvalidMessageError as exc:
+                await self.bus.dead_letter(record, exc.reason)
+                MESSAGES.labels(self.bus.service, record.topic, "dead_lettered").inc()
+                return True
+            except TRANSIENT_ERRORS as exc:
+                log.warning(
+                    "dependency unavailable; retrying the same message",
+                    extra={"topic": record.topic, "offset": record.offset, "error": repr(exc)},
+                )
+                MESSAGES.labels(self.bus.service, record.topic, "retried").inc()
+            except Exception as exc:
+                if attempt >= self.max_attempts:
+                    reason = f"handler failed {attempt} times: {type(exc).__name__}: {exc}"
+                    log.exception("giving up on a message", extra={"topic": record.topic})
+                    await self.bus.dead_letter(record, reason)
+                    MESSAGES.labels(self.bus.service, record.topic, "dead_lettered").inc()
+                    return True
+                log.warning(
+                    "handler failed; retrying",
+                    extra={"topic": record.topic, "offset": record.offset, "error": repr(exc)},
+                )
+                MESSAGES.labels(self.bus.service, record.topic, "retried").inc()
+            else:
+                MESSAGES.labels(self.bus.service, record.topic, "processed").inc()
+                return True
+            delay = min(self.max_backoff_s, self.backoff_s * 2 ** min(attempt - 1, 10))
+            try:
+                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+            except TimeoutError:
+                continue
+            return False  # stopping mid-retry: the next owner of the partition retries it
+
+
+__all__ = ["ConsumeLoop", "KafkaBus", "Record", "TopicPartition"]

@@ -1,0 +1,43 @@
+"""Structured logging: one JSON object per line on stderr, with the ``extra`` fields merged in."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+_STANDARD_FIELDS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats a record as JSON: time, level, logger, message, service and every extra field."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render ``record`` as a single JSON line."""
+        entry: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "service": self.service,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        entry.update((k, v) for k, v in record.__dict__.items() if k not in _STANDARD_FIELDS)
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(service: str, level: str = "INFO") -> None:
+    """Send every log record of the process to stderr as JSON lines tagged with ``service``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(service))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # aiokafka logs every reconnect at WARNING/ERROR; keep it, but not its chatty INFO.
+    logging.getLogger("aiokafka").setLevel(max(logging.WARNING, root.level))

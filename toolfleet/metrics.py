@@ -1,0 +1,73 @@
+"""Prometheus metrics of every service, in one registry served on ``/metrics``."""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger(__name__)
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+"""The registry every toolfleet metric lives in; one process serves one service."""
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+MESSAGES = Counter(
+    "toolfleet_messages_total",
+    "Messages consumed, by topic and result (processed, dead_lettered, retried).",
+    ["service", "topic", "result"],
+    registry=REGISTRY,
+)
+DEAD_LETTERS = Counter(
+    "toolfleet_dead_letters_total",
+    "Messages sent to the dead-letter topic, by original topic.",
+    ["service", "topic"],
+    registry=REGISTRY,
+)
+COMMANDS = Counter(
+    "toolfleet_commands_total",
+    "Execution commands emitted (planner, reconciler) or received (worker), by kind.",
+    ["service", "pool", "kind"],
+    registry=REGISTRY,
+)
+IN_FLIGHT = Gauge(
+    "toolfleet_calls_in_flight",
+    "Tool calls currently running in this worker process.",
+    ["pool"],
+    registry=REGISTRY,
+)
+OUTCOMES = Counter(
+    "toolfleet_outcomes_total",
+    "Call outcomes written, by transport status and business effect.",
+    ["service", "tool", "status", "effect"],
+    registry=REGISTRY,
+)
+CALL_LATENCY = Histogram(
+    "toolfleet_call_duration_seconds",
+    "Time a tool call took inside the worker, from start to outcome written.",
+    ["pool", "tool"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+TURN_LATENCY = Histogram(
+    "toolfleet_turn_duration_seconds",
+    "Time from a turn's plan to its TurnResult.",
+    ["status"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+PLAN_LATENCY = Histogram(
+    "toolfleet_plan_duration_seconds",
+    "Time the planner took to plan one model response.",
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+
+
+def serve_metrics(port: int, host: str = "0.0.0.0") -> int:
+    """Serve ``/metrics`` on ``port`` (0 picks a free one); returns the bound port."""
+    server, _thread = start_http_server(port, addr=host, registry=REGISTRY)
+    bound = int(server.server_address[1])
+    log.info("serving metrics", extra={"port": bound})
+    return bound

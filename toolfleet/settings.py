@@ -1,0 +1,60 @@
+"""Settings shared by every toolfleet service, read from the environment (prefix TOOLFLEET_)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _xdg(var: str, fallback: str) -> Path:
+    return Path(os.environ.get(var) or Path.home() / fallback) / "toolfleet"
+
+
+class Settings(BaseSettings):
+    """Where the services find Kafka and Redis and how they name topics.
+
+    ``KAFKA_BOOTSTRAP_SERVERS`` and ``REDIS_URL`` are read without the prefix too, because
+    they are the names platforms already export; when either is set, ``toolfleet infra up``
+    starts nothing and everything uses the given services.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="TOOLFLEET_", extra="ignore")
+
+    kafka_bootstrap_servers: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "KAFKA_BOOTSTRAP_SERVERS", "TOOLFLEET_KAFKA_BOOTSTRAP_SERVERS"
+        ),
+    )
+    redis_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("REDIS_URL", "TOOLFLEET_REDIS_URL")
+    )
+    topic_prefix: str = "toolfleet."
+    partitions: int = Field(default=6, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+    metrics_port: int = Field(default=0, ge=0, description="0 picks a free port")
+
+    # Local infrastructure (toolfleet infra up).
+    infra: str = Field(default="local", description="'local' processes or 'containers'")
+    state_dir: Path = Field(default_factory=lambda: _xdg("XDG_STATE_HOME", ".local/state"))
+    cache_dir: Path = Field(default_factory=lambda: _xdg("XDG_CACHE_HOME", ".cache"))
+    kafka_version: str = "4.1.1"
+    kafka_port: int = 19092
+    kafka_controller_port: int = 19093
+    kafka_heap: str = "768m"
+    redis_port: int = 16379
+
+    def kafka_servers(self) -> str:
+        """The configured bootstrap servers, else the broker ``toolfleet infra up`` runs."""
+        return self.kafka_bootstrap_servers or f"127.0.0.1:{self.kafka_port}"
+
+    def redis_address(self) -> str:
+        """The configured Redis URL, else the server ``toolfleet infra up`` runs."""
+        return self.redis_url or f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def topic(self, name: str) -> str:
+        """The full topic name for a logical topic such as ``outcomes``."""
+        return f"{self.topic_prefix}{name}"

@@ -1,0 +1,58 @@
+"""Topic names and their creation."""
+
+from __future__ import annotations
+
+import logging
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from toolfleet.errors import InfrastructureError
+from toolfleet.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SHARED_TOPICS = (
+    "model-responses",
+    "approvals",
+    "cancellations",
+    "plans",
+    "outcomes",
+    "turn-results",
+    "human-tasks",
+    "dead-letter",
+)
+"""Logical names of every topic that does not depend on a worker pool."""
+
+_TOPIC_ALREADY_EXISTS = 36
+
+
+def command_topic(pool: str) -> str:
+    """Logical name of the command topic of one worker pool."""
+    return f"commands.{pool}"
+
+
+async def ensure_topics(settings: Settings, pools: tuple[str, ...] = ("default",)) -> list[str]:
+    """Create every shared topic and the command topics of ``pools`` when missing.
+
+    Returns the full names. Safe to call from every service at start: creation is idempotent.
+    """
+    names = [settings.topic(t) for t in (*SHARED_TOPICS, *map(command_topic, pools))]
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_servers())
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [n for n in names if n not in existing]
+        if missing:
+            response = await admin.create_topics(
+                [NewTopic(n, settings.partitions, settings.replication_factor) for n in missing]
+            )
+            for topic, code, *rest in response.topic_errors:
+                if code not in (0, _TOPIC_ALREADY_EXISTS):
+                    raise InfrastructureError(
+                        f"could not create topic {topic} (Kafka error {code}: {rest}); "
+                        "check the broker's log and the partition/replication settings"
+                    )
+            log.info("created topics", extra={"topics": missing})
+    finally:
+        await admin.close()
+    return names
