@@ -21,6 +21,7 @@ from schemas.internal import (
     ExecutionCommand,
     HumanTask,
     PlannedCall,
+    ToolSpec,
     TurnError,
     TurnPlan,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "Message",
     "ModelResponseEvent",
     "PlannedCall",
+    "ToolSpec",
     "TurnConfig",
     "TurnError",
     "TurnPlan",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -47,6 +47,8 @@ class PlannedCall(WireModel):
     output: str | None = Field(
         default=None, description="Output already decided (reuse, reject, not_found)."
     )
+    status: CallStatus | None = Field(default=None, description="Set when already decided.")
+    effect: Effect | None = Field(default=None, description="Set when already decided.")
     effect_class: EffectClass = "non_idempotent"
     on_unknown: Literal["report_now", "reconcile_then_report"] = "reconcile_then_report"
 
@@ -68,6 +70,7 @@ class TurnPlan(Message):
     turn_id: int = Field(ge=0)
     response_id: str = Field(min_length=1)
     agent_name: str = Field(min_length=1)
+    epoch: int = Field(default=0, ge=0, description="0 for the first plan, +1 per resumption.")
     calls: list[PlannedCall] = Field(default_factory=list, description="In model order.")
     config: TurnConfig = Field(default_factory=TurnConfig)
     error: TurnError | None = Field(
@@ -164,3 +167,29 @@ class DeadLetter(WireModel):
     reason: str = Field(min_length=1)
     service: str = Field(min_length=1)
     dead_lettered_at: float
+
+
+class ToolSpec(WireModel):
+    """A tool as a worker pool publishes it to the registry in Redis for the planner."""
+
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+    version: str = Field(default="1", min_length=1)
+    pool: str = Field(min_length=1)
+    description: str = ""
+    parameters: dict[str, Any] = Field(description="JSON Schema of the arguments.")
+    effect_class: EffectClass = "non_idempotent"
+    needs_approval: Literal["never", "always", "callable"] = Field(
+        default="never",
+        description="callable: the worker evaluates it on the parsed arguments.",
+    )
+    on_unknown: Literal["report_now", "reconcile_then_report"] = "reconcile_then_report"
+    timeout_s: float | None = None
+    enabled: bool = True
+    has_probe: bool = False
+    has_compensate: bool = False
+
+    @property
+    def lookup_key(self) -> str:
+        """The name a model uses for this tool: ``namespace.name`` or ``name``."""
+        return f"{self.namespace}.{self.name}" if self.namespace else self.name
