@@ -1,0 +1,49 @@
+# One entry point for set-up, tests, the demo and the benchmarks. Every target installs what
+# it needs first, so each works on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup test lint unit demo bench infra-up infra-down clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+## setup: virtualenv, Python packages, redis-server, Kafka jars; then start Kafka and Redis
+setup: $(STAMP)
+	bash scripts/install-redis.sh
+	$(BIN)/toolfleet infra up
+
+## lint: ruff and mypy
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+## test: everything CI runs: lint, unit tests, integration tests against real Kafka and Redis
+test: setup lint
+	$(BIN)/pytest -q
+
+## unit: the tests that need no broker
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+## demo: the end-to-end demo (model response in, turn result out)
+demo: setup
+	$(BIN)/toolfleet demo
+
+## bench: the benchmarks (prints a table, writes bench/results/latest.md)
+bench: setup
+	$(BIN)/python -m bench
+
+infra-up: setup
+
+infra-down: $(STAMP)
+	$(BIN)/toolfleet infra down
+
+clean: infra-down
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,87 @@
+"""Fixtures shared by every test: real Kafka and Redis, started by the project itself."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import TypeVar
+
+import pytest
+from redis.asyncio import Redis
+
+from toolfleet import infra
+from toolfleet.bus import KafkaBus
+from toolfleet.redis import connect_redis
+from toolfleet.settings import Settings
+from toolfleet.topics import ensure_topics
+
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="session")
+def infra_env() -> Iterator[dict[str, str]]:
+    """KAFKA_BOOTSTRAP_SERVERS / REDIS_URL of running services, starting them when needed.
+
+    Order of preference: services named by those variables; testcontainers when
+    TOOLFLEET_INFRA=containers and Docker answers; else the local processes of `infra up`.
+    """
+    base = Settings()
+    if base.infra == "containers":
+        from toolfleet.infra.containers import run_containers
+
+        with run_containers() as env:
+            yield env
+        return
+    yield infra.up(base).env()
+
+
+@pytest.fixture(scope="session")
+def settings(infra_env: dict[str, str]) -> Settings:
+    """Settings for this test session: real services, and topics no earlier run has used."""
+    run = uuid.uuid4().hex[:8]
+    return Settings(
+        kafka_bootstrap_servers=infra_env["KAFKA_BOOTSTRAP_SERVERS"],
+        redis_url=infra_env["REDIS_URL"],
+        topic_prefix=f"test-{run}.",
+        partitions=int(os.environ.get("TOOLFLEET_TEST_PARTITIONS", "4")),
+    )
+
+
+@pytest.fixture(scope="session")
+async def topics(settings: Settings) -> list[str]:
+    """Every shared topic and the command topics of the test pools, created once."""
+    return await ensure_topics(settings, pools=("default", "slow"))
+
+
+@pytest.fixture
+async def bus(settings: Settings, topics: list[str]) -> AsyncIterator[KafkaBus]:
+    """A started Kafka bus for the test's own publishing."""
+    kafka = KafkaBus(settings, service="test")
+    await kafka.start()
+    yield kafka
+    await kafka.stop()
+
+
+@pytest.fixture
+async def redis(settings: Settings) -> AsyncIterator[Redis]:
+    """A Redis client on the real server."""
+    client = connect_redis(settings)
+    yield client
+    await client.aclose()
+
+
+async def wait_for(
+    probe: Callable[[], Awaitable[T]], *, timeout: float = 30.0, interval: float = 0.05
+) -> T:
+    """Poll ``probe`` until it returns something truthy, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout:.0f} s (last: {value!r})")
+        await asyncio.sleep(interval)  # wait-ok: polling interval of a deadline-bounded wait

@@ -1,0 +1,299 @@
+"""The call ledger in Redis: one hash per (tenant, call_id) and an append-only audit chain.
+
+Every state change that decides whether user code may run is a Lua script, so two workers
+that receive the same command (a rebalance, a redelivery) can never both start it:
+
+    planned -> dispatched -> started -> finished -> committed
+
+``started`` is written before any user code runs. A call found ``started`` whose holder's
+lease has expired is never run again blindly: its effect is unknown.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from redis.asyncio import Redis
+
+from schemas import CallOutcome
+
+LedgerState = Literal["planned", "dispatched", "started", "finished", "committed"]
+BeginVerdict = Literal["run", "done", "stale", "busy", "unknown", "missing"]
+
+
+def call_key(tenant_id: str, call_id: str) -> str:
+    """Redis key of one call's ledger entry (the tenant is the cluster hash tag)."""
+    return f"tf:{{{tenant_id}}}:call:{call_id}"
+
+
+def audit_key(tenant_id: str, call_id: str) -> str:
+    """Redis key of one call's audit chain: a list that is only ever appended to."""
+    return f"tf:{{{tenant_id}}}:audit:{call_id}"
+
+
+@dataclass(frozen=True)
+class NewCall:
+    """What the planner records for a call before dispatching it."""
+
+    call_id: str
+    fingerprint: str
+    idempotency_key: str
+    run_id: str
+    turn_id: int
+    tool_name: str
+    pool: str | None
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """A call's ledger entry as read from Redis."""
+
+    call_id: str
+    fingerprint: str
+    state: LedgerState
+    idempotency_key: str
+    run_id: str
+    turn_id: int
+    tool_name: str
+    attempts: int
+    fencing_token: int
+    outcome: CallOutcome | None
+    approval: Literal["approved", "rejected"] | None
+    approval_message: str | None
+    pending_approval: bool
+    lease_until: float
+    worker_id: str | None
+
+    @classmethod
+    def from_hash(cls, call_id: str, raw: Mapping[bytes, bytes]) -> LedgerEntry:
+        """Decode an HGETALL reply."""
+        h = {k.decode(): v.decode() for k, v in raw.items()}
+        approval = h.get("approval") or None
+        return cls(
+            call_id=call_id,
+            fingerprint=h.get("fingerprint", ""),
+            state=h.get("state", "planned"),  # type: ignore[arg-type]
+            idempotency_key=h.get("idempotency_key", ""),
+            run_id=h.get("run_id", ""),
+            turn_id=int(h.get("turn_id", "0")),
+            tool_name=h.get("tool_name", ""),
+            attempts=int(h.get("attempts", "0")),
+            fencing_token=int(h.get("fencing_token", "0")),
+            outcome=CallOutcome.model_validate_json(h["outcome"]) if h.get("outcome") else None,
+            approval=approval,  # type: ignore[arg-type]
+            approval_message=h.get("approval_message") or None,
+            pending_approval=h.get("pending_approval") == "1",
+            lease_until=float(h.get("lease_until", "0")),
+            worker_id=h.get("worker_id") or None,
+        )
+
+
+# KEYS[1] call, KEYS[2] audit; ARGV: fingerprint, idem key, run, turn, tool, pool, now
+_CREATE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'fingerprint', ARGV[1], 'idempotency_key', ARGV[2],
+  'run_id', ARGV[3], 'turn_id', ARGV[4], 'tool_name', ARGV[5], 'pool', ARGV[6],
+  'state', 'planned', 'attempts', 0, 'fencing_token', 0, 'created_at', ARGV[7])
+redis.call('RPUSH', KEYS[2], cjson.encode({event='planned', at=tonumber(ARGV[7])}))
+return 1
+"""
+
+# Issue a new attempt: bump the fencing token so older holders' outcomes are ignored. A
+# retry after a probe proved the call not applied also moves a 'started' call back.
+# ARGV: now, reason
+_DISPATCH = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 0} end
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == 'committed' or state == 'finished' then return {-2, 0} end
+local token = redis.call('HINCRBY', KEYS[1], 'fencing_token', 1)
+local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+redis.call('HSET', KEYS[1], 'state', 'dispatched')
+redis.call('RPUSH', KEYS[2], cjson.encode({event='dispatched', attempt=attempt,
+  fencing_token=token, reason=ARGV[2], at=tonumber(ARGV[1])}))
+return {attempt, token}
+"""
+
+# A worker asks to run an attempt. ARGV: token, worker, lease_s
+_BEGIN = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', ''} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local h = redis.call('HMGET', KEYS[1], 'state', 'fencing_token', 'lease_until', 'outcome')
+local state, token = h[1], tonumber(h[2])
+if state == 'finished' or state == 'committed' then return {'done', h[4] or ''} end
+if tonumber(ARGV[1]) < token then return {'stale', ''} end
+if state == 'started' then
+  if tonumber(h[3] or '0') > now then return {'busy', ''} end
+  return {'unknown', ''}
+end
+redis.call('HSET', KEYS[1], 'state', 'started', 'worker_id', ARGV[2],
+  'lease_until', now + tonumber(ARGV[3]), 'started_at', now)
+redis.call('RPUSH', KEYS[2], cjson.encode({event='started', worker=ARGV[2],
+  fencing_token=token, at=now}))
+return {'run', ''}
+"""
+
+# ARGV: token, worker, lease_s
+_RENEW = """
+local h = redis.call('HMGET', KEYS[1], 'state', 'fencing_token', 'worker_id')
+if h[1] ~= 'started' or tonumber(h[2]) ~= tonumber(ARGV[1]) or h[3] ~= ARGV[2] then return 0 end
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'lease_until', tonumber(t[1]) + tonumber(t[2]) / 1e6 + ARGV[3])
+return 1
+"""
+
+# Store the outcome of the current attempt. ARGV: token, outcome json, status, effect, now
+_FINISH = """
+local h = redis.call('HMGET', KEYS[1], 'state', 'fencing_token')
+if h[1] == false then return 'missing' end
+if tonumber(ARGV[1]) ~= tonumber(h[2]) then return 'stale' end
+if h[1] == 'finished' or h[1] == 'committed' then return 'done' end
+redis.call('HSET', KEYS[1], 'state', 'finished', 'outcome', ARGV[2], 'lease_until', 0)
+redis.call('RPUSH', KEYS[2], cjson.encode({event='finished', status=ARGV[3], effect=ARGV[4],
+  fencing_token=tonumber(ARGV[1]), at=tonumber(ARGV[5])}))
+return 'ok'
+"""
+
+_COMMIT = """
+if redis.call('HGET', KEYS[1], 'state') == 'finished' then
+  redis.call('HSET', KEYS[1], 'state', 'committed')
+  return 1
+end
+return 0
+"""
+
+
+class Ledger:
+    """The Redis call ledger. All writes that gate user code are atomic scripts."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self._create = redis.register_script(_CREATE)
+        self._dispatch = redis.register_script(_DISPATCH)
+        self._begin = redis.register_script(_BEGIN)
+        self._renew = redis.register_script(_RENEW)
+        self._finish = redis.register_script(_FINISH)
+        self._commit = redis.register_script(_COMMIT)
+
+    async def read(self, tenant_id: str, call_ids: Iterable[str]) -> dict[str, LedgerEntry]:
+        """The entries that exist among ``call_ids``, in one round trip."""
+        ids = list(dict.fromkeys(call_ids))
+        if not ids:
+            return {}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for call_id in ids:
+                pipe.hgetall(call_key(tenant_id, call_id))
+            replies = await pipe.execute()
+        return {
+            call_id: LedgerEntry.from_hash(call_id, raw)
+            for call_id, raw in zip(ids, replies, strict=True)
+            if raw
+        }
+
+    async def create(self, tenant_id: str, calls: Iterable[NewCall]) -> None:
+        """Record planned calls; an existing entry is left exactly as it is."""
+        now = time.time()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for c in calls:
+                await self._create(
+                    keys=[call_key(tenant_id, c.call_id), audit_key(tenant_id, c.call_id)],
+                    args=[
+                        c.fingerprint,
+                        c.idempotency_key,
+                        c.run_id,
+                        c.turn_id,
+                        c.tool_name,
+                        c.pool or "",
+                        now,
+                    ],
+                    client=pipe,
+                )
+            await pipe.execute()
+
+    async def dispatch(
+        self, tenant_id: str, call_id: str, reason: str = "planned"
+    ) -> tuple[int, int] | None:
+        """Start a new attempt: returns (attempt, fencing token), None if already finished."""
+        attempt, token = await self._dispatch(
+            keys=[call_key(tenant_id, call_id), audit_key(tenant_id, call_id)],
+            args=[time.time(), reason],
+        )
+        if int(attempt) < 0:
+            return None
+        return int(attempt), int(token)
+
+    async def begin(
+        self, tenant_id: str, call_id: str, token: int, worker_id: str, lease_s: float
+    ) -> tuple[BeginVerdict, CallOutcome | None]:
+        """May this worker run this attempt now? ``run`` means ``started`` is durably written."""
+        verdict, outcome = await self._begin(
+            keys=[call_key(tenant_id, call_id), audit_key(tenant_id, call_id)],
+            args=[token, worker_id, lease_s],
+        )
+        stored = CallOutcome.model_validate_json(outcome) if outcome else None
+        return verdict.decode(), stored
+
+    async def renew(
+        self, tenant_id: str, call_id: str, token: int, worker_id: str, lease_s: float
+    ) -> bool:
+        """Extend the holder's lease; False when the attempt is no longer this worker's."""
+        return bool(
+            await self._renew(keys=[call_key(tenant_id, call_id)], args=[token, worker_id, lease_s])
+        )
+
+    async def finish(self, outcome: CallOutcome) -> str:
+        """Store the outcome of the current attempt: ``ok``, ``stale``, ``done`` or ``missing``."""
+        reply = await self._finish(
+            keys=[
+                call_key(outcome.tenant_id, outcome.call_id),
+                audit_key(outcome.tenant_id, outcome.call_id),
+            ],
+            args=[
+                outcome.fencing_token,
+                outcome.model_dump_json(exclude_none=True),
+                outcome.status,
+                outcome.effect,
+                time.time(),
+            ],
+        )
+        return str(reply.decode())
+
+    async def commit(self, tenant_id: str, call_id: str) -> None:
+        """Mark the finished outcome as published."""
+        await self._commit(keys=[call_key(tenant_id, call_id)])
+
+    async def set_approval(
+        self, tenant_id: str, call_id: str, approve: bool, message: str | None, by: str
+    ) -> None:
+        """Record an approval decision; it is authoritative from now on."""
+        fields: dict[str, Any] = {
+            "approval": "approved" if approve else "rejected",
+            "approval_message": message or "",
+            "pending_approval": "0",
+        }
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(call_key(tenant_id, call_id), mapping=fields)
+            pipe.rpush(audit_key(tenant_id, call_id), _event("approval", fields, by=by))
+            await pipe.execute()
+
+    async def set_pending_approval(self, tenant_id: str, call_id: str) -> None:
+        """Remember that the call waits for a decision, so needs_approval is not asked again."""
+        await self.redis.hset(call_key(tenant_id, call_id), "pending_approval", "1")
+
+    async def audit(self, tenant_id: str, call_id: str) -> list[dict[str, Any]]:
+        """The call's audit chain, oldest first."""
+        return [
+            json.loads(e) for e in await self.redis.lrange(audit_key(tenant_id, call_id), 0, -1)
+        ]
+
+    async def append_audit(self, tenant_id: str, call_id: str, event: str, **data: Any) -> None:
+        """Append one event (probe, retry, compensation, human decision) to the audit chain."""
+        await self.redis.rpush(audit_key(tenant_id, call_id), _event(event, data))
+
+
+def _event(event: str, data: Mapping[str, Any], **extra: Any) -> str:
+    return json.dumps({"event": event, "at": time.time(), **data, **extra}, default=str)
