@@ -74,14 +74,14 @@ async def redis(settings: Settings) -> AsyncIterator[Redis]:
 
 
 async def wait_for(
-    probe: Callable[[], Awaitable[T]], *, timeout: float = 30.0, interval: float = 0.05
+    probe: Callable[[], Awaitable[T]], *, within: float = 30.0, interval: float = 0.05
 ) -> T:
-    """Poll ``probe`` until it returns something truthy, or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
+    """Poll ``probe`` until it returns something truthy, or fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
     while True:
         value = await probe()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout:.0f} s (last: {value!r})")
+            raise AssertionError(f"condition not met within {within:.0f} s (last: {value!r})")
         await asyncio.sleep(interval)  # wait-ok: polling interval of a deadline-bounded wait
