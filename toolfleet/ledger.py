@@ -102,13 +102,19 @@ redis.call('RPUSH', KEYS[2], cjson.encode({event='planned', at=tonumber(ARGV[7])
 return 1
 """
 
-# Issue a new attempt: bump the fencing token so older holders' outcomes are ignored. A
-# retry after a probe proved the call not applied also moves a 'started' call back.
-# ARGV: now, reason
+# Issue an attempt. ARGV: now, reason, force. Without force (the planner) it is idempotent:
+# a dispatched call gets its current attempt back, a started one nothing. With force (a
+# retry the reconciler decided after a probe proved the call not applied) the fencing token
+# is bumped, so the outcome of any older holder is ignored.
 _DISPATCH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 0} end
-local state = redis.call('HGET', KEYS[1], 'state')
+local h = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'fencing_token')
+local state = h[1]
 if state == 'committed' or state == 'finished' then return {-2, 0} end
+if ARGV[3] ~= '1' then
+  if state == 'dispatched' then return {tonumber(h[2]), tonumber(h[3])} end
+  if state ~= 'planned' then return {-3, 0} end
+end
 local token = redis.call('HINCRBY', KEYS[1], 'fencing_token', 1)
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('HSET', KEYS[1], 'state', 'dispatched')
@@ -215,12 +221,16 @@ class Ledger:
             await pipe.execute()
 
     async def dispatch(
-        self, tenant_id: str, call_id: str, reason: str = "planned"
+        self, tenant_id: str, call_id: str, reason: str = "planned", *, force: bool = False
     ) -> tuple[int, int] | None:
-        """Start a new attempt: returns (attempt, fencing token), None if already finished."""
+        """(attempt, fencing token) to put on the command, or None when none should be sent.
+
+        Without ``force`` this is idempotent (a redelivered plan re-sends the same attempt);
+        ``force`` starts a new attempt and fences off the previous one.
+        """
         attempt, token = await self._dispatch(
             keys=[call_key(tenant_id, call_id), audit_key(tenant_id, call_id)],
-            args=[time.time(), reason],
+            args=[time.time(), reason, "1" if force else "0"],
         )
         if int(attempt) < 0:
             return None

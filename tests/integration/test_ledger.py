@@ -73,9 +73,22 @@ async def test_an_older_fencing_token_is_stale(redis: Redis, call_id: str) -> No
     ledger = Ledger(redis)
     await ledger.create("t", [_call(call_id)])
     await ledger.dispatch("t", call_id)
-    _attempt, token = await ledger.dispatch("t", call_id, reason="retry") or (0, 0)
+    _attempt, token = await ledger.dispatch("t", call_id, reason="retry", force=True) or (0, 0)
     assert (await ledger.begin("t", call_id, token - 1, "w1", 30))[0] == "stale"
     assert await ledger.finish(_outcome(call_id, token - 1)) == "stale"
+
+
+async def test_planner_dispatch_is_idempotent_and_a_forced_retry_fences_the_old_attempt(
+    redis: Redis, call_id: str
+) -> None:
+    ledger = Ledger(redis)
+    await ledger.create("t", [_call(call_id)])
+    assert await ledger.dispatch("t", call_id) == (1, 1)
+    assert await ledger.dispatch("t", call_id) == (1, 1)
+    await ledger.begin("t", call_id, 1, "w1", 30)
+    assert await ledger.dispatch("t", call_id) is None
+    assert await ledger.dispatch("t", call_id, reason="probe: not applied", force=True) == (2, 2)
+    assert await ledger.finish(_outcome(call_id, 1)) == "stale"
 
 
 async def test_a_finished_call_returns_its_stored_outcome_instead_of_running(
