@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
+from toolfleet.errors import ConfigurationError
 from toolfleet.infra.cli import infra
+from toolfleet.service import run_service
+from toolfleet.settings import Settings
 
 
 @click.group()
@@ -13,3 +18,65 @@ def main() -> None:
 
 
 main.add_command(infra)
+
+
+@main.command()
+def planner() -> None:
+    """Plan model responses: dedupe, approvals, one command per call."""
+    from planner.service import Planner
+
+    settings = Settings()
+    run_service("planner", settings, lambda: Planner(settings))
+
+
+@main.command()
+def aggregator() -> None:
+    """Reassemble outcomes in model order into one TurnResult per turn."""
+    from aggregator.service import Aggregator
+
+    settings = Settings()
+    run_service("aggregator", settings, lambda: Aggregator(settings))
+
+
+@main.command()
+@click.option("--tools", "tools_ref", required=True, help="module:attribute of a ToolRegistry")
+@click.option("--pool", default="default", show_default=True, help="Worker pool to serve.")
+@click.option("--concurrency", default=100, show_default=True, help="Calls at once, per process.")
+@click.option("--tenant-limit", type=int, default=None, help="Fleet-wide calls per tenant.")
+@click.option(
+    "--tool-limit", multiple=True, metavar="NAME=N", help="Fleet-wide calls of one tool."
+)
+def worker(
+    tools_ref: str, pool: str, concurrency: int, tenant_limit: int | None, tool_limit: tuple[str, ...]
+) -> None:
+    """Serve a ToolRegistry as one worker of a pool."""
+    from executors import ToolRegistry
+    from executors.worker import Worker, WorkerLimits
+
+    registry = load_object(tools_ref)
+    if not isinstance(registry, ToolRegistry):
+        raise click.BadParameter(f"{tools_ref} is a {type(registry).__name__}, not a ToolRegistry")
+    limits = WorkerLimits(
+        per_worker=concurrency,
+        per_tenant=tenant_limit,
+        per_tool=dict(_parse_limit(item) for item in tool_limit),
+    )
+    settings = Settings()
+    run_service(
+        f"worker-{pool}", settings, lambda: Worker(settings, registry, pool, limits), pools=(pool,)
+    )
+
+
+def load_object(reference: str) -> object:
+    """Import ``module:attribute``."""
+    module_name, _, attribute = reference.partition(":")
+    if not attribute:
+        raise ConfigurationError(f"expected module:attribute, got {reference!r}")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def _parse_limit(item: str) -> tuple[str, int]:
+    name, _, value = item.partition("=")
+    if not name or not value.isdigit() or int(value) < 1:
+        raise click.BadParameter(f"--tool-limit wants NAME=N with N >= 1, got {item!r}")
+    return name, int(value)

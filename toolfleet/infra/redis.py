@@ -75,7 +75,9 @@ def start_redis(settings: Settings, *, timeout: float = READY_TIMEOUT) -> Servic
             "--port", str(settings.redis_port),
             "--bind", "127.0.0.1",
             "--appendonly", "yes",
-            "--appendfsync", "everysec",
+            # 'always': the ledger's `started` must survive a Redis crash, or a call could
+            # run twice. Redis fsyncs once per event-loop pass, so concurrent writers share it.
+            "--appendfsync", "always",
             "--dir", str(home),
             "--daemonize", "no",
         ]  # fmt: skip
