@@ -127,16 +127,15 @@ class KafkaBus:
 
     def consumer(self, topics: Iterable[str], group: str, **options: Any) -> AIOKafkaConsumer:
         """A consumer of logical ``topics`` whose offsets are committed only by the caller."""
-        return AIOKafkaConsumer(
-            *(self.topic(t) for t in topics),
-            bootstrap_servers=self.settings.kafka_servers(),
-            group_id=f"{self.settings.topic_prefix}{group}",
-            client_id=f"toolfleet-{self.service}",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
-            **options,
-        )
+        config: dict[str, Any] = {
+            "bootstrap_servers": self.settings.kafka_servers(),
+            "group_id": f"{self.settings.topic_prefix}{group}",
+            "client_id": f"toolfleet-{self.service}",
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            "isolation_level": "read_committed",
+        }
+        return AIOKafkaConsumer(*(self.topic(t) for t in topics), **(config | options))
 
 
 def _tenant_of(raw: bytes | None) -> str | None:

@@ -43,11 +43,13 @@ def aggregator() -> None:
 @click.option("--pool", default="default", show_default=True, help="Worker pool to serve.")
 @click.option("--concurrency", default=100, show_default=True, help="Calls at once, per process.")
 @click.option("--tenant-limit", type=int, default=None, help="Fleet-wide calls per tenant.")
-@click.option(
-    "--tool-limit", multiple=True, metavar="NAME=N", help="Fleet-wide calls of one tool."
-)
+@click.option("--tool-limit", multiple=True, metavar="NAME=N", help="Fleet-wide calls of one tool.")
 def worker(
-    tools_ref: str, pool: str, concurrency: int, tenant_limit: int | None, tool_limit: tuple[str, ...]
+    tools_ref: str,
+    pool: str,
+    concurrency: int,
+    tenant_limit: int | None,
+    tool_limit: tuple[str, ...],
 ) -> None:
     """Serve a ToolRegistry as one worker of a pool."""
     from executors import ToolRegistry

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 
 from schemas import CallOutcome
+from toolfleet.redis import HashFields
 
 LedgerState = Literal["planned", "dispatched", "started", "finished", "committed"]
 BeginVerdict = Literal["run", "done", "stale", "busy", "unknown", "missing"]
@@ -164,6 +165,15 @@ redis.call('RPUSH', KEYS[2], cjson.encode({event='finished', status=ARGV[3], eff
 return 'ok'
 """
 
+# An outcome decided without running anything (the planner's rejections). ARGV: json, now
+_SETTLE = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == false or state == 'finished' or state == 'committed' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'committed', 'outcome', ARGV[1])
+redis.call('RPUSH', KEYS[2], cjson.encode({event='settled_without_running', at=tonumber(ARGV[2])}))
+return 1
+"""
+
 _COMMIT = """
 if redis.call('HGET', KEYS[1], 'state') == 'finished' then
   redis.call('HSET', KEYS[1], 'state', 'committed')
@@ -184,6 +194,7 @@ class Ledger:
         self._renew = redis.register_script(_RENEW)
         self._finish = redis.register_script(_FINISH)
         self._commit = redis.register_script(_COMMIT)
+        self._settle = redis.register_script(_SETTLE)
 
     async def read(self, tenant_id: str, call_ids: Iterable[str]) -> dict[str, LedgerEntry]:
         """The entries that exist among ``call_ids``, in one round trip."""
@@ -272,6 +283,16 @@ class Ledger:
         )
         return str(reply.decode())
 
+    async def settle(self, outcome: CallOutcome) -> None:
+        """Commit an outcome decided without running the call (a rejection, a missing tool)."""
+        await self._settle(
+            keys=[
+                call_key(outcome.tenant_id, outcome.call_id),
+                audit_key(outcome.tenant_id, outcome.call_id),
+            ],
+            args=[outcome.model_dump_json(exclude_none=True), time.time()],
+        )
+
     async def commit(self, tenant_id: str, call_id: str) -> None:
         """Mark the finished outcome as published."""
         await self._commit(keys=[call_key(tenant_id, call_id)])
@@ -280,14 +301,17 @@ class Ledger:
         self, tenant_id: str, call_id: str, approve: bool, message: str | None, by: str
     ) -> None:
         """Record an approval decision; it is authoritative from now on."""
-        fields: dict[str, Any] = {
+        fields: HashFields = {
             "approval": "approved" if approve else "rejected",
             "approval_message": message or "",
             "pending_approval": "0",
         }
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(call_key(tenant_id, call_id), mapping=fields)
-            pipe.rpush(audit_key(tenant_id, call_id), _event("approval", fields, by=by))
+            pipe.rpush(
+                audit_key(tenant_id, call_id),
+                _event("approval", {str(k): v for k, v in fields.items()}, by=by),
+            )
             await pipe.execute()
 
     async def set_pending_approval(self, tenant_id: str, call_id: str) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from redis.asyncio import Redis
 
 from schemas import ToolSpec
+from toolfleet.redis import text
 
 REGISTRY_KEY = "tf:tools"
 """Hash: tool lookup key -> ToolSpec JSON. Tools are fleet-wide, not per tenant."""
@@ -34,6 +35,6 @@ class ToolDirectory:
         stale = time.monotonic() - self._loaded_at > self.max_age_s
         if stale or any(name not in self._specs for name in needed):
             raw = await self.redis.hgetall(REGISTRY_KEY)
-            self._specs = {k.decode(): ToolSpec.model_validate_json(v) for k, v in raw.items()}
+            self._specs = {text(k): ToolSpec.model_validate_json(v) for k, v in raw.items()}
             self._loaded_at = time.monotonic()
         return self._specs

@@ -1,0 +1,326 @@
+"""Turn assembly: the pure part of the aggregator (no I/O, deterministic).
+
+Outcomes arrive in any order, possibly twice, possibly late; the state of a turn only ever
+moves forward, and the result is built in model order whatever the finish order, with the
+failure reported chosen the way the SDK chooses it (items 8, 10, 11, 12, 16).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from schemas import (
+    CallOutcome,
+    CallRecord,
+    CallStatus,
+    Effect,
+    FunctionCallOutput,
+    Interruption,
+    PlannedCall,
+    TurnError,
+    TurnPlan,
+    TurnResult,
+)
+from toolfleet.errors import ToolfleetError
+
+TurnStatus = Literal["completed", "interrupted", "failed", "cancelled"]
+"""TurnResult.status."""
+
+_DECIDED_BY_PLAN = frozenset({"reuse", "reject", "not_found", "interrupt"})
+_SEVERITY_RANK = {"cancellation": 0, "error": 1, "base_exception": 2}
+
+# The SDK re-raises its own exceptions as they are and wraps every other Exception in
+# UserError("Error running tool {name}: {e}") (tool_execution.py, 0.24.0); these are the
+# AgentsException subclasses a tool call can raise, from agents/exceptions.py.
+_AGENTS_EXCEPTIONS = frozenset(
+    {
+        "AgentsException",
+        "MaxTurnsExceeded",
+        "ModelBehaviorError",
+        "ModelRefusalError",
+        "ModelTimeoutError",
+        "UserError",
+        "MCPToolCancellationError",
+        "ToolTimeoutError",
+        "InputGuardrailTripwireTriggered",
+        "OutputGuardrailTripwireTriggered",
+        "ToolInputGuardrailTripwireTriggered",
+        "ToolOutputGuardrailTripwireTriggered",
+    }
+)
+
+
+@dataclass
+class TurnState:
+    """Everything the aggregator keeps for one turn (one plan epoch); JSON-serialisable."""
+
+    plan: TurnPlan
+    outcomes: dict[str, CallOutcome] = field(default_factory=dict)
+    """The latest accepted outcome per call_id (settling or not)."""
+    cancelled: bool = False
+    """Set by the I/O layer on a parent cancellation (CancelRequest without call_id)."""
+    released: set[str] | None = None
+    """call_ids whose command was sent, if the I/O layer tracks it (None: not tracked).
+
+    Only used to report a call that never got an outcome: with tracking, a call never released
+    is known ``not_executed``; otherwise its effect is ``unknown`` (it may be running).
+    """
+
+    def to_json(self) -> str:
+        """Compact JSON, as kept in Redis."""
+        data: dict[str, Any] = {
+            "plan": self.plan.model_dump(mode="json"),
+            "outcomes": {k: v.model_dump(mode="json") for k, v in self.outcomes.items()},
+            "cancelled": self.cancelled,
+            "released": None if self.released is None else sorted(self.released),
+        }
+        return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> TurnState:
+        """The state ``to_json`` wrote."""
+        data = json.loads(raw)
+        released = data.get("released")
+        return cls(
+            plan=TurnPlan.model_validate(data["plan"]),
+            outcomes={k: CallOutcome.model_validate(v) for k, v in data["outcomes"].items()},
+            cancelled=bool(data.get("cancelled", False)),
+            released=None if released is None else set(released),
+        )
+
+
+def accept_outcome(state: TurnState, outcome: CallOutcome) -> bool:
+    """Record ``outcome`` if it can still change the turn; False when it changes nothing.
+
+    Accepted only for a dispatch/attach call of this plan, with a fencing token at least the
+    recorded one, while the call is not finally settled. Duplicates and late outcomes (of a
+    settled call, or of an older attempt) are ignored: delivery is at-least-once.
+    """
+    plan = state.plan
+    if plan.error is not None:
+        return False
+    if (outcome.tenant_id, outcome.run_id, outcome.turn_id) != (
+        plan.tenant_id,
+        plan.run_id,
+        plan.turn_id,
+    ):
+        return False
+    call = _planned(state, outcome.call_id)
+    if call is None or call.disposition not in ("dispatch", "attach"):
+        return False
+    recorded = state.outcomes.get(outcome.call_id)
+    if recorded is not None and (
+        _settles(call, recorded)
+        or outcome.fencing_token < recorded.fencing_token
+        or outcome == recorded
+    ):
+        return False
+    state.outcomes[outcome.call_id] = outcome
+    return True
+
+
+def unsettled_calls(state: TurnState) -> list[str]:
+    """call_ids still waiting for a settling outcome, in model order."""
+    return [
+        c.call_id
+        for c in _in_model_order(state)
+        if c.disposition not in _DECIDED_BY_PLAN and _settled(state, c) is None
+    ]
+
+
+def turn_error(state: TurnState) -> TurnError | None:
+    """Why the turn failed, if it did: the plan's error, or the chosen call failure.
+
+    Among settled outcomes that fail the turn (fails_turn, or a resolved status "failed" under
+    failure_policy "fail_turn"), the choice is deterministic whatever the arrival order:
+    base_exception > error > cancellation, ties by lowest model index (SDK item 11).
+    """
+    if state.plan.error is not None:
+        return state.plan.error
+    failures = [
+        (call, outcome)
+        for call in state.plan.calls
+        if (outcome := _settled(state, call)) is not None and _fails_turn(state, outcome)
+    ]
+    if not failures:
+        return None
+    call, outcome = min(failures, key=lambda f: (-_SEVERITY_RANK[_severity(f[1])], f[0].index))
+    return _error_of(call, outcome)
+
+
+def is_settled(state: TurnState) -> bool:
+    """True when the result can be built: every call decided, or the turn already ended.
+
+    A turn ends early on a planning error, a parent cancellation, or a failure that fails
+    the turn; calls still queued or running then are reported skipped (or cancelled).
+    """
+    if state.plan.error is not None or state.cancelled or turn_error(state) is not None:
+        return True
+    return not unsettled_calls(state)
+
+
+def build_result(state: TurnState) -> TurnResult:
+    """The TurnResult of a settled turn: outputs and records in model order.
+
+    Raises ToolfleetError when the turn is not settled yet (see ``is_settled``); a turn
+    deadline is expressed by setting ``state.cancelled``.
+    """
+    if not is_settled(state):
+        raise ToolfleetError(
+            f"turn {state.plan.run_id}/{state.plan.turn_id} is not settled: still waiting for "
+            f"{unsettled_calls(state)}; build the result once is_settled(state) is true"
+        )
+    error = turn_error(state)
+    outputs: list[FunctionCallOutput] = []
+    interruptions: list[Interruption] = []
+    records: list[CallRecord] = []
+    for call in _in_model_order(state):
+        outcome = _settled(state, call)
+        text = _output(state, call, outcome)
+        if text is not None:
+            outputs.append(FunctionCallOutput(call_id=call.call_id, output=text))
+        interrupted = call.disposition == "interrupt" or (
+            outcome is not None and outcome.status == "pending_approval"
+        )
+        if interrupted:
+            interruptions.append(
+                Interruption(
+                    call_id=call.call_id, tool_name=call.tool_name, arguments=call.arguments
+                )
+            )
+        records.append(_record(state, call))
+    status: TurnStatus = "completed"
+    if error is not None:
+        status = "failed"
+    elif state.cancelled:
+        status = "cancelled"
+    elif interruptions:
+        status = "interrupted"
+    # As the SDK's tool-use tracker: the agent "used a tool" when the model called one.
+    reset = state.plan.config.reset_tool_choice and bool(state.plan.calls)
+    return TurnResult(
+        tenant_id=state.plan.tenant_id,
+        run_id=state.plan.run_id,
+        turn_id=state.plan.turn_id,
+        status=status,
+        outputs=outputs,
+        interruptions=interruptions,
+        error=error,
+        next_tool_choice="auto" if reset else None,
+        calls=records,
+    )
+
+
+def _in_model_order(state: TurnState) -> list[PlannedCall]:
+    return sorted(state.plan.calls, key=lambda c: c.index)
+
+
+def _planned(state: TurnState, call_id: str) -> PlannedCall | None:
+    return next((c for c in state.plan.calls if c.call_id == call_id), None)
+
+
+def _settles(call: PlannedCall, outcome: CallOutcome) -> bool:
+    # An unresolved effect settles the call only when the model is to be told right away.
+    return outcome.resolved or call.on_unknown == "report_now"
+
+
+def _settled(state: TurnState, call: PlannedCall) -> CallOutcome | None:
+    """The settling outcome of a dispatch/attach call (None for pre-decided calls too)."""
+    if call.disposition in _DECIDED_BY_PLAN:
+        return None
+    outcome = state.outcomes.get(call.call_id)
+    return outcome if outcome is not None and _settles(call, outcome) else None
+
+
+def _severity(outcome: CallOutcome) -> str:
+    if outcome.error is not None:
+        return outcome.error.severity
+    return "cancellation" if outcome.status == "cancelled" else "error"
+
+
+def _parent_cancelled(state: TurnState, outcome: CallOutcome) -> bool:
+    # Parent cancellation is never a tool failure and never becomes tool output (SDK item 12).
+    return (
+        state.cancelled and outcome.status == "cancelled" and _severity(outcome) == "cancellation"
+    )
+
+
+def _fails_turn(state: TurnState, outcome: CallOutcome) -> bool:
+    if _parent_cancelled(state, outcome):
+        return False
+    if outcome.fails_turn:
+        return True
+    # The executor applies the policy itself (fails_turn); this covers a definite failure it
+    # did not flag. Timeouts, lost workers (unresolved) and cancellations are not tool errors
+    # here: they fail the turn only with fails_turn, as the SDK's timeout default does.
+    policy = state.plan.config.failure_policy
+    return policy == "fail_turn" and outcome.status == "failed" and outcome.resolved
+
+
+def _error_of(call: PlannedCall, outcome: CallOutcome) -> TurnError:
+    error = outcome.error
+    if error is not None and (error.severity != "error" or error.type in _AGENTS_EXCEPTIONS):
+        return TurnError(type=error.type, message=error.message, call_id=call.call_id)
+    detail = error.message if error is not None else outcome.status
+    return TurnError(
+        type="UserError",
+        message=f"Error running tool {call.tool_name}: {detail}",
+        call_id=call.call_id,
+    )
+
+
+def _output(state: TurnState, call: PlannedCall, outcome: CallOutcome | None) -> str | None:
+    """What the model sees for one call, or None when the call has no output item."""
+    if call.disposition in _DECIDED_BY_PLAN:
+        return call.output  # None for interrupt
+    if outcome is None or outcome.status in ("pending_approval", "skipped"):
+        return None
+    if _parent_cancelled(state, outcome) or _fails_turn(state, outcome):
+        return None  # the failure is the turn's error, not an output
+    return outcome.output
+
+
+def _record(state: TurnState, call: PlannedCall) -> CallRecord:
+    status: CallStatus
+    effect: Effect
+    if call.disposition in _DECIDED_BY_PLAN:
+        defaults: dict[str, tuple[CallStatus, Effect]] = {
+            "reuse": ("succeeded", "applied"),
+            "reject": ("rejected", "not_executed"),
+            "not_found": ("failed", "not_executed"),
+            "interrupt": ("pending_approval", "not_executed"),
+        }
+        status, effect = defaults[call.disposition]
+        return CallRecord(
+            call_id=call.call_id,
+            tool_name=call.tool_name,
+            status=call.status or status,
+            effect=call.effect or effect,
+            attempts=0,
+        )
+    # The latest outcome even if unsettled: an unresolved timeout says more than "skipped".
+    outcome = state.outcomes.get(call.call_id)
+    if outcome is not None:
+        return CallRecord(
+            call_id=call.call_id,
+            tool_name=call.tool_name,
+            status=outcome.status,
+            effect=outcome.effect,
+            attempts=outcome.attempt,
+            started_at=outcome.started_at,
+            finished_at=outcome.finished_at,
+        )
+    never_sent = (
+        call.disposition == "dispatch"
+        and state.released is not None
+        and call.call_id not in state.released
+    )
+    return CallRecord(
+        call_id=call.call_id,
+        tool_name=call.tool_name,
+        status="cancelled" if state.cancelled else "skipped",
+        effect="not_executed" if never_sent else "unknown",
+        attempts=0,
+    )

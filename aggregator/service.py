@@ -1,0 +1,225 @@
+"""The aggregator process: plans and outcomes in, exactly one TurnResult per turn (and plan epoch).
+
+Turn state lives in Redis, updated with an atomic read-modify-write, so recording an outcome
+is idempotent. TurnResults are published in a Kafka transaction together with the consumed
+offsets: a crash before the commit re-delivers the batch, a crash after it re-delivers
+nothing. The emission marker names the record that triggered it, so a redelivered trigger
+re-emits (the first attempt's transaction never committed) while a late duplicate does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from redis.asyncio import Redis
+
+from aggregator._turn import TurnState, accept_outcome, build_result, is_settled
+from schemas import CallOutcome, CancelRequest, TurnPlan, TurnResult
+from toolfleet.bus import TRANSIENT_ERRORS, KafkaBus, Record
+from toolfleet.errors import InvalidMessageError
+from toolfleet.ledger import Ledger
+from toolfleet.metrics import MESSAGES, TURN_LATENCY
+from toolfleet.redis import JsonState, connect_redis, update_json
+from toolfleet.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_STATE_TTL_S = 7 * 24 * 3600
+
+
+def turn_key(tenant_id: str, run_id: str, turn_id: int) -> str:
+    """Redis key of one turn's aggregation state."""
+    return f"tf:{{{tenant_id}}}:turn:{run_id}:{turn_id}"
+
+
+def _turns_of_run(tenant_id: str, run_id: str) -> str:
+    return f"tf:{{{tenant_id}}}:turns:{run_id}"
+
+
+Emission = tuple[TurnResult, float]
+"""A TurnResult to publish, with the time its plan was made (for the latency histogram)."""
+
+
+class Aggregator:
+    """Consumes plans, outcomes and cancellations; publishes TurnResults transactionally."""
+
+    def __init__(self, settings: Settings, redis: Redis | None = None) -> None:
+        self.settings = settings
+        self.bus = KafkaBus(settings, service="aggregator")
+        self.redis = redis or connect_redis(settings)
+        self.ledger = Ledger(self.redis)
+        self.instance = f"{socket.gethostname()}-{os.getpid()}"
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Finish the current batch and return from ``run``."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Serve until stopped."""
+        await self.bus.start()
+        group = f"{self.settings.topic_prefix}aggregator"
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.settings.kafka_servers(),
+            transactional_id=f"{group}-{self.instance}",
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=2,
+        )
+        consumer = self.bus.consumer(["plans", "outcomes", "cancellations"], group="aggregator")
+        await producer.start()
+        await consumer.start()
+        try:
+            while not self._stopping.is_set():
+                batches = await consumer.getmany(timeout_ms=100, max_records=500)
+                if batches:
+                    await self._process(consumer, producer, group, batches)
+        finally:
+            await consumer.stop()
+            await producer.stop()
+            await self.bus.stop()
+            await self.redis.aclose()
+
+    async def _process(
+        self,
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer,
+        group: str,
+        batches: dict[TopicPartition, list[Record]],
+    ) -> None:
+        try:
+            emitted: list[Emission] = []
+            for records in batches.values():
+                for record in records:
+                    emitted += await self._handle(record)
+            async with producer.transaction():
+                topic = self.settings.topic("turn-results")
+                for result, _ in emitted:
+                    await producer.send(topic, result.encode(), key=result.run_id.encode())
+                offsets = {tp: records[-1].offset + 1 for tp, records in batches.items()}
+                await producer.send_offsets_to_transaction(offsets, group)
+        except TRANSIENT_ERRORS as exc:
+            # Nothing of the batch is committed: read it again; recording is idempotent.
+            log.warning("batch failed; re-reading it", extra={"error": repr(exc)})
+            for tp, records in batches.items():
+                consumer.seek(tp, records[0].offset)
+            await asyncio.sleep(0.5)
+            return
+        for result, planned_at in emitted:
+            TURN_LATENCY.labels(result.status).observe(time.time() - planned_at)
+
+    async def _handle(self, record: Record) -> list[Emission]:
+        topic = record.topic.removeprefix(self.settings.topic_prefix)
+        trigger = f"{record.partition}:{record.offset}"
+        try:
+            if topic == "plans":
+                results = await self.on_plan(TurnPlan.decode(record.value or b""), trigger)
+            elif topic == "outcomes":
+                results = await self.on_outcome(CallOutcome.decode(record.value or b""), trigger)
+            elif topic == "cancellations":
+                results = await self.on_cancel(CancelRequest.decode(record.value or b""), trigger)
+            else:
+                results = []
+        except InvalidMessageError as exc:
+            await self.bus.dead_letter(record, exc.reason)
+            MESSAGES.labels("aggregator", record.topic, "dead_lettered").inc()
+            return []
+        MESSAGES.labels("aggregator", record.topic, "processed").inc()
+        return results
+
+    async def on_plan(self, plan: TurnPlan, trigger: str) -> list[Emission]:
+        """Start (or, for a resumed turn, replace) the turn's state."""
+        await self.redis.sadd(_turns_of_run(plan.tenant_id, plan.run_id), plan.turn_id)
+        stored = await self._stored_outcomes(plan)
+
+        def change(blob: JsonState | None) -> tuple[JsonState | None, Emission | None]:
+            blob = blob or {"turn": None, "early": {}, "emitted": None}
+            turn = TurnState.from_json(blob["turn"]) if blob["turn"] else None
+            if turn is not None and turn.plan.epoch >= plan.epoch:
+                return _maybe_emit(blob, turn, trigger)
+            early = [CallOutcome.model_validate_json(v) for v in blob["early"].values()]
+            carried = list(turn.outcomes.values()) if turn else []
+            turn = TurnState(plan=plan)
+            for outcome in [*carried, *early, *stored]:
+                accept_outcome(turn, outcome)
+            blob["early"] = {}
+            return _maybe_emit(blob, turn, trigger)
+
+        return await self._update(plan.tenant_id, plan.run_id, plan.turn_id, change)
+
+    async def on_outcome(self, outcome: CallOutcome, trigger: str) -> list[Emission]:
+        """Record an outcome; emit the turn's result if it is now settled."""
+
+        def change(blob: JsonState | None) -> tuple[JsonState | None, Emission | None]:
+            blob = blob or {"turn": None, "early": {}, "emitted": None}
+            if not blob["turn"]:
+                # The plan is not here yet (another topic, another pace): keep the outcome.
+                early = blob["early"].get(outcome.call_id)
+                known = CallOutcome.model_validate_json(early) if early else None
+                if known is None or known.fencing_token <= outcome.fencing_token:
+                    blob["early"][outcome.call_id] = outcome.model_dump_json()
+                return blob, None
+            turn = TurnState.from_json(blob["turn"])
+            accept_outcome(turn, outcome)
+            return _maybe_emit(blob, turn, trigger)
+
+        return await self._update(outcome.tenant_id, outcome.run_id, outcome.turn_id, change)
+
+    async def on_cancel(self, request: CancelRequest, trigger: str) -> list[Emission]:
+        """Parent cancellation: every open turn of the run ends now, as cancelled."""
+        if request.call_id is not None:
+            return []  # tool-local: the worker reports it as the call's failure
+        results = []
+        for turn_id in await self.redis.smembers(_turns_of_run(request.tenant_id, request.run_id)):
+
+            def change(blob: JsonState | None) -> tuple[JsonState | None, Emission | None]:
+                if not blob or not blob["turn"]:
+                    return blob, None
+                turn = TurnState.from_json(blob["turn"])
+                turn.cancelled = True
+                return _maybe_emit(blob, turn, trigger)
+
+            results += await self._update(request.tenant_id, request.run_id, int(turn_id), change)
+        return results
+
+    async def _update(
+        self,
+        tenant_id: str,
+        run_id: str,
+        turn_id: int,
+        change: Callable[[JsonState | None], tuple[JsonState | None, Emission | None]],
+    ) -> list[Emission]:
+        key = turn_key(tenant_id, run_id, turn_id)
+        _state, result = await update_json(self.redis, key, change, ttl_s=_STATE_TTL_S)
+        return [result] if result is not None else []
+
+    async def _stored_outcomes(self, plan: TurnPlan) -> list[CallOutcome]:
+        """Outcomes of attached calls that finished before this plan arrived."""
+        attached = [c.call_id for c in plan.calls if c.disposition == "attach"]
+        entries = await self.ledger.read(plan.tenant_id, attached)
+        return [
+            e.outcome.model_copy(update={"run_id": plan.run_id, "turn_id": plan.turn_id})
+            for e in entries.values()
+            if e.outcome is not None
+        ]
+
+
+def _maybe_emit(
+    blob: JsonState, turn: TurnState, trigger: str
+) -> tuple[JsonState, Emission | None]:
+    """Store the turn; emit its result once per plan epoch (or again for the same trigger)."""
+    blob["turn"] = turn.to_json()
+    if not is_settled(turn):
+        return blob, None
+    emitted = blob.get("emitted")
+    epoch = turn.plan.epoch
+    if emitted is not None and emitted["epoch"] == epoch and emitted["by"] != trigger:
+        return blob, None
+    blob["emitted"] = {"epoch": epoch, "by": trigger, "at": time.time()}
+    return blob, (build_result(turn), turn.plan.planned_at)

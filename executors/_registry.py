@@ -1,0 +1,159 @@
+"""The set of tools a worker serves, declared with the ``@tools.tool`` decorator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, overload
+
+from executors._guardrails import InputGuardrail, OutputGuardrail
+from executors._tool import (
+    ApprovalFunction,
+    OnUnknown,
+    TimeoutBehavior,
+    Tool,
+    ToolErrorFunction,
+    default_tool_error_function,
+)
+from schemas import EffectClass, ToolSpec
+from toolfleet.errors import ConfigurationError, ToolNotFoundError
+
+
+class ToolRegistry:
+    """Tools by lookup key (``name`` or ``namespace.name``); ``toolfleet worker`` serves one."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    @overload
+    def tool(self, func: Callable[..., Any], /) -> Tool: ...
+
+    @overload
+    def tool(
+        self,
+        func: None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        namespace: str | None = None,
+        version: str = "1",
+        effect: EffectClass = "non_idempotent",
+        timeout: float | None = None,
+        timeout_behavior: TimeoutBehavior = "error_as_result",
+        timeout_error_function: ToolErrorFunction | None = None,
+        failure_error_function: ToolErrorFunction | None = default_tool_error_function,
+        needs_approval: bool | ApprovalFunction | None = None,
+        input_guardrails: Sequence[InputGuardrail] = (),
+        output_guardrails: Sequence[OutputGuardrail] = (),
+        on_unknown: OnUnknown | None = None,
+        is_enabled: bool = True,
+        pool: str | None = None,
+    ) -> Callable[[Callable[..., Any]], Tool]: ...
+
+    def tool(
+        self,
+        func: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        namespace: str | None = None,
+        version: str = "1",
+        effect: EffectClass = "non_idempotent",
+        timeout: float | None = None,
+        timeout_behavior: TimeoutBehavior = "error_as_result",
+        timeout_error_function: ToolErrorFunction | None = None,
+        failure_error_function: ToolErrorFunction | None = default_tool_error_function,
+        needs_approval: bool | ApprovalFunction | None = None,
+        input_guardrails: Sequence[InputGuardrail] = (),
+        output_guardrails: Sequence[OutputGuardrail] = (),
+        on_unknown: OnUnknown | None = None,
+        is_enabled: bool = True,
+        pool: str | None = None,
+    ) -> Tool | Callable[[Callable[..., Any]], Tool]:
+        """Declare a tool: ``@tools.tool`` or ``@tools.tool(effect=..., timeout=...)``.
+
+        - ``name`` defaults to the function's name, ``description`` to its docstring.
+        - ``effect``: read_only | idempotent | non_idempotent (default) | irreversible.
+        - ``timeout`` (seconds, async functions only) with ``timeout_behavior``
+          "error_as_result" (the SDK's timeout text, or ``timeout_error_function(ctx, err)``)
+          or "raise_exception" (the turn fails with ToolTimeoutError).
+        - ``failure_error_function(ctx, exc) -> str`` words a failure for the model; the
+          default is the SDK's fixed text; ``None`` makes any failure fail the turn.
+        - ``needs_approval``: bool or ``(ctx, args) -> bool``; default True only for
+          irreversible tools.
+        - ``on_unknown``: default "report_now" for read_only tools, else
+          "reconcile_then_report".
+        - ``pool``: serve the tool only in this pool (default: every pool serving the registry).
+        """
+
+        def register(fn: Callable[..., Any]) -> Tool:
+            return self.add(
+                Tool(
+                    fn,
+                    name=name,
+                    description=description,
+                    namespace=namespace,
+                    version=version,
+                    effect=effect,
+                    timeout=timeout,
+                    timeout_behavior=timeout_behavior,
+                    timeout_error_function=timeout_error_function,
+                    failure_error_function=failure_error_function,
+                    needs_approval=needs_approval,
+                    input_guardrails=input_guardrails,
+                    output_guardrails=output_guardrails,
+                    on_unknown=on_unknown,
+                    is_enabled=is_enabled,
+                    pool=pool,
+                )
+            )
+
+        if func is not None:
+            return register(func)
+        return register
+
+    def add(self, tool: Tool) -> Tool:
+        """Register an already built Tool; a second tool with the same lookup key is an error."""
+        key = tool.lookup_key
+        if key in self._tools:
+            raise ConfigurationError(
+                f"tool {key!r} is declared twice in this registry; give one of them another "
+                "name or namespace"
+            )
+        self._tools[key] = tool
+        return tool
+
+    def get(self, key: str) -> Tool:
+        """The tool a model calls ``key`` (``name`` or ``namespace.name``).
+
+        Raises ToolNotFoundError when this registry has no such tool.
+        """
+        tool = self._tools.get(key)
+        if tool is None:
+            raise ToolNotFoundError(f"Tool '{key}' not found.")
+        return tool
+
+    def find(self, key: str) -> Tool | None:
+        """The tool called ``key``, or None."""
+        return self._tools.get(key)
+
+    def for_pool(self, pool: str) -> list[Tool]:
+        """The tools a worker of ``pool`` serves: those pinned to it and those not pinned."""
+        return [t for t in self._tools.values() if t.pool is None or t.pool == pool]
+
+    def specs(self, pool: str) -> list[ToolSpec]:
+        """Registry entries of the tools a worker of ``pool`` serves, in declaration order."""
+        return [t.spec(pool) for t in self.for_pool(pool)]
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(list(self._tools.values()))
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._tools
+
+    def __repr__(self) -> str:
+        return f"ToolRegistry({list(self._tools)!r})"

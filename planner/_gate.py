@@ -1,0 +1,128 @@
+"""The concurrency gate of a turn with ``max_concurrency``: at most N calls in flight fleet-wide.
+
+The planner releases a capped turn's calls in model order, the next as each outcome arrives
+(``next_to_release`` decides; this module keeps its inputs in Redis). Updates are optimistic
+transactions (WATCH/MULTI), so a redelivered outcome or a planner taking over a partition
+during a rebalance can never release a call twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from redis.asyncio import Redis
+
+from planner._planning import next_to_release
+from schemas import CallOutcome, PlannedCall, TurnConfig, TurnPlan
+from toolfleet.redis import JsonState, update_json
+
+_GATE_TTL_S = 7 * 24 * 3600
+_FAILED_STATUSES = frozenset({"failed", "timed_out", "cancelled"})
+
+
+def gate_key(tenant_id: str, run_id: str, turn_id: int) -> str:
+    """Redis key of one turn's gate."""
+    return f"tf:{{{tenant_id}}}:gate:{run_id}:{turn_id}"
+
+
+def _run_index(tenant_id: str, run_id: str) -> str:
+    return f"tf:{{{tenant_id}}}:gates:{run_id}"
+
+
+class Gate:
+    """Releases the calls of capped turns; state per turn in Redis."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+
+    async def open(self, plan: TurnPlan, dispatch: list[str]) -> list[str]:
+        """Create the gate for a new plan (idempotent per epoch); the call_ids to send now."""
+        key = gate_key(plan.tenant_id, plan.run_id, plan.turn_id)
+        fresh = {
+            "epoch": plan.epoch,
+            "limit": plan.config.max_concurrency,
+            "policy": plan.config.failure_policy,
+            "config": plan.config.model_dump(mode="json"),
+            "calls": [c.model_dump(mode="json") for c in plan.calls if c.call_id in dispatch],
+            "in_flight": [],
+            "finished": [],
+            "failed": False,
+            "cancelled": False,
+        }
+
+        def start(state: JsonState | None) -> tuple[dict[str, Any], list[str]]:
+            if state is None or state["epoch"] < plan.epoch:
+                state = fresh
+            elif state["epoch"] > plan.epoch:
+                return state, []  # a newer plan of this turn owns the gate
+            else:
+                # The same plan again (redelivered): resend what was released but may never
+                # have been sent; the ledger turns a duplicate command into a no-op.
+                return _release(state, resend=True)
+            return _release(state)
+
+        await self.redis.sadd(_run_index(plan.tenant_id, plan.run_id), plan.turn_id)
+        _state, released = await self._update(key, start)
+        return [c.call_id for c in released]
+
+    async def on_outcome(self, outcome: CallOutcome) -> tuple[TurnConfig, list[PlannedCall]]:
+        """Account for a finished call of a capped turn; its config and the calls to send now."""
+        key = gate_key(outcome.tenant_id, outcome.run_id, outcome.turn_id)
+
+        def finish(state: JsonState | None) -> tuple[JsonState | None, list[str]]:
+            if state is None or outcome.call_id not in _ids(state["calls"]):
+                return state, []
+            redelivered = outcome.call_id in state["finished"]
+            if not redelivered:
+                state["finished"].append(outcome.call_id)
+            if outcome.status in _FAILED_STATUSES or outcome.fails_turn:
+                state["failed"] = True
+            return _release(state, resend=redelivered)
+
+        state, release = await self._update(key, finish)
+        config = TurnConfig.model_validate(state["config"]) if state else TurnConfig()
+        return config, release
+
+    async def cancel_run(self, tenant_id: str, run_id: str) -> None:
+        """Parent cancellation: queued calls of every capped turn of the run never start."""
+        for turn in await self.redis.smembers(_run_index(tenant_id, run_id)):
+            key = gate_key(tenant_id, run_id, int(turn))
+
+            def cancel(state: JsonState | None) -> tuple[JsonState | None, list[str]]:
+                if state is not None:
+                    state["cancelled"] = True
+                return state, []
+
+            await self._update(key, cancel)
+
+    async def _update(
+        self,
+        key: str,
+        change: Callable[[JsonState | None], tuple[JsonState | None, list[str]]],
+    ) -> tuple[JsonState | None, list[PlannedCall]]:
+        state, released = await update_json(self.redis, key, change, ttl_s=_GATE_TTL_S)
+        calls = [PlannedCall.model_validate(c) for c in (state or {}).get("calls", [])]
+        return state, [c for c in calls if c.call_id in released]
+
+
+def _ids(calls: list[dict[str, Any]]) -> list[str]:
+    return [c["call_id"] for c in calls]
+
+
+def _release(state: dict[str, Any], *, resend: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """Newly released call_ids; with ``resend``, also those released and not yet finished."""
+    if state["cancelled"]:
+        return state, []
+    unfinished = [c for c in state["in_flight"] if c not in state["finished"]] if resend else []
+    calls = [PlannedCall.model_validate(c) for c in state["calls"]]
+    release = next_to_release(
+        calls,
+        set(state["in_flight"]),
+        set(state["finished"]),
+        limit=state["limit"],
+        failed=state["failed"],
+        policy=state["policy"],
+    )
+    state["in_flight"] = [*state["in_flight"], *release]
+    return state, [*unfinished, *release]

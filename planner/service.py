@@ -1,0 +1,315 @@
+"""The planner process: model responses in, one plan and one command per call out.
+
+The decisions are ``plan_turn`` and ``next_to_release`` (pure); this module only reads what
+they need from Redis, writes the ledger before anything is sent, and publishes. Everything
+is keyed by run_id, so one planner instance owns all of a run's responses, approvals,
+cancellations and outcomes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from redis.asyncio import Redis
+
+from planner._gate import Gate
+from planner._planning import (
+    ApprovalView,
+    Decision,
+    Dispatch,
+    LedgerUpdate,
+    LedgerView,
+    plan_turn,
+)
+from schemas import (
+    ApprovalDecision,
+    CallOutcome,
+    CancelRequest,
+    ExecutionCommand,
+    ModelResponseEvent,
+    PlannedCall,
+    TurnConfig,
+)
+from toolfleet.bus import ConsumeLoop, KafkaBus, Record
+from toolfleet.ledger import Ledger, LedgerEntry, NewCall
+from toolfleet.metrics import COMMANDS, PLAN_LATENCY
+from toolfleet.redis import HashFields, connect_redis, text
+from toolfleet.registry import ToolDirectory
+from toolfleet.settings import Settings
+from toolfleet.topics import command_topic
+
+log = logging.getLogger(__name__)
+
+
+def approvals_key(tenant_id: str, run_id: str) -> str:
+    """Hash of a run's approval decisions: ``call:<id>`` and ``sticky:<tool>`` -> decision."""
+    return f"tf:{{{tenant_id}}}:approvals:{run_id}"
+
+
+def cancelled_key(tenant_id: str, run_id: str) -> str:
+    """Set when a run is cancelled; workers never start a call of a cancelled run."""
+    return f"tf:{{{tenant_id}}}:cancelled:{run_id}"
+
+
+class Planner:
+    """Consumes model-responses, approvals, cancellations and outcomes (for concurrency caps)."""
+
+    def __init__(self, settings: Settings, redis: Redis | None = None) -> None:
+        self.settings = settings
+        self.bus = KafkaBus(settings, service="planner")
+        self.redis = redis or connect_redis(settings)
+        self.ledger = Ledger(self.redis)
+        self.tools = ToolDirectory(self.redis)
+        self.gate = Gate(self.redis)
+        self._loop: ConsumeLoop | None = None
+
+    def stop(self) -> None:
+        """Finish the current message and return from ``run``."""
+        if self._loop is not None:
+            self._loop.stop()
+
+    async def run(self) -> None:
+        """Serve until stopped."""
+        await self.bus.start()
+        consumer = self.bus.consumer(
+            ["model-responses", "approvals", "cancellations", "outcomes"], group="planner"
+        )
+        await consumer.start()
+        self._loop = ConsumeLoop(self.bus, consumer, self.handle)
+        try:
+            await self._loop.run()
+        finally:
+            await consumer.stop()
+            await self.bus.stop()
+            await self.redis.aclose()
+
+    async def handle(self, record: Record) -> None:
+        """Route one record by topic; invalid bytes raise InvalidMessageError (dead-lettered)."""
+        topic = record.topic.removeprefix(self.settings.topic_prefix)
+        raw = record.value or b""
+        if topic == "model-responses":
+            await self.on_response(ModelResponseEvent.decode(raw), record)
+        elif topic == "approvals":
+            await self.on_approval(ApprovalDecision.decode(raw))
+        elif topic == "cancellations":
+            await self.on_cancel(CancelRequest.decode(raw))
+        elif topic == "outcomes":
+            await self.on_outcome(CallOutcome.decode(raw))
+
+    async def on_response(self, event: ModelResponseEvent, record: Record) -> None:
+        """Plan one model response, record it in the ledger, then publish plan and commands."""
+        began = time.perf_counter()
+        items = event.function_calls
+        entries = await self.ledger.read(event.tenant_id, (c.call_id for c in items if c.call_id))
+        tools = await self.tools.specs(needed=(_lookup(c.namespace, c.name) for c in items))
+        # A resumed turn gets a newer plan epoch; the offset keeps it stable on redelivery.
+        epoch = record.offset + 1 if event.resume else 0
+        result = plan_turn(
+            event,
+            tools=tools,
+            ledger={cid: _view(e) for cid, e in entries.items()},
+            approvals=await self._approvals(event.tenant_id, event.run_id),
+            now=time.time(),
+            epoch=epoch,
+        )
+        if not result.failed:
+            await self._record(event, result.ledger_updates)
+        await self.bus.publish_and_wait("plans", event.run_id, result.plan)
+        dispatches = {d.call.call_id: d for d in result.dispatch}
+        if event.config.max_concurrency is None:
+            release = list(dispatches)
+        else:
+            release = await self.gate.open(result.plan, list(dispatches))
+        await self._send(event, [dispatches[cid] for cid in release])
+        PLAN_LATENCY.observe(time.perf_counter() - began)
+
+    async def on_outcome(self, outcome: CallOutcome) -> None:
+        """Release the next queued calls of a turn with a concurrency cap."""
+        config, release = await self.gate.on_outcome(outcome)
+        if not release:
+            return
+        tenant = outcome.tenant_id
+        entries = await self.ledger.read(tenant, (c.call_id for c in release))
+        commands = []
+        for call in release:
+            entry = entries.get(call.call_id)
+            issued = await self.ledger.dispatch(tenant, call.call_id) if entry else None
+            if entry is None or issued is None:
+                continue
+            commands.append(
+                _command(
+                    call,
+                    tenant_id=tenant,
+                    run_id=outcome.run_id,
+                    turn_id=outcome.turn_id,
+                    config=config,
+                    fingerprint=entry.fingerprint,
+                    idempotency_key=entry.idempotency_key,
+                    approved=entry.approval == "approved",
+                    issued=issued,
+                )
+            )
+        await self._publish_commands(commands)
+
+    async def on_approval(self, decision: ApprovalDecision) -> None:
+        """Store a decision; the runtime resumes the turn with a ``resume: true`` response."""
+        value = json.dumps({"approve": decision.approve, "message": decision.message})
+        fields: HashFields = {f"call:{decision.call_id}": value}
+        if decision.sticky is not None:
+            sticky = decision.sticky == "always_approve"
+            fields[f"sticky:{decision.tool_name}"] = json.dumps(
+                {"approve": sticky, "message": decision.message}
+            )
+        await self.redis.hset(approvals_key(decision.tenant_id, decision.run_id), mapping=fields)
+        await self.ledger.append_audit(
+            decision.tenant_id,
+            decision.call_id,
+            "approval_decision",
+            approve=decision.approve,
+            sticky=decision.sticky,
+            by=decision.decided_by,
+        )
+
+    async def on_cancel(self, request: CancelRequest) -> None:
+        """Parent cancellation: nothing of the run starts from now on."""
+        if request.call_id is None:
+            await self.redis.set(cancelled_key(request.tenant_id, request.run_id), request.reason)
+            await self.gate.cancel_run(request.tenant_id, request.run_id)
+
+    async def _approvals(self, tenant_id: str, run_id: str) -> ApprovalView:
+        raw = await self.redis.hgetall(approvals_key(tenant_id, run_id))
+        per_call: dict[str, Decision] = {}
+        sticky: dict[str, Decision] = {}
+        for key, value in raw.items():
+            kind, _, name = text(key).partition(":")
+            data = json.loads(value)
+            decision = Decision(bool(data["approve"]), data.get("message"))
+            (per_call if kind == "call" else sticky)[name] = decision
+        return ApprovalView(per_call=per_call, sticky=sticky)
+
+    async def _record(self, event: ModelResponseEvent, updates: list[LedgerUpdate]) -> None:
+        """Write the plan's decisions to the ledger; nothing is sent before this is durable."""
+        new_calls = [
+            NewCall(
+                u.call.call_id, u.fingerprint, u.idempotency_key, event.run_id, event.turn_id,
+                u.call.tool_name, u.call.pool,
+            )
+            for u in updates
+            if u.create
+        ]  # fmt: skip
+        await self.ledger.create(event.tenant_id, new_calls)
+        for update in updates:
+            call = update.call
+            if update.pending_approval:
+                await self.ledger.set_pending_approval(event.tenant_id, call.call_id)
+            if update.approval is not None:
+                await self.ledger.set_approval(
+                    event.tenant_id,
+                    call.call_id,
+                    update.approval == "approved",
+                    update.approval_message,
+                    by="planner",
+                )
+            if call.disposition in ("reject", "not_found"):
+                await self.ledger.settle(_decided_outcome(event, call))
+
+    async def _send(self, event: ModelResponseEvent, dispatches: list[Dispatch]) -> None:
+        commands = []
+        for d in dispatches:
+            issued = await self.ledger.dispatch(event.tenant_id, d.call.call_id)
+            if issued is None:
+                continue  # already running or finished: its outcome is (or will be) on its way
+            commands.append(
+                _command(
+                    d.call,
+                    tenant_id=event.tenant_id,
+                    run_id=event.run_id,
+                    turn_id=event.turn_id,
+                    config=event.config,
+                    fingerprint=d.fingerprint,
+                    idempotency_key=d.idempotency_key,
+                    approved=d.approved,
+                    issued=issued,
+                )
+            )
+        await self._publish_commands(commands)
+
+    async def _publish_commands(self, commands: list[ExecutionCommand]) -> None:
+        futures = [await self.bus.publish(command_topic(c.pool), c.call_id, c) for c in commands]
+        for future, command in zip(futures, commands, strict=True):
+            await future
+            COMMANDS.labels("planner", command.pool, command.kind).inc()
+
+
+def _lookup(namespace: str | None, name: str) -> str:
+    return f"{namespace}.{name}" if namespace else name
+
+
+def _view(entry: LedgerEntry) -> LedgerView:
+    outcome = entry.outcome
+    return LedgerView(
+        call_id=entry.call_id,
+        fingerprint=entry.fingerprint,
+        state=entry.state,
+        output=outcome.output if outcome else None,
+        status=outcome.status if outcome else None,
+        effect=outcome.effect if outcome else None,
+        approval=entry.approval,
+        approval_message=entry.approval_message,
+        pending_approval=entry.pending_approval,
+    )
+
+
+def _command(
+    call: PlannedCall,
+    *,
+    tenant_id: str,
+    run_id: str,
+    turn_id: int,
+    config: TurnConfig,
+    fingerprint: str,
+    idempotency_key: str,
+    approved: bool,
+    issued: tuple[int, int],
+) -> ExecutionCommand:
+    attempt, token = issued
+    return ExecutionCommand(
+        tenant_id=tenant_id,
+        run_id=run_id,
+        turn_id=turn_id,
+        call_id=call.call_id,
+        tool_name=call.tool_name,
+        arguments=call.arguments,
+        index=call.index,
+        pool=call.pool or "default",
+        attempt=attempt,
+        fencing_token=token,
+        idempotency_key=idempotency_key,
+        fingerprint=fingerprint,
+        approved=approved,
+        failure_policy=config.failure_policy,
+        pre_approval_guardrails=config.pre_approval_guardrails,
+        deadline_at=time.time() + config.deadline_s if config.deadline_s else None,
+        issued_at=time.time(),
+    )
+
+
+def _decided_outcome(event: ModelResponseEvent, call: PlannedCall) -> CallOutcome:
+    """The outcome of a call the planner decided without running it (rejected, not found)."""
+    return CallOutcome(
+        tenant_id=event.tenant_id,
+        run_id=event.run_id,
+        turn_id=event.turn_id,
+        call_id=call.call_id,
+        tool_name=call.tool_name,
+        index=call.index,
+        attempt=1,
+        fencing_token=0,
+        status=call.status or "rejected",
+        effect=call.effect or "not_executed",
+        output=call.output,
+        source="planner",
+        finished_at=time.time(),
+    )

@@ -1,0 +1,101 @@
+"""End to end through the real broker: planner, aggregator and two worker processes."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from schemas import ModelResponseEvent, TurnResult
+from toolfleet.client import FleetClient, TurnTimeoutError
+from toolfleet.settings import Settings
+from toolfleet.testing import LocalFleet
+
+pytestmark = pytest.mark.integration
+
+TOOLS = "tests.integration.fleet_tools:tools"
+
+
+@pytest.fixture(scope="module")
+def fleet(settings: Settings, topics: list[str]) -> Iterator[LocalFleet]:
+    with LocalFleet(settings, tools=TOOLS, workers=2) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def client(fleet: LocalFleet, settings: Settings) -> AsyncIterator[FleetClient]:
+    async with FleetClient(settings) as fleet_client:
+        # Ready when a first turn goes all the way through (group joins take a while).
+        warm = turn(("w1", "add", {"a": 1, "b": 1}))
+        await fleet_client.submit(warm)
+        deadline = time.monotonic() + 120
+        while True:
+            fleet.check()
+            try:
+                await fleet_client.result(warm.run_id, 0, within=1)
+                break
+            except TurnTimeoutError:
+                if time.monotonic() > deadline:
+                    raise
+        yield fleet_client
+
+
+def turn(
+    *calls: tuple[str, str, Any], run_id: str | None = None, **config: Any
+) -> ModelResponseEvent:
+    """A model response with one function call per (call_id, tool, arguments)."""
+    run = run_id or f"run-{uuid.uuid4().hex[:10]}"
+    items = [
+        {
+            "type": "function_call",
+            "call_id": f"{run}-{cid}" if cid else "",
+            "name": name,
+            "arguments": args if isinstance(args, str) else json.dumps(args),
+        }
+        for cid, name, args in calls
+    ]
+    return ModelResponseEvent.model_validate(
+        {
+            "tenant_id": "acme",
+            "run_id": run,
+            "turn_id": 0,
+            "agent": {"name": "assistant"},
+            "response_id": f"resp-{uuid.uuid4().hex[:8]}",
+            "items": items,
+            "config": config,
+        }
+    )
+
+
+def outputs(result: TurnResult) -> list[tuple[str, str]]:
+    """(call_id suffix, output) in the order the result lists them."""
+    return [(o.call_id.rsplit("-", 1)[-1], o.output) for o in result.outputs]
+
+
+async def test_outputs_come_back_in_model_order_whatever_the_finish_order(
+    client: FleetClient,
+) -> None:
+    event = turn(
+        ("a", "sleep_then_echo", {"text": "first", "ms": 400}),
+        ("b", "sleep_then_echo", {"text": "second", "ms": 0}),
+        ("c", "sleep_then_echo", {"text": "third", "ms": 200}),
+    )
+    result = await client.run_turn(event)
+    assert result.status == "completed"
+    assert outputs(result) == [("a", "first"), ("b", "second"), ("c", "third")]
+    assert [c.effect for c in result.calls] == ["applied"] * 3
+    assert result.next_tool_choice == "auto"
+
+
+async def test_a_failed_call_never_discards_a_siblings_output(client: FleetClient) -> None:
+    event = turn(("a", "boom", {"message": "x"}), ("b", "add", {"a": 2, "b": 3}))
+    result = await client.run_turn(event)
+    assert result.status == "completed"
+    assert outputs(result) == [
+        ("a", "An error occurred while running the tool. Please try again."),
+        ("b", "5"),
+    ]

@@ -1,0 +1,5 @@
+"""``python -m toolfleet`` runs the ``toolfleet`` command."""
+
+from toolfleet.cli import main
+
+main()

@@ -1,0 +1,131 @@
+"""Testing helpers shipped with toolfleet: run a whole fleet as local processes.
+
+``LocalFleet`` starts the planner, the aggregator and N worker processes with the given
+settings, exactly as ``toolfleet planner|aggregator|worker`` would in production, and can
+SIGKILL and restart a worker to test what happens when one dies mid-call.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+from toolfleet.settings import Settings
+
+
+@dataclass
+class _Proc:
+    name: str
+    argv: list[str]
+    log: IO[bytes]
+    popen: subprocess.Popen[bytes] | None = None
+
+
+@dataclass
+class LocalFleet:
+    """Planner, aggregator and workers as child processes sharing ``settings``."""
+
+    settings: Settings
+    tools: str
+    """``module:attribute`` of the ToolRegistry every worker serves."""
+    workers: int = 2
+    pool: str = "default"
+    worker_args: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="toolfleet-")))
+    _procs: dict[str, _Proc] = field(default_factory=dict)
+
+    def env(self) -> dict[str, str]:
+        """The environment every child gets: the settings, as TOOLFLEET_* variables."""
+        env = dict(os.environ)
+        env.update(
+            KAFKA_BOOTSTRAP_SERVERS=self.settings.kafka_servers(),
+            REDIS_URL=self.settings.redis_address(),
+            TOOLFLEET_TOPIC_PREFIX=self.settings.topic_prefix,
+            TOOLFLEET_PARTITIONS=str(self.settings.partitions),
+            TOOLFLEET_METRICS_PORT="0",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.extra_env)
+        return env
+
+    def __enter__(self) -> Self:
+        self.start("planner", ["planner"])
+        self.start("aggregator", ["aggregator"])
+        for n in range(self.workers):
+            self.start_worker(n)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start_worker(self, n: int) -> None:
+        """Start (or restart) worker number ``n``."""
+        self.start(
+            f"worker-{n}", ["worker", "--tools", self.tools, "--pool", self.pool, *self.worker_args]
+        )
+
+    def start(self, name: str, args: list[str]) -> None:
+        """Start one ``toolfleet`` subcommand as a child process named ``name``."""
+        log = (self.log_dir / f"{name}.log").open("ab")
+        argv = [sys.executable, "-m", "toolfleet", *args]
+        proc = _Proc(name, argv, log)
+        proc.popen = subprocess.Popen(argv, env=self.env(), stdout=log, stderr=log)
+        self._procs[name] = proc
+
+    def pid(self, name: str) -> int:
+        """The pid of a running child."""
+        popen = self._procs[name].popen
+        assert popen is not None
+        return popen.pid
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a child: no clean-up, exactly like a crashed machine."""
+        popen = self._procs[name].popen
+        assert popen is not None
+        popen.send_signal(signal.SIGKILL)
+        popen.wait()
+
+    def alive(self, name: str) -> bool:
+        """Whether the child is still running."""
+        popen = self._procs[name].popen
+        return popen is not None and popen.poll() is None
+
+    def check(self) -> None:
+        """Raise with the log's tail if any child has exited."""
+        for name, proc in self._procs.items():
+            if proc.popen is not None and proc.popen.poll() is not None:
+                tail = "\n".join(self.logs(name).splitlines()[-15:])
+                raise RuntimeError(f"{name} exited with {proc.popen.returncode}:\n{tail}")
+
+    def logs(self, name: str) -> str:
+        """What the child wrote so far."""
+        return (self.log_dir / f"{name}.log").read_text(errors="replace")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM every child, wait, SIGKILL the stragglers."""
+        for proc in self._procs.values():
+            if proc.popen and proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGTERM)
+        for proc in self._procs.values():
+            if proc.popen is None:
+                continue
+            try:
+                proc.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+            proc.log.close()
+        self._procs.clear()

@@ -1,0 +1,22 @@
+"""Model-visible texts that toolfleet itself writes (the SDK's own texts live with the runner)."""
+
+from __future__ import annotations
+
+from schemas import ToolSpec
+
+UNKNOWN_OUTCOME = (
+    "The outcome of tool '{name}' is unknown: it may or may not have taken effect, and it is "
+    "under review. Do not call it again for the same purpose; the result will be reported "
+    "when it is known."
+)
+"""An unresolved call under reconcile_then_report: never says it failed, never invites a retry."""
+
+TIMEOUT = "Tool '{name}' timed out after {seconds:g} seconds."
+"""The SDK's timeout text, which report_now tools show for an unknown effect."""
+
+
+def unknown_outcome_text(spec: ToolSpec) -> str:
+    """What the model sees for a call whose effect is unknown, per the tool's on_unknown."""
+    if spec.on_unknown == "report_now" and spec.timeout_s is not None:
+        return TIMEOUT.format(name=spec.name, seconds=spec.timeout_s)
+    return UNKNOWN_OUTCOME.format(name=spec.name)
