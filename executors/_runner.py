@@ -102,13 +102,17 @@ async def run_call(
     worker_id: str,
     hooks: CallHooks | None = None,
     on_started: Callable[[], Awaitable[None]] | None = None,
+    cancel_call: asyncio.Event | None = None,
 ) -> CallOutcome:
     """Run one call of ``tool`` as ``command`` describes and return its outcome.
 
     Raises CancelledError on parent cancellation and whatever ``on_started`` raises; every
-    other failure is an outcome.
+    other failure is an outcome. Setting ``cancel_call`` cancels only the tool body: a
+    tool-local cancellation, which follows the failure policy like any tool failure.
     """
-    return await _CallRun(tool, command, worker_id, hooks, on_started).run()
+    run = _CallRun(tool, command, worker_id, hooks, on_started)
+    run.cancel_call = cancel_call or asyncio.Event()
+    return await run.run()
 
 
 class _CallRun:
@@ -129,6 +133,7 @@ class _CallRun:
         self.on_started = on_started
         self.ctx = ToolContext.from_command(command, worker_id=worker_id)
         self.started_at: float | None = None
+        self.cancel_call = asyncio.Event()
         # A turn-level "fail_turn" policy is the SDK's failure_error_function=None for every tool.
         self.failure_fn = (
             None if command.failure_policy == "fail_turn" else tool.failure_error_function
@@ -222,11 +227,27 @@ class _CallRun:
         child = asyncio.create_task(
             capture(self.tool.invoke(self.ctx, args)), name=f"tool:{self.command.call_id}"
         )
+        local_cancel = asyncio.create_task(self.cancel_call.wait())
         try:
-            done, _ = await asyncio.wait({child}, timeout=self.tool.timeout)
+            done, _ = await asyncio.wait(
+                {child, local_cancel},
+                timeout=self.tool.timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         except asyncio.CancelledError:
             abandon(child)
             raise
+        finally:
+            local_cancel.cancel()
+        if local_cancel in done and child not in done:
+            # Tool-local cancellation: the body is cancelled as if it had cancelled itself.
+            child.cancel()
+            done = {child}
+            try:
+                await asyncio.wait({child})
+            except asyncio.CancelledError:
+                abandon(child)
+                raise
         timed_out = not done
         if timed_out:
             child.cancel()

@@ -3,8 +3,9 @@
 Per call: the fleet-wide tenant and tool semaphores, then the ledger gate (``started`` is
 written before any user code), the tool itself, the outcome to the ledger, the outcome to
 Kafka, ``committed`` in the ledger, and only then the offset. Redelivered commands find the
-ledger ahead of them: a finished call re-emits its stored outcome, a call that started and
-lost its worker is reported with effect ``unknown`` and is never run again blindly.
+ledger ahead of them: a finished call re-emits its stored outcome, a call whose holder is
+alive is waited for, and a call that started and lost its worker is reported with effect
+``unknown`` and is never run again blindly.
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from executors._registry import ToolRegistry
 from executors._runner import run_call
+from executors._tool import Tool
 from schemas import CallError, CallOutcome, CancelRequest, ExecutionCommand
 from toolfleet.bus import TRANSIENT_ERRORS, KafkaBus, Record
-from toolfleet.errors import InvalidMessageError, ToolfleetError
+from toolfleet.errors import InvalidMessageError, ToolfleetError, ToolNotFoundError
 from toolfleet.ledger import Ledger
 from toolfleet.metrics import CALL_LATENCY, COMMANDS, IN_FLIGHT, OUTCOMES
 from toolfleet.offsets import OffsetTracker
@@ -39,21 +42,21 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class WorkerLimits:
-    """Concurrency limits: per process, and fleet-wide per tenant and per tool."""
+    """Concurrency limits (per process, fleet-wide per tenant and per tool) and the lease."""
 
     per_worker: int = 100
     per_tenant: int | None = None
     per_tool: Mapping[str, int] = field(default_factory=dict)
     lease_s: float = 30.0
+    """How long a silent holder keeps a call (and its slots); renewed every third of it."""
 
 
 class _NotStarted(ToolfleetError):
-    """The ledger refused the attempt; carries what to publish instead (if anything)."""
+    """The ledger refused the attempt; carries its verdict."""
 
-    def __init__(self, verdict: str, stored: CallOutcome | None) -> None:
+    def __init__(self, verdict: str) -> None:
         super().__init__(f"ledger verdict {verdict}")
         self.verdict = verdict
-        self.stored = stored
 
 
 class Worker:
@@ -72,14 +75,15 @@ class Worker:
         self.pool = pool
         self.limits = limits or WorkerLimits()
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.bus = KafkaBus(settings, service=f"worker-{pool}")
+        self.service = f"worker-{pool}"
+        self.bus = KafkaBus(settings, service=self.service)
         self.redis = connect_redis(settings)
         self.ledger = Ledger(self.redis)
         self.semaphores = FleetSemaphores(self.redis, lease_s=self.limits.lease_s)
         self._slots = asyncio.Semaphore(self.limits.per_worker)
         self._offsets = OffsetTracker()
         self._handlers: set[asyncio.Task[None]] = set()
-        self._running: dict[tuple[str, str], asyncio.Task[None]] = {}  # (run_id, call_id)
+        self._running: dict[tuple[str, str], tuple[asyncio.Task[None], asyncio.Event]] = {}
         self._cancelled_runs: set[str] = set()
         self._stopping = asyncio.Event()
 
@@ -91,16 +95,14 @@ class Worker:
         """Publish the pool's tools, then consume commands and cancellations until stopped."""
         await publish_tools(self.redis, self.registry.specs(self.pool))
         await self.bus.start()
-        commands = self.bus.consumer(
-            [command_topic(self.pool)], group=f"workers.{self.pool}", max_poll_records=200
-        )
+        commands = self.bus.consumer([], group=f"workers.{self.pool}", max_poll_records=200)
+        commands.subscribe([self.bus.topic(command_topic(self.pool))], listener=_Revoked(self))
         # Every worker must see every cancellation: a group of its own, from now on.
         cancels = self.bus.consumer(
             ["cancellations"],
             group=f"cancel-listeners.{self.worker_id}",
             auto_offset_reset="latest",
         )
-        commands.subscribe([self.bus.topic(command_topic(self.pool))], listener=_Revocations(self))
         await commands.start()
         await cancels.start()
         listener = asyncio.create_task(self._listen_for_cancellations(cancels))
@@ -154,8 +156,9 @@ class Worker:
                 except Exception as exc:
                     # A bug that would repeat on every delivery: keep the bytes and the reason.
                     log.exception("command failed", extra={"offset": record.offset})
-                    reason = f"worker failed: {type(exc).__name__}: {exc}"
-                    await self.bus.dead_letter(record, reason)
+                    await self.bus.dead_letter(
+                        record, f"worker failed: {type(exc).__name__}: {exc}"
+                    )
                     return
         finally:
             self._offsets.done(tp, record.offset)
@@ -163,91 +166,130 @@ class Worker:
 
     async def _process(self, record: Record) -> None:
         command = ExecutionCommand.decode(record.value or b"")
-        COMMANDS.labels(f"worker-{self.pool}", self.pool, command.kind).inc()
+        COMMANDS.labels(self.service, self.pool, command.kind).inc()
         if command.kind != "execute":
             raise InvalidMessageError(
-                f"{command.kind} commands are served by the reconciler's pool handlers",
+                f"{command.kind} command on a worker that only executes",
                 reason=f"unsupported command kind {command.kind!r} for this worker version",
             )
-        tool = self.registry.get(command.tool_name)
+        try:
+            tool = self.registry.get(command.tool_name)
+        except ToolNotFoundError as missing:
+            # The planner saw the tool in the registry, this worker does not serve it: a
+            # deployment mismatch. Nothing ran; say so instead of hiding the command.
+            await self._publish(_not_served(command, self.worker_id, str(missing)))
+            return
         if command.run_id in self._cancelled_runs:
-            await self._publish(_skipped(command, self.worker_id))
+            await self._publish(_ended(command, self.worker_id, "skipped"))
             return
         limits: list[tuple[str, int]] = []
         if self.limits.per_tenant is not None:
             limits.append((semaphore_key("tenant", command.tenant_id), self.limits.per_tenant))
-        tool_limit = self.limits.per_tool.get(command.tool_name)
-        if tool_limit is not None:
-            limits.append((semaphore_key("tool", command.tool_name), tool_limit))
+        if (per_tool := self.limits.per_tool.get(command.tool_name)) is not None:
+            limits.append((semaphore_key("tool", command.tool_name), per_tool))
         holder = f"{self.worker_id}:{command.call_id}:{command.fencing_token}"
         async with self.semaphores.hold(holder, limits):
             outcome = await self._execute(tool, command)
         if outcome is not None:
             await self._publish(outcome)
 
-    async def _execute(self, tool: object, command: ExecutionCommand) -> CallOutcome | None:
+    async def _execute(self, tool: Tool, command: ExecutionCommand) -> CallOutcome | None:
+        key = (command.run_id, command.call_id)
+        task = asyncio.current_task()
+        assert task is not None
+        cancel_call = asyncio.Event()
+        self._running[key] = (task, cancel_call)
+        IN_FLIGHT.labels(self.pool).inc()
+        began = time.monotonic()
+        renewer: asyncio.Task[None] | None = None
+
         async def gate() -> None:
-            verdict, stored = await self.ledger.begin(
+            nonlocal renewer
+            verdict = await self._begin(command)
+            if verdict != "run":
+                raise _NotStarted(verdict)
+            renewer = asyncio.create_task(self._renew_lease(command))
+
+        try:
+            outcome = await run_call(
+                tool, command, worker_id=self.worker_id, on_started=gate, cancel_call=cancel_call
+            )
+        except _NotStarted as refused:
+            return await self._refused(command, refused.verdict)
+        except asyncio.CancelledError:
+            if command.run_id not in self._cancelled_runs:
+                raise
+            # Parent cancellation: no tool output, only the fact that the call was cancelled.
+            outcome = _ended(command, self.worker_id, "cancelled")
+        finally:
+            if renewer is not None:
+                renewer.cancel()
+            IN_FLIGHT.labels(self.pool).dec()
+            self._running.pop(key, None)
+        CALL_LATENCY.labels(self.pool, command.tool_name).observe(time.monotonic() - began)
+        if outcome.status == "pending_approval":
+            await self.ledger.set_pending_approval(command.tenant_id, command.call_id)
+            return outcome
+        if outcome.effect == "unknown" and tool.on_unknown == "reconcile_then_report":
+            outcome = outcome.model_copy(
+                update={"output": unknown_outcome_text(tool.spec(self.pool)), "resolved": False}
+            )
+        if await self.ledger.finish(outcome) == "stale":
+            log.info("dropping a fenced-off attempt's outcome", extra={"call": command.call_id})
+            return None
+        return outcome
+
+    async def _begin(self, command: ExecutionCommand) -> str:
+        """The ledger's verdict; while another live worker holds the call, wait for it."""
+        while True:
+            verdict, _stored = await self.ledger.begin(
                 command.tenant_id,
                 command.call_id,
                 command.fencing_token,
                 self.worker_id,
                 self.limits.lease_s,
             )
-            if verdict != "run":
-                raise _NotStarted(verdict, stored)
+            if verdict != "busy":
+                return verdict
+            # A redelivery (rebalance) while the holder still runs: its outcome or its lease
+            # expiry will settle the call; poll well within one lease period.
+            await asyncio.sleep(self.limits.lease_s / 10)
 
-        key = (command.run_id, command.call_id)
-        task = asyncio.current_task()
-        assert task is not None
-        self._running[key] = task
-        IN_FLIGHT.labels(self.pool).inc()
-        started = time.monotonic()
-        renewer = asyncio.create_task(self._renew_lease(command))
-        try:
-            outcome = await run_call(tool, command, worker_id=self.worker_id, on_started=gate)  # type: ignore[arg-type]
-        except _NotStarted as refused:
-            return self._refused(command, refused)
-        except asyncio.CancelledError:
-            if command.run_id not in self._cancelled_runs:
-                raise
-            # Parent cancellation: no tool output, only the fact that the call was cancelled.
-            outcome = _cancelled(command, self.worker_id)
-        finally:
-            renewer.cancel()
-            IN_FLIGHT.labels(self.pool).dec()
-            self._running.pop(key, None)
-        CALL_LATENCY.labels(self.pool, command.tool_name).observe(time.monotonic() - started)
-        if outcome.status == "pending_approval":
-            await self.ledger.set_pending_approval(command.tenant_id, command.call_id)
-            return outcome
-        verdict = await self.ledger.finish(outcome)
-        if verdict == "stale":
-            log.info(
-                "dropping the outcome of a fenced-off attempt", extra={"call": command.call_id}
+    async def _refused(self, command: ExecutionCommand, verdict: str) -> CallOutcome | None:
+        if verdict == "done":
+            entry = (await self.ledger.read(command.tenant_id, [command.call_id])).get(
+                command.call_id
             )
-            return None
-        return outcome
-
-    def _refused(self, command: ExecutionCommand, refused: _NotStarted) -> CallOutcome | None:
-        if refused.verdict == "done":
-            return refused.stored
-        if refused.verdict == "unknown":
-            return _lost(command, self.worker_id, self.registry)
-        if refused.verdict == "missing":
+            return entry.outcome if entry else None
+        if verdict == "unknown":
+            return self._lost(command)
+        if verdict == "missing":
             raise InvalidMessageError(
                 "command for a call the ledger does not know",
                 reason="no ledger entry for this call: commands must come from the planner",
             )
-        return None  # stale: a newer attempt exists; busy: another worker runs it
+        return None  # stale: a newer attempt of this call exists and will report
+
+    def _lost(self, command: ExecutionCommand) -> CallOutcome:
+        """A previous holder started the call and vanished: nobody knows whether it applied."""
+        spec = self.registry.get(command.tool_name).spec(self.pool)
+        return CallOutcome(
+            **_identity(command, self.worker_id),
+            status="failed",
+            effect="unknown",
+            resolved=spec.on_unknown == "report_now",
+            output=unknown_outcome_text(spec),
+            error=CallError(
+                type="WorkerLost",
+                message="the worker running this call stopped before reporting an outcome",
+            ),
+        )
 
     async def _publish(self, outcome: CallOutcome) -> None:
         await self.bus.publish_and_wait("outcomes", outcome.run_id, outcome)
         if outcome.status != "pending_approval":
             await self.ledger.commit(outcome.tenant_id, outcome.call_id)
-        OUTCOMES.labels(
-            f"worker-{self.pool}", outcome.tool_name, outcome.status, outcome.effect
-        ).inc()
+        OUTCOMES.labels(self.service, outcome.tool_name, outcome.status, outcome.effect).inc()
 
     async def _renew_lease(self, command: ExecutionCommand) -> None:
         while True:
@@ -266,25 +308,32 @@ class Worker:
                 request = CancelRequest.decode(record.value or b"")
             except InvalidMessageError:
                 continue  # the planner dead-letters it; every worker doing so would spam
-            if request.call_id is None:
-                self._cancelled_runs.add(request.run_id)
-                for (run_id, _call_id), task in list(self._running.items()):
-                    if run_id == request.run_id:
-                        task.cancel()
+            if request.call_id is not None:
+                running = self._running.get((request.run_id, request.call_id))
+                if running is not None:
+                    running[1].set()  # tool-local: a failure of that call, per its policy
+                continue
+            self._cancelled_runs.add(request.run_id)
+            for (run_id, _call_id), (task, _) in list(self._running.items()):
+                if run_id == request.run_id:
+                    task.cancel()
 
 
-class _Revocations(ConsumerRebalanceListener):  # type: ignore[misc]
+class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Forgets the offsets of partitions this worker no longer owns."""
+
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Their unfinished commands will be redelivered to the new owner."""
         self.worker._offsets.forget(set(revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        return None
+        """Nothing to do: positions come from the committed offsets."""
 
 
-def _base(command: ExecutionCommand, worker_id: str) -> dict[str, object]:
+def _identity(command: ExecutionCommand, worker_id: str) -> dict[str, object]:
     return {
         "tenant_id": command.tenant_id,
         "run_id": command.run_id,
@@ -299,31 +348,23 @@ def _base(command: ExecutionCommand, worker_id: str) -> dict[str, object]:
     }
 
 
-def _skipped(command: ExecutionCommand, worker_id: str) -> CallOutcome:
-    return CallOutcome(**_base(command, worker_id), status="skipped", effect="not_executed")
-
-
-def _cancelled(command: ExecutionCommand, worker_id: str) -> CallOutcome:
+def _ended(
+    command: ExecutionCommand, worker_id: str, status: Literal["skipped", "cancelled"]
+) -> CallOutcome:
+    """A call of a cancelled run: skipped before it started, or cancelled while running."""
     return CallOutcome(
-        **_base(command, worker_id),
-        status="cancelled",
-        effect="unknown",
-        resolved=True,
+        **_identity(command, worker_id),
+        status=status,
+        effect="not_executed" if status == "skipped" else "unknown",
         error=CallError(type="CancelledError", message="run cancelled", severity="cancellation"),
     )
 
 
-def _lost(command: ExecutionCommand, worker_id: str, registry: ToolRegistry) -> CallOutcome:
-    """A previous holder started the call and vanished: nobody knows whether it applied."""
-    spec = registry.get(command.tool_name).spec(command.pool)
+def _not_served(command: ExecutionCommand, worker_id: str, text: str) -> CallOutcome:
     return CallOutcome(
-        **_base(command, worker_id),
+        **_identity(command, worker_id),
         status="failed",
-        effect="unknown",
-        resolved=False,
-        output=unknown_outcome_text(spec),
-        error=CallError(
-            type="WorkerLost",
-            message="the worker running this call stopped before reporting an outcome",
-        ),
+        effect="not_executed",
+        output=text,
+        error=CallError(type="ToolNotFoundError", message=f"pool {command.pool}: {text}"),
     )

@@ -44,12 +44,17 @@ def aggregator() -> None:
 @click.option("--concurrency", default=100, show_default=True, help="Calls at once, per process.")
 @click.option("--tenant-limit", type=int, default=None, help="Fleet-wide calls per tenant.")
 @click.option("--tool-limit", multiple=True, metavar="NAME=N", help="Fleet-wide calls of one tool.")
+@click.option(
+    "--lease-s", default=30.0, show_default=True, help="Seconds a silent worker keeps a call."
+)
 def worker(
+    *,
     tools_ref: str,
     pool: str,
     concurrency: int,
     tenant_limit: int | None,
     tool_limit: tuple[str, ...],
+    lease_s: float,
 ) -> None:
     """Serve a ToolRegistry as one worker of a pool."""
     from executors import ToolRegistry
@@ -62,6 +67,7 @@ def worker(
         per_worker=concurrency,
         per_tenant=tenant_limit,
         per_tool=dict(_parse_limit(item) for item in tool_limit),
+        lease_s=lease_s,
     )
     settings = Settings()
     run_service(

@@ -222,6 +222,30 @@ async def test_parent_cancellation_swallowed_by_user_code_still_propagates() -> 
     assert log.events == ["started"]
 
 
+async def test_tool_local_cancellation_follows_the_failure_policy() -> None:
+    running = asyncio.Event()
+
+    async def waits() -> str:
+        running.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    for policy, fails_turn, output in (("error_as_output", False, DEFAULT_ERROR),
+                                       ("fail_turn", True, None)):  # fmt: skip
+        running.clear()
+        cancel = asyncio.Event()
+        task = asyncio.create_task(
+            run_call(make(waits), command(failure_policy=policy), worker_id="w", cancel_call=cancel)
+        )
+        await running.wait()
+        cancel.set()
+        outcome = await task
+        assert (outcome.status, outcome.effect, outcome.output, outcome.fails_turn) == (
+            "cancelled", "unknown", output, fails_turn,
+        )  # fmt: skip
+        assert outcome.error is not None and outcome.error.severity == "cancellation"
+
+
 # --- approvals, guardrails and hooks: what runs, in which order, with which outcome ---------
 REJECT, TRIP = GuardrailResult.reject_content("no"), GuardrailResult.raise_exception()
 IN_TRIP = "Tool input guardrail in triggered tripwire"
