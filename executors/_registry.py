@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
 from executors._guardrails import InputGuardrail, OutputGuardrail
+from executors._runner import CallHooks
 from executors._tool import (
     ApprovalFunction,
     OnUnknown,
@@ -21,8 +22,10 @@ from toolfleet.errors import ConfigurationError, ToolNotFoundError
 class ToolRegistry:
     """Tools by lookup key (``name`` or ``namespace.name``); ``toolfleet worker`` serves one."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, hooks: CallHooks | None = None) -> None:
         self._tools: dict[str, Tool] = {}
+        self.hooks = hooks
+        """Lifecycle hooks (on_tool_start / on_tool_end) the worker runs once per call."""
 
     @overload
     def tool(self, func: Callable[..., Any], /) -> Tool: ...

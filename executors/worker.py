@@ -212,7 +212,12 @@ class Worker:
 
         try:
             outcome = await run_call(
-                tool, command, worker_id=self.worker_id, on_started=gate, cancel_call=cancel_call
+                tool,
+                command,
+                worker_id=self.worker_id,
+                hooks=self.registry.hooks,
+                on_started=gate,
+                cancel_call=cancel_call,
             )
         except _NotStarted as refused:
             return await self._refused(command, refused.verdict)
