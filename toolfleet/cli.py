@@ -75,6 +75,16 @@ def worker(
     )
 
 
+@main.command()
+def demo() -> None:
+    """Run a fleet on this machine and push one model response through it."""
+    import asyncio
+
+    from toolfleet.demo import run_demo
+
+    asyncio.run(run_demo(Settings()))
+
+
 def load_object(reference: str) -> object:
     """Import ``module:attribute``."""
     module_name, _, attribute = reference.partition(":")

@@ -15,7 +15,7 @@ from toolfleet.errors import InvalidMessageError, ToolfleetError
 from toolfleet.settings import Settings
 
 
-class TurnTimeoutError(ToolfleetError):
+class TurnTimeoutError(ToolfleetError, TimeoutError):
     """No TurnResult arrived in time; check that the planner, workers and aggregator run."""
 
 
