@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from executors._registry import ToolRegistry
 from executors._runner import run_call
@@ -134,9 +135,16 @@ class Worker:
                 last_commit = time.monotonic()
 
     async def _commit(self, consumer: AIOKafkaConsumer) -> None:
-        offsets = self._offsets.committable()
-        if offsets:
+        # Only partitions still ours: a revoked one's unfinished commands are redelivered to
+        # its new owner, and the ledger makes that safe.
+        assigned = consumer.assignment()
+        offsets = {tp: o for tp, o in self._offsets.committable().items() if tp in assigned}
+        if not offsets:
+            return
+        try:
             await consumer.commit(offsets)
+        except (CommitFailedError, IllegalStateError) as exc:
+            log.warning("offset commit refused (rebalance)", extra={"error": repr(exc)})
 
     async def _handle(self, tp: TopicPartition, record: Record) -> None:
         delay = 0.1
@@ -335,7 +343,9 @@ class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
         self.worker._offsets.forget(set(revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        """Nothing to do: positions come from the committed offsets."""
+        """Positions come from the committed offsets; log the assignment for operators."""
+        partitions = sorted(tp.partition for tp in assigned)
+        log.info("partitions assigned", extra={"partitions": partitions})
 
 
 def _identity(command: ExecutionCommand, worker_id: str) -> dict[str, object]:

@@ -82,7 +82,7 @@ class FleetSemaphores:
         while not await self.try_acquire(holder, limits):
             # Jitter spreads waiting workers out so they do not retry in lockstep.
             await asyncio.sleep(delay * random.uniform(0.5, 1.5))
-            delay = min(delay * 2, 0.5)
+            delay = min(delay * 2, 0.1)
         keys = [k for k, _ in limits]
         renewer = asyncio.create_task(self._keep_renewing(holder, keys))
         try:

@@ -7,6 +7,8 @@ SIGKILL and restart a worker to test what happens when one dies mid-call.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -102,6 +104,30 @@ class LocalFleet:
         """Whether the child is still running."""
         popen = self._procs[name].popen
         return popen is not None and popen.poll() is None
+
+    async def ready(self, within: float = 120.0) -> None:
+        """Wait until the workers' latest assignments cover every command partition once.
+
+        A turn can complete before the last worker joins; tests about load spreading or
+        limits need the whole pool in the group first. Workers log each assignment.
+        """
+        everything = list(range(self.settings.partitions))
+        async with asyncio.timeout(within):
+            while True:
+                self.check()
+                latest = [self._assignment(f"worker-{n}") for n in range(self.workers)]
+                if all(a is not None for a in latest):
+                    owned = sorted(p for a in latest for p in a or [])
+                    if owned == everything:
+                        return
+                await asyncio.sleep(0.1)  # polling interval of a deadline-bounded wait
+
+    def _assignment(self, name: str) -> list[int] | None:
+        found = None
+        for line in self.logs(name).splitlines():
+            if line.startswith("{") and '"partitions assigned"' in line:
+                found = json.loads(line)["partitions"]
+        return found
 
     def check(self) -> None:
         """Raise with the log's tail if any child has exited."""

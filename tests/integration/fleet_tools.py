@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from functools import cache
 
 import redis
 
-from executors import GuardrailResult, ToolContext, ToolRegistry
+from executors import CallHooks, GuardrailResult, Tool, ToolContext, ToolRegistry
 
 tools = ToolRegistry()
 
@@ -100,3 +101,139 @@ def guarded_echo(text: str) -> str:
 def disabled_tool() -> str:
     """Switched off."""
     return "never"
+
+
+# --- Tools and hooks for tests/integration/test_semantics.py ----------------------------------
+# Everything they observe is counted in Redis per call_id, so a test can assert how often user
+# code (body, approval policy, hooks) really ran, whichever worker process ran it.
+
+
+def timing_key(call_id: str) -> str:
+    """Redis hash of when the body of ``call_id`` began and ended (``start`` / ``end``)."""
+    return f"test:timing:{call_id}"
+
+
+def approval_checks_key(call_id: str) -> str:
+    """Redis counter of how many times a ``needs_approval`` callable was asked about a call."""
+    return f"test:approval-checks:{call_id}"
+
+
+def hook_key(event: str, call_id: str) -> str:
+    """Redis counter of how many times the registry hook ``event`` ran for ``call_id``."""
+    return f"test:hooks:{event}:{call_id}"
+
+
+class _CountingHooks(CallHooks):
+    """Registry hooks that only count, per call_id and event."""
+
+    async def on_tool_start(self, ctx: ToolContext, tool: Tool) -> None:
+        _redis().incr(hook_key("start", ctx.call_id))
+
+    async def on_tool_end(self, ctx: ToolContext, tool: Tool, output: str) -> None:
+        _redis().incr(hook_key("end", ctx.call_id))
+
+
+tools.hooks = _CountingHooks()
+
+
+@tools.tool(effect="read_only", timeout=30)
+async def timed_work(ctx: ToolContext, text: str, ms: int = 0) -> str:
+    """Records start and end times around ``ms`` milliseconds of work; returns ``text``."""
+    _redis().hset(timing_key(ctx.call_id), "start", repr(time.time()))
+    _redis().incr(effects_key(ctx.call_id))
+    await asyncio.sleep(ms / 1000)
+    _redis().hset(timing_key(ctx.call_id), "end", repr(time.time()))
+    return text
+
+
+@tools.tool(effect="read_only", timeout=60)
+async def hold(ctx: ToolContext, ms: int) -> str:
+    """Marks itself started, holds for ``ms``, then counts its effect (read_only: report_now)."""
+    _redis().set(starts_key(ctx.call_id), ctx.worker_id or "")
+    await asyncio.sleep(ms / 1000)
+    _redis().incr(effects_key(ctx.call_id))
+    return "held"
+
+
+@tools.tool(effect="read_only", needs_approval=True)
+def approve_me(ctx: ToolContext, name: str) -> str:
+    """Needs approval every time; counts its side effect."""
+    _redis().incr(effects_key(ctx.call_id))
+    return f"done {name}"
+
+
+def _counted_policy(ctx: ToolContext, args: dict[str, object]) -> bool:
+    _redis().incr(approval_checks_key(ctx.call_id))
+    return int(str(args.get("amount", 0))) > 100
+
+
+@tools.tool(effect="read_only", needs_approval=_counted_policy)
+def payout(ctx: ToolContext, amount: int) -> str:
+    """Needs approval above 100, decided by a callable that counts how often it is asked."""
+    _redis().incr(effects_key(ctx.call_id))
+    return f"paid {amount}"
+
+
+def input_screen(ctx: ToolContext, args: dict[str, object]) -> GuardrailResult:
+    """Input guardrail: "secret" is rejected with a message, "trip" trips the wire."""
+    text = str(args.get("text", ""))
+    if "trip" in text:
+        return GuardrailResult.raise_exception()
+    if "secret" in text:
+        return GuardrailResult.reject_content("Refusing to echo secrets.")
+    return GuardrailResult.allow()
+
+
+def output_screen(ctx: ToolContext, args: dict[str, object], output: object) -> GuardrailResult:
+    """Output guardrail: "classified" output is replaced, "explode" trips the wire."""
+    if "explode" in str(output):
+        return GuardrailResult.raise_exception()
+    if "classified" in str(output):
+        return GuardrailResult.reject_content("Output withheld.")
+    return GuardrailResult.allow()
+
+
+@tools.tool(effect="read_only", input_guardrails=[input_screen], output_guardrails=[output_screen])
+def screened_echo(ctx: ToolContext, text: str) -> str:
+    """Echoes ``text`` through an input and an output guardrail; counts its side effect."""
+    _redis().incr(effects_key(ctx.call_id))
+    return text
+
+
+@tools.tool(effect="read_only", needs_approval=True, input_guardrails=[input_screen])
+def screened_approval(ctx: ToolContext, text: str) -> str:
+    """Needs approval and has an input guardrail (for ``pre_approval_guardrails``)."""
+    _redis().incr(effects_key(ctx.call_id))
+    return text
+
+
+class Fatal(BaseException):
+    """A BaseException-class failure (like KeyboardInterrupt, without stopping anything)."""
+
+
+async def _until(at: float) -> None:
+    await asyncio.sleep(max(0.0, at - time.time()))
+
+
+@tools.tool(effect="read_only", timeout=30, failure_error_function=None)
+async def strict_boom(ctx: ToolContext, message: str, at: float = 0.0) -> str:
+    """Raises ValueError(message) at unix time ``at``; no failure handler: fails the turn."""
+    await _until(at)
+    _redis().incr(effects_key(ctx.call_id))
+    raise ValueError(message)
+
+
+@tools.tool(effect="read_only", timeout=30)
+async def fatal(ctx: ToolContext, message: str, at: float = 0.0) -> str:
+    """Raises a BaseException-class error at unix time ``at`` (always fails the turn)."""
+    await _until(at)
+    _redis().incr(effects_key(ctx.call_id))
+    raise Fatal(message)
+
+
+@tools.tool(effect="read_only", timeout=30)
+async def boom_at(ctx: ToolContext, message: str, at: float = 0.0) -> str:
+    """Raises ValueError(message) at unix time ``at`` (default failure handler)."""
+    await _until(at)
+    _redis().incr(effects_key(ctx.call_id))
+    raise ValueError(message)

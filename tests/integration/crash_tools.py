@@ -1,0 +1,69 @@
+"""Tools for the crash and concurrency-limit tests; effects and in-flight counts go to Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from functools import cache
+
+import redis
+
+from executors import ToolContext, ToolRegistry
+
+tools = ToolRegistry()
+
+# INCR the in-flight counter and raise the recorded peak in one step, so concurrent starts
+# in different processes can never both read a stale peak.
+_ENTER = """
+local n = redis.call('INCR', KEYS[1])
+if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
+return n
+"""
+
+
+@cache
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(os.environ["REDIS_URL"])
+
+
+def effects_key(call_id: str) -> str:
+    """How many times the body of ``call_id`` completed its side effect."""
+    return f"test:effects:{call_id}"
+
+
+def holder_key(call_id: str) -> str:
+    """The worker that started ``call_id`` (set when the body begins)."""
+    return f"test:holder:{call_id}"
+
+
+def in_flight_keys(scope: str) -> tuple[str, str]:
+    """(current, peak) in-flight counters of a scope: a tool, a tenant or a worker."""
+    return f"test:inflight:{scope}", f"test:peak:{scope}"
+
+
+@tools.tool(effect="non_idempotent", timeout=60, on_unknown="report_now")
+async def charge(ctx: ToolContext, amount: int, hold_ms: int = 0) -> str:
+    """Records who holds the call, holds it, then applies its one side effect."""
+    _redis().set(holder_key(ctx.call_id), ctx.worker_id or "")
+    await asyncio.sleep(hold_ms / 1000)
+    _redis().incr(effects_key(ctx.call_id))
+    return f"charged {amount}"
+
+
+async def _tracked(ctx: ToolContext, scope: str, ms: int) -> str:
+    """Counts itself in flight for ``scope`` and for its worker while it sleeps ``ms``."""
+    scopes = [scope, f"worker:{ctx.worker_id}"]
+    for s in scopes:
+        _redis().eval(_ENTER, 2, *in_flight_keys(s))
+    try:
+        await asyncio.sleep(ms / 1000)
+    finally:
+        for s in scopes:
+            _redis().decr(in_flight_keys(s)[0])
+    return "ok"
+
+
+tracked = tools.tool(name="tracked", effect="read_only", timeout=60)(_tracked)
+"""Limited by ``--tool-limit tracked=N`` in the tests."""
+tracked_free = tools.tool(name="tracked_free", effect="read_only", timeout=60)(_tracked)
+"""No tool limit: only the tenant and per-worker limits apply."""

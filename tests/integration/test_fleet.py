@@ -1,0 +1,181 @@
+"""The fleet under stress: limits across processes, a worker SIGKILLed mid-call, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import socket
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from schemas import TurnResult
+from tests.conftest import wait_for
+from tests.integration.crash_tools import effects_key, holder_key, in_flight_keys
+from tests.integration.test_pipeline import outputs, turn
+from toolfleet.client import FleetClient, TurnTimeoutError
+from toolfleet.settings import Settings
+from toolfleet.testing import LocalFleet
+
+pytestmark = pytest.mark.integration
+
+TOOLS = "tests.integration.crash_tools:tools"
+WORKERS = 3
+PER_WORKER, PER_TENANT, PER_TOOL = 4, 5, 3
+
+
+@pytest.fixture(scope="module")
+def fleet(settings: Settings, topics: list[str]) -> Iterator[LocalFleet]:
+    limits = [
+        "--concurrency", str(PER_WORKER),
+        "--tenant-limit", str(PER_TENANT),
+        "--tool-limit", f"tracked={PER_TOOL}",
+        "--lease-s", "2",
+    ]  # fmt: skip
+    with LocalFleet(settings, tools=TOOLS, workers=WORKERS, worker_args=limits) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def client(fleet: LocalFleet, settings: Settings) -> AsyncIterator[FleetClient]:
+    await fleet.ready()
+    async with FleetClient(settings) as fleet_client:
+        warm = turn(("w", "tracked_free", {"scope": "warm", "ms": 0}))
+        await fleet_client.submit(warm)
+        await _await_result(fleet, fleet_client, warm.run_id, within=120)
+        yield fleet_client
+
+
+async def _await_result(
+    fleet: LocalFleet, client: FleetClient, run_id: str, within: float = 60
+) -> TurnResult:
+    """The turn's result, failing fast (with the log) if a service process died."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        fleet.check()
+        try:
+            return await client.result(run_id, 0, within=1)
+        except TurnTimeoutError:
+            if loop.time() > deadline:
+                raise
+
+
+async def _peak(redis: Redis, scope: str) -> int:
+    return int(await redis.get(in_flight_keys(scope)[1]) or 0)
+
+
+async def test_concurrency_limits_hold_across_worker_processes(
+    fleet: LocalFleet, client: FleetClient, redis: Redis
+) -> None:
+    tag = uuid.uuid4().hex[:8]  # counters of this test only (Redis outlives test sessions)
+    for tool, scope in (("tracked", f"tool-{tag}"), ("tracked_free", f"tenant-{tag}")):
+        events = [turn(*((f"c{i}", tool, {"scope": scope, "ms": 300}) for i in range(4)))
+                  for _ in range(4)]  # fmt: skip
+        await asyncio.gather(*(client.submit(e) for e in events))
+        results = await asyncio.gather(*(_await_result(fleet, client, e.run_id) for e in events))
+        assert {r.status for r in results} == {"completed"}
+    tool_peak, tenant_peak = await _peak(redis, f"tool-{tag}"), await _peak(redis, f"tenant-{tag}")
+    worker_peaks = [
+        await _peak(redis, f"worker:{socket.gethostname()}-{fleet.pid(f'worker-{n}')}")
+        for n in range(WORKERS)
+    ]
+    print(f"peaks: tool {tool_peak}/{PER_TOOL}, tenant {tenant_peak}/{PER_TENANT}, "
+          f"workers {worker_peaks}/{PER_WORKER}")  # fmt: skip
+    assert tool_peak == PER_TOOL  # reached, never exceeded
+    assert tenant_peak == PER_TENANT
+    assert worker_peaks and max(worker_peaks) <= PER_WORKER
+
+
+async def test_a_call_runs_at_most_once_while_a_worker_is_sigkilled_mid_run(
+    fleet: LocalFleet, client: FleetClient, redis: Redis
+) -> None:
+    events = [
+        turn(*((f"c{i}", "charge", {"amount": i, "hold_ms": 1500}) for i in range(5)))
+        for _ in range(3)
+    ]
+    call_ids = [c.call_id for e in events for c in e.function_calls]
+    for event in events:
+        await client.submit(event)
+
+    async def a_holder() -> str | None:
+        for call_id in call_ids:
+            holder = await redis.get(holder_key(call_id))
+            if holder:
+                return holder.decode()
+        return None
+
+    victim_pid = int((await wait_for(a_holder, within=60)).rsplit("-", 1)[1])
+    victim = next(f"worker-{n}" for n in range(WORKERS) if fleet.pid(f"worker-{n}") == victim_pid)
+    fleet.kill(victim)
+    fleet.start_worker(int(victim.rsplit("-", 1)[1]))
+
+    results = [await _await_result(fleet, client, e.run_id, within=90) for e in events]
+    records = {c.call_id: c for r in results for c in r.calls}
+    effects = {cid: int(await redis.get(effects_key(cid)) or 0) for cid in call_ids}
+    holders = {cid: (await redis.get(holder_key(cid)) or b"").decode() for cid in call_ids}
+    killed = {cid for cid, h in holders.items() if h.endswith(f"-{victim_pid}")}
+    print(f"{len(killed)} calls were on the killed worker; effects: {sorted(effects.values())}")
+    assert killed
+    assert all(n <= 1 for n in effects.values()), "a call's side effect ran twice"
+    for cid in call_ids:
+        if cid in killed:
+            # Started, then its worker vanished: unknown, and never run again blindly.
+            assert (records[cid].status, records[cid].effect) == ("failed", "unknown")
+            assert effects[cid] == 0
+        else:
+            assert (records[cid].status, records[cid].effect, effects[cid]) == (
+                "succeeded", "applied", 1,
+            )  # fmt: skip
+
+
+async def test_every_service_serves_metrics(fleet: LocalFleet, client: FleetClient) -> None:
+    expected = {
+        "planner": ["toolfleet_commands_total", "toolfleet_plan_duration_seconds"],
+        "aggregator": ["toolfleet_turn_duration_seconds", "toolfleet_messages_total"],
+        "worker-0": [
+            "toolfleet_calls_in_flight",
+            "toolfleet_outcomes_total",
+            "toolfleet_call_duration_seconds",
+        ],
+    }
+    for service, names in expected.items():
+        port = _metrics_port(fleet.logs(service))
+        text = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
+        for name in names:
+            assert re.search(rf"^{name}", text, re.MULTILINE), f"{service} lacks {name}"
+
+
+def _metrics_port(log: str) -> int:
+    for line in log.splitlines():
+        if line.startswith("{") and '"serving metrics"' in line:
+            return int(json.loads(line)["port"])
+    raise AssertionError("the service never logged its metrics port")
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+async def test_a_hundred_turns_of_five_calls_with_random_durations(
+    fleet: LocalFleet, client: FleetClient
+) -> None:
+    rng = random.Random(7)
+    events = [
+        turn(*((f"c{i}", "tracked_free", {"scope": "bulk", "ms": rng.randint(0, 40)})
+               for i in range(5)))
+        for _ in range(100)
+    ]  # fmt: skip
+    await asyncio.gather(*(client.submit(e) for e in events))
+    results = await asyncio.gather(*(_await_result(fleet, client, e.run_id) for e in events))
+    assert len(results) == 100
+    for event, result in zip(events, results, strict=True):
+        assert result.status == "completed"
+        assert [o.call_id for o in result.outputs] == [c.call_id for c in event.function_calls]
+        assert outputs(result) == [(f"c{i}", "ok") for i in range(5)]
