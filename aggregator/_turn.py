@@ -99,8 +99,8 @@ def accept_outcome(state: TurnState, outcome: CallOutcome) -> bool:
     settled call, or of an older attempt) are ignored: delivery is at-least-once.
     """
     plan = state.plan
-    if plan.error is not None:
-        return False
+    if plan.error is not None or outcome.kind != "execute":
+        return False  # probe and compensate outcomes are the reconciler's, never a turn's
     if (outcome.tenant_id, outcome.run_id, outcome.turn_id) != (
         plan.tenant_id,
         plan.run_id,

@@ -372,6 +372,8 @@ class _CallRun:
         fails_turn: bool = False,
     ) -> CallOutcome:
         command = self.command
+        if effect == "unknown" and self.tool.effect == "read_only":
+            effect = "not_executed"  # a read-only tool cannot have applied anything
         return CallOutcome(
             tenant_id=command.tenant_id,
             run_id=command.run_id,

@@ -71,7 +71,11 @@ class Gate:
         key = gate_key(outcome.tenant_id, outcome.run_id, outcome.turn_id)
 
         def finish(state: JsonState | None) -> tuple[JsonState | None, list[str]]:
-            if state is None or outcome.call_id not in _ids(state["calls"]):
+            if (
+                state is None
+                or outcome.kind != "execute"
+                or outcome.call_id not in _ids(state["calls"])
+            ):
                 return state, []
             redelivered = outcome.call_id in state["finished"]
             if not redelivered:

@@ -21,6 +21,7 @@ from schemas.internal import (
     ExecutionCommand,
     HumanTask,
     PlannedCall,
+    TaskResolution,
     ToolSpec,
     TurnError,
     TurnPlan,
@@ -36,6 +37,7 @@ EXPORTED_MODELS: tuple[type[WireModel], ...] = (
     TurnPlan,
     CallOutcome,
     HumanTask,
+    TaskResolution,
     DeadLetter,
 )
 """The top-level messages whose JSON Schema is published in ``schemas/json/``."""
@@ -63,6 +65,7 @@ __all__ = [
     "Message",
     "ModelResponseEvent",
     "PlannedCall",
+    "TaskResolution",
     "ToolSpec",
     "TurnConfig",
     "TurnError",

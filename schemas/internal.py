@@ -130,25 +130,52 @@ class CallOutcome(Message):
         description="False while the reconciler still has to resolve an unknown effect.",
     )
     source: Literal["executor", "reconciler", "human", "planner"] = "executor"
+    kind: Literal["execute", "probe", "compensate"] = Field(
+        default="execute",
+        description="The command this answers; probe and compensate outcomes are the "
+        "reconciler's, never a turn's.",
+    )
     worker_id: str | None = None
     started_at: float | None = None
     finished_at: float | None = None
 
 
 class HumanTask(Message):
-    """A call an operator has to resolve: its effect could not be established automatically."""
+    """Something an operator has to decide: an effect automation could not establish, a
+    compensation waiting for approval, or a tool version whose circuit opened."""
 
     topic = "human-tasks"
 
     task_id: str = Field(min_length=1)
-    run_id: str = Field(min_length=1)
-    turn_id: int = Field(ge=0)
-    call_id: str = Field(min_length=1)
-    tool_name: str = Field(min_length=1)
-    idempotency_key: str = Field(min_length=1)
     kind: Literal["unknown_effect", "compensation_approval", "circuit_open"] = "unknown_effect"
+    tool_name: str = Field(min_length=1)
+    tool_version: str | None = None
+    run_id: str | None = Field(default=None, description="The call's run (not for circuits).")
+    turn_id: int | None = Field(default=None, ge=0)
+    call_id: str | None = Field(default=None, min_length=1)
+    idempotency_key: str | None = None
     reason: str = Field(min_length=1, description="Why automation stopped, and what was tried.")
+    calls: list[str] = Field(
+        default_factory=list,
+        description="For circuit_open: calls of the version that ran while it was failing.",
+    )
     created_at: float
+
+
+class TaskResolution(Message):
+    """An operator's answer to a HumanTask, read by the reconciler (topic task-resolutions)."""
+
+    topic = "task-resolutions"
+
+    task_id: str = Field(min_length=1)
+    resolution: Literal[
+        "applied", "not_applied", "wrong_effect", "approve_compensation", "reject_compensation"
+    ]
+    output: str | None = Field(
+        default=None, description="For applied: the output the model should see."
+    )
+    note: str | None = None
+    decided_by: str = Field(min_length=1)
 
 
 class DeadLetter(WireModel):

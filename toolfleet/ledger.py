@@ -20,10 +20,19 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 
 from schemas import CallOutcome
-from toolfleet.redis import HashFields
+from toolfleet.redis import HashFields, text
 
 LedgerState = Literal["planned", "dispatched", "started", "finished", "committed"]
 BeginVerdict = Literal["run", "done", "stale", "busy", "unknown", "missing"]
+
+
+LEASES_KEY = "tf:leases"
+"""Sorted set of started calls (``tenant\x1fcall_id``) by lease expiry, for the reconciler."""
+
+
+def lease_member(tenant_id: str, call_id: str) -> str:
+    """Member of LEASES_KEY for one call."""
+    return f"{tenant_id}\x1f{call_id}"
 
 
 def call_key(tenant_id: str, call_id: str) -> str:
@@ -60,6 +69,7 @@ class LedgerEntry:
     run_id: str
     turn_id: int
     tool_name: str
+    pool: str | None
     attempts: int
     fencing_token: int
     outcome: CallOutcome | None
@@ -82,6 +92,7 @@ class LedgerEntry:
             run_id=h.get("run_id", ""),
             turn_id=int(h.get("turn_id", "0")),
             tool_name=h.get("tool_name", ""),
+            pool=h.get("pool") or None,
             attempts=int(h.get("attempts", "0")),
             fencing_token=int(h.get("fencing_token", "0")),
             outcome=CallOutcome.model_validate_json(h["outcome"]) if h.get("outcome") else None,
@@ -139,6 +150,7 @@ if state == 'started' then
 end
 redis.call('HSET', KEYS[1], 'state', 'started', 'worker_id', ARGV[2],
   'lease_until', now + tonumber(ARGV[3]), 'started_at', now)
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[4])
 redis.call('RPUSH', KEYS[2], cjson.encode({event='started', worker=ARGV[2],
   fencing_token=token, at=now}))
 return {'run', ''}
@@ -149,7 +161,9 @@ _RENEW = """
 local h = redis.call('HMGET', KEYS[1], 'state', 'fencing_token', 'worker_id')
 if h[1] ~= 'started' or tonumber(h[2]) ~= tonumber(ARGV[1]) or h[3] ~= ARGV[2] then return 0 end
 local t = redis.call('TIME')
-redis.call('HSET', KEYS[1], 'lease_until', tonumber(t[1]) + tonumber(t[2]) / 1e6 + ARGV[3])
+local expiry = tonumber(t[1]) + tonumber(t[2]) / 1e6 + ARGV[3]
+redis.call('HSET', KEYS[1], 'lease_until', expiry)
+redis.call('ZADD', KEYS[2], 'XX', expiry, ARGV[4])
 return 1
 """
 
@@ -160,6 +174,7 @@ if h[1] == false then return 'missing' end
 if tonumber(ARGV[1]) ~= tonumber(h[2]) then return 'stale' end
 if h[1] == 'finished' or h[1] == 'committed' then return 'done' end
 redis.call('HSET', KEYS[1], 'state', 'finished', 'outcome', ARGV[2], 'lease_until', 0)
+redis.call('ZREM', KEYS[3], ARGV[6])
 redis.call('RPUSH', KEYS[2], cjson.encode({event='finished', status=ARGV[3], effect=ARGV[4],
   fencing_token=tonumber(ARGV[1]), at=tonumber(ARGV[5])}))
 return 'ok'
@@ -171,6 +186,16 @@ local state = redis.call('HGET', KEYS[1], 'state')
 if state == false or state == 'finished' or state == 'committed' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'committed', 'outcome', ARGV[1])
 redis.call('RPUSH', KEYS[2], cjson.encode({event='settled_without_running', at=tonumber(ARGV[2])}))
+return 1
+"""
+
+# The reconciler's (or a human's) verdict on a call: replaces the stored outcome, whatever
+# the state, and appends why. ARGV: outcome json, event json, member
+_RESOLVE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'committed', 'outcome', ARGV[1], 'lease_until', 0)
+redis.call('ZREM', KEYS[3], ARGV[3])
+redis.call('RPUSH', KEYS[2], ARGV[2])
 return 1
 """
 
@@ -195,6 +220,7 @@ class Ledger:
         self._finish = redis.register_script(_FINISH)
         self._commit = redis.register_script(_COMMIT)
         self._settle = redis.register_script(_SETTLE)
+        self._resolve = redis.register_script(_RESOLVE)
 
     async def read(self, tenant_id: str, call_ids: Iterable[str]) -> dict[str, LedgerEntry]:
         """The entries that exist among ``call_ids``, in one round trip."""
@@ -252,8 +278,8 @@ class Ledger:
     ) -> tuple[BeginVerdict, CallOutcome | None]:
         """May this worker run this attempt now? ``run`` means ``started`` is durably written."""
         verdict, outcome = await self._begin(
-            keys=[call_key(tenant_id, call_id), audit_key(tenant_id, call_id)],
-            args=[token, worker_id, lease_s],
+            keys=[call_key(tenant_id, call_id), audit_key(tenant_id, call_id), LEASES_KEY],
+            args=[token, worker_id, lease_s, lease_member(tenant_id, call_id)],
         )
         stored = CallOutcome.model_validate_json(outcome) if outcome else None
         return verdict.decode(), stored
@@ -263,7 +289,10 @@ class Ledger:
     ) -> bool:
         """Extend the holder's lease; False when the attempt is no longer this worker's."""
         return bool(
-            await self._renew(keys=[call_key(tenant_id, call_id)], args=[token, worker_id, lease_s])
+            await self._renew(
+                keys=[call_key(tenant_id, call_id), LEASES_KEY],
+                args=[token, worker_id, lease_s, lease_member(tenant_id, call_id)],
+            )
         )
 
     async def finish(self, outcome: CallOutcome) -> str:
@@ -272,6 +301,7 @@ class Ledger:
             keys=[
                 call_key(outcome.tenant_id, outcome.call_id),
                 audit_key(outcome.tenant_id, outcome.call_id),
+                LEASES_KEY,
             ],
             args=[
                 outcome.fencing_token,
@@ -279,9 +309,31 @@ class Ledger:
                 outcome.status,
                 outcome.effect,
                 time.time(),
+                lease_member(outcome.tenant_id, outcome.call_id),
             ],
         )
         return str(reply.decode())
+
+    async def resolve(self, outcome: CallOutcome, event: str, **details: Any) -> bool:
+        """Record the reconciler's or a human's verdict as the call's outcome, with why."""
+        tenant, call = outcome.tenant_id, outcome.call_id
+        entry = _event(event, {"effect": outcome.effect, **details})
+        return bool(
+            await self._resolve(
+                keys=[call_key(tenant, call), audit_key(tenant, call), LEASES_KEY],
+                args=[
+                    outcome.model_dump_json(exclude_none=True),
+                    entry,
+                    lease_member(tenant, call),
+                ],
+            )
+        )
+
+    async def expired_leases(self, now: float, limit: int = 100) -> list[tuple[str, str]]:
+        """(tenant, call_id) of started calls whose holder stopped renewing before ``now``."""
+        members = await self.redis.zrangebyscore(LEASES_KEY, 0, now, start=0, num=limit)
+        pairs = [text(m).partition("\x1f") for m in members if isinstance(m, bytes | str)]
+        return [(tenant, call_id) for tenant, _, call_id in pairs]
 
     async def settle(self, outcome: CallOutcome) -> None:
         """Commit an outcome decided without running the call (a rejection, a missing tool)."""

@@ -19,6 +19,7 @@ SHARED_TOPICS = (
     "outcomes",
     "turn-results",
     "human-tasks",
+    "task-resolutions",
     "dead-letter",
 )
 """Logical names of every topic that does not depend on a worker pool."""

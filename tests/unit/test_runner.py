@@ -129,8 +129,9 @@ OUTCOMES = [  # rule: tool options, arguments, command overrides -> outcome, err
      HANDLED, ("TimeoutError", "upstream", "error")),
     ("timeout_gives_the_sdk_text_and_unknown", {"timeout": 0.05}, do("sleep"), {}, TIMED_OUT,
      TIMEOUT_ERROR),
-    ("read_only_timeout_is_still_unknown", {"timeout": 0.05, "effect": "read_only"}, do("sleep"),
-     {}, TIMED_OUT, TIMEOUT_ERROR),
+    # Issue 4: transport signals map to unknown for every tool that is not read_only.
+    ("read_only_timeout_is_not_executed", {"timeout": 0.05, "effect": "read_only"}, do("sleep"),
+     {}, ("timed_out", "not_executed", TIMEOUT_TEXT, False), TIMEOUT_ERROR),
     ("timeout_raise_exception_fails_the_turn", RAISE_TIMEOUT, do("sleep"), {},
      ("timed_out", "unknown", None, True), TIMEOUT_ERROR),
     ("tool_local_cancellation_follows_the_failure_policy", {}, do("cancel"), {},

@@ -1,0 +1,687 @@
+"""DESIGN.md "Semantics carried over from the OpenAI Agents SDK", end to end: one test per rule.
+
+Real broker, real Redis, planner + aggregator + two worker processes serving
+tests/integration/fleet_tools.py. Whatever user code runs (tool bodies, approval callables,
+hooks) counts itself in Redis per call_id, so "ran once" and "never ran" are facts read back
+from Redis, not inferred from outputs. Nothing waits with a fixed sleep: state is polled with
+deadlines (``wait_for``); only tools sleep, to simulate work.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Literal
+
+import pytest
+from redis.asyncio import Redis
+
+from planner.service import approvals_key
+from schemas import ApprovalDecision, CancelRequest, ModelResponseEvent, TurnResult
+from tests.conftest import wait_for
+from tests.integration.fleet_tools import (
+    approval_checks_key,
+    effects_key,
+    hook_key,
+    starts_key,
+    timing_key,
+)
+from tests.integration.test_pipeline import outputs, turn
+from toolfleet.client import FleetClient, TurnTimeoutError
+from toolfleet.ledger import Ledger, LedgerEntry
+from toolfleet.settings import Settings
+from toolfleet.testing import LocalFleet
+
+pytestmark = pytest.mark.integration
+
+TOOLS = "tests.integration.fleet_tools:tools"
+TENANT = "acme"  # what turn() uses
+
+TOOL_ERROR = "An error occurred while running the tool. Please try again."
+NOT_APPROVED = "Tool execution was not approved."
+REUSED_IN_RESPONSE = (
+    "Model reused a tool call ID for a different invocation in one response. "
+    "Use a unique call ID for each tool invocation."
+)
+REUSED_COMPLETED = (
+    "Model reused a completed tool call ID for a different invocation. "
+    "Use a unique call ID for each tool invocation."
+)
+EMPTY_ID = "Tool invocations require a non-empty string call ID before execution."
+
+
+# --- fixtures (the pattern of test_pipeline.py: one fleet for the module) --------------------
+@pytest.fixture(scope="module")
+def fleet(settings: Settings, topics: list[str]) -> Iterator[LocalFleet]:
+    with LocalFleet(settings, tools=TOOLS, workers=2) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def client(fleet: LocalFleet, settings: Settings) -> AsyncIterator[FleetClient]:
+    async with FleetClient(settings) as fleet_client:
+        # Ready when a first turn goes all the way through (group joins take a while).
+        warm = turn(("w1", "add", {"a": 1, "b": 1}))
+        await fleet_client.submit(warm)
+        deadline = time.monotonic() + 120
+        while True:
+            fleet.check()
+            try:
+                await fleet_client.result(warm.run_id, 0, within=1)
+                break
+            except TurnTimeoutError:
+                if time.monotonic() > deadline:
+                    raise
+        yield fleet_client
+
+
+# --- helpers -------------------------------------------------------------------------------
+def cid(event: ModelResponseEvent, suffix: str) -> str:
+    """The full call_id turn() gave the call ``suffix``."""
+    return f"{event.run_id}-{suffix}"
+
+
+def later_turn(
+    event: ModelResponseEvent, turn_id: int, *calls: tuple[str, str, Any], **config: Any
+) -> ModelResponseEvent:
+    """A later model response of the same run (same call_id scheme)."""
+    return turn(*calls, run_id=event.run_id, **config).model_copy(update={"turn_id": turn_id})
+
+
+def resumed(event: ModelResponseEvent) -> ModelResponseEvent:
+    """The same model response, re-submitted after approvals."""
+    return event.model_copy(update={"resume": True})
+
+
+async def count(redis: Redis, key: str) -> int:
+    return int(await redis.get(key) or 0)
+
+
+async def entry(redis: Redis, call_id: str) -> LedgerEntry | None:
+    return (await Ledger(redis).read(TENANT, [call_id])).get(call_id)
+
+
+async def decide(
+    client: FleetClient,
+    redis: Redis,
+    event: ModelResponseEvent,
+    suffix: str,
+    tool: str,
+    *,
+    approve: bool,
+    message: str | None = None,
+    sticky: Literal["always_approve", "always_reject"] | None = None,
+) -> None:
+    """Publish a decision and wait until the planner stored it (approvals and responses are
+    different topics: without this, a resume could overtake its own decision)."""
+    call_id = cid(event, suffix)
+    await client.decide(
+        ApprovalDecision(
+            tenant_id=TENANT,
+            run_id=event.run_id,
+            call_id=call_id,
+            tool_name=tool,
+            approve=approve,
+            message=message,
+            sticky=sticky,
+            decided_by="test",
+        )
+    )
+
+    async def stored() -> bool:
+        return bool(await redis.hexists(approvals_key(TENANT, event.run_id), f"call:{call_id}"))
+
+    await wait_for(stored, within=10)
+
+
+def interrupted(result: TurnResult) -> list[tuple[str, str]]:
+    return [(i.call_id.rsplit("-", 1)[-1], i.tool_name) for i in result.interruptions]
+
+
+def records(result: TurnResult) -> list[tuple[str, str, str]]:
+    return [(c.call_id.rsplit("-", 1)[-1], c.status, c.effect) for c in result.calls]
+
+
+# --- plan before side effects; dedupe by invocation identity -------------------------------
+async def test_plan_before_side_effects_a_bad_response_runs_nothing(
+    client: FleetClient, redis: Redis
+) -> None:
+    # The good call comes FIRST in model order: a planner that acted call by call would run it.
+    event = turn(
+        ("a", "sleep_then_echo", {"text": "side effect"}),
+        ("b", "sleep_then_echo", {"text": "x"}),
+        ("b", "sleep_then_echo", {"text": "y"}),
+    )
+    result = await client.run_turn(event)
+    assert result.status == "failed"
+    assert result.error is not None and result.error.message == REUSED_IN_RESPONSE
+    assert result.outputs == []
+    # Nothing was even recorded, so nothing could ever be dispatched: no ledger entry at all.
+    for suffix in ("a", "b"):
+        assert await entry(redis, cid(event, suffix)) is None
+        assert await count(redis, effects_key(cid(event, suffix))) == 0
+
+
+async def test_same_id_same_fingerprint_in_one_response_runs_once(
+    client: FleetClient, redis: Redis
+) -> None:
+    # Same invocation, written differently: whitespace and key order never matter.
+    event = turn(
+        ("a", "sleep_then_echo", {"text": "once", "ms": 50}),
+        ("a", "sleep_then_echo", '{ "ms": 50,\n "text": "once" }'),
+        ("b", "add", {"a": 1, "b": 2}),
+    )
+    result = await client.run_turn(event)
+    assert result.status == "completed"
+    assert outputs(result) == [("a", "once"), ("b", "3")]
+    assert await count(redis, effects_key(cid(event, "a"))) == 1
+
+
+async def test_same_id_different_content_in_one_response_fails_the_turn(
+    client: FleetClient, redis: Redis
+) -> None:
+    event = turn(("a", "add", {"a": 1, "b": 2}), ("a", "add", {"a": 1, "b": 3}))
+    result = await client.run_turn(event)
+    assert result.status == "failed"
+    assert result.error is not None
+    assert (result.error.type, result.error.message, result.error.call_id) == (
+        "ModelBehaviorError",
+        REUSED_IN_RESPONSE,
+        cid(event, "a"),
+    )
+    assert await entry(redis, cid(event, "a")) is None
+
+
+async def test_completed_id_same_identity_reuses_the_committed_output(
+    client: FleetClient, redis: Redis
+) -> None:
+    first = turn(("a", "sleep_then_echo", {"text": "committed"}))
+    assert outputs(await client.run_turn(first)) == [("a", "committed")]
+    # The next model response repeats the call (reformatted) next to a new one.
+    second = later_turn(
+        first,
+        1,
+        ("a", "sleep_then_echo", '{"text":   "committed"}'),
+        ("b", "sleep_then_echo", {"text": "new"}),
+    )
+    result = await client.run_turn(second)
+    assert result.status == "completed"
+    assert outputs(result) == [("a", "committed"), ("b", "new")]
+    assert await count(redis, effects_key(cid(first, "a"))) == 1  # not run again
+    assert await count(redis, effects_key(cid(first, "b"))) == 1
+
+
+async def test_completed_id_different_identity_fails_the_turn(
+    client: FleetClient, redis: Redis
+) -> None:
+    first = turn(("a", "sleep_then_echo", {"text": "committed"}))
+    assert outputs(await client.run_turn(first)) == [("a", "committed")]
+    second = later_turn(
+        first,
+        1,
+        ("b", "sleep_then_echo", {"text": "new"}),
+        ("a", "sleep_then_echo", {"text": "something else"}),
+    )
+    result = await client.run_turn(second)
+    assert result.status == "failed"
+    assert result.error is not None
+    assert (result.error.message, result.error.call_id) == (REUSED_COMPLETED, cid(first, "a"))
+    assert await count(redis, effects_key(cid(first, "a"))) == 1
+    assert await entry(redis, cid(first, "b")) is None  # plan before side effects
+
+
+async def test_empty_call_id_fails_the_turn(client: FleetClient, redis: Redis) -> None:
+    event = turn(("a", "sleep_then_echo", {"text": "x"}), ("", "add", {"a": 1, "b": 2}))
+    result = await client.run_turn(event)
+    assert result.status == "failed"
+    assert result.error is not None
+    assert (result.error.type, result.error.message) == ("ModelBehaviorError", EMPTY_ID)
+    assert await entry(redis, cid(event, "a")) is None
+
+
+# --- approvals -----------------------------------------------------------------------------
+async def test_a_call_needing_approval_interrupts_the_turn(
+    client: FleetClient, redis: Redis
+) -> None:
+    event = turn(("a", "approve_me", {"name": "prod"}), ("b", "timed_work", {"text": "ok"}))
+    result = await client.run_turn(event)
+    assert result.status == "interrupted"
+    assert interrupted(result) == [("a", "approve_me")]
+    assert result.interruptions[0].arguments == json.dumps({"name": "prod"})
+    assert outputs(result) == [("b", "ok")]  # a sibling that needs no approval runs
+    assert await count(redis, effects_key(cid(event, "a"))) == 0
+
+
+async def test_an_approved_call_runs_when_the_turn_is_resumed(
+    client: FleetClient, redis: Redis
+) -> None:
+    event = turn(("a", "approve_me", {"name": "prod"}), ("b", "timed_work", {"text": "ok"}))
+    assert (await client.run_turn(event)).status == "interrupted"
+    await decide(client, redis, event, "a", "approve_me", approve=True)
+    result = await client.run_turn(resumed(event))
+    assert result.status == "completed"
+    assert result.interruptions == []
+    assert outputs(result) == [("a", "done prod"), ("b", "ok")]
+    assert await count(redis, effects_key(cid(event, "a"))) == 1
+    assert await count(redis, effects_key(cid(event, "b"))) == 1  # not re-run on resume
+
+
+async def test_a_rejected_call_gets_the_rejection_text_and_never_runs(
+    client: FleetClient, redis: Redis
+) -> None:
+    event = turn(("a", "approve_me", {"name": "x"}), ("b", "approve_me", {"name": "y"}))
+    first = await client.run_turn(event)
+    assert interrupted(first) == [("a", "approve_me"), ("b", "approve_me")]
+    await decide(client, redis, event, "a", "approve_me", approve=False)
+    await decide(client, redis, event, "b", "approve_me", approve=False, message="Not today.")
+    result = await client.run_turn(resumed(event))
+    assert result.status == "completed"
+    assert outputs(result) == [("a", NOT_APPROVED), ("b", "Not today.")]
+    assert records(result) == [("a", "rejected", "not_executed"), ("b", "rejected", "not_executed")]
+    for suffix in ("a", "b"):
+        assert await count(redis, effects_key(cid(event, suffix))) == 0
+
+
+async def test_sticky_always_approve_approves_later_calls_of_the_same_tool(
+    client: FleetClient, redis: Redis
+) -> None:
+    event = turn(("a", "approve_me", {"name": "first"}))
+    assert (await client.run_turn(event)).status == "interrupted"
+    await decide(client, redis, event, "a", "approve_me", approve=True, sticky="always_approve")
+    assert outputs(await client.run_turn(resumed(event))) == [("a", "done first")]
+    # Later calls of the tool in the same run: no interruption.
+    later = later_turn(event, 1, ("b", "approve_me", {"name": "second"}))
+    result = await client.run_turn(later)
+    assert result.status == "completed"
+    assert outputs(result) == [("b", "done second")]
+    assert await count(redis, effects_key(cid(event, "b"))) == 1
+
+
+async def test_needs_approval_callable_is_asked_at_most_once_per_call(
+    client: FleetClient, redis: Redis
+) -> None:
+    event = turn(("a", "payout", {"amount": 500}), ("b", "payout", {"amount": 5}))
+    first = await client.run_turn(event)
+    assert first.status == "interrupted"
+    assert interrupted(first) == [("a", "payout")]
+    assert outputs(first) == [("b", "paid 5")]
+    await decide(client, redis, event, "a", "payout", approve=True)
+    result = await client.run_turn(resumed(event))
+    assert result.status == "completed"
+    assert outputs(result) == [("a", "paid 500"), ("b", "paid 5")]
+    for suffix in ("a", "b"):
+        assert await count(redis, approval_checks_key(cid(event, suffix))) == 1
+        assert await count(redis, effects_key(cid(event, suffix))) == 1
+
+
+async def test_callable_needs_approval_with_unparseable_arguments_fails_closed(
+    client: FleetClient, redis: Redis
+) -> None:
+    event = turn(("a", "payout", '{"amount": 5'), ("b", "payout", '{"amount": "five"}'))
+    result = await client.run_turn(event)
+    assert result.status == "interrupted"
+    assert interrupted(result) == [("a", "payout"), ("b", "payout")]
+    assert result.outputs == []
+    for suffix in ("a", "b"):
+        assert await count(redis, approval_checks_key(cid(event, suffix))) == 0
+        assert await count(redis, effects_key(cid(event, suffix))) == 0
+
+
+# --- guardrails ----------------------------------------------------------------------------
+async def test_input_guardrail_reject_content_is_the_output_and_the_tool_never_runs(
+    client: FleetClient, redis: Redis
+) -> None:
+    event = turn(
+        ("a", "screened_echo", {"text": "my secret"}), ("b", "screened_echo", {"text": "hi"})
+    )
+    result = await client.run_turn(event)
+    assert result.status == "completed"
+    assert outputs(result) == [("a", "Refusing to echo secrets."), ("b", "hi")]
+    assert records(result)[0] == ("a", "rejected", "not_executed")
+    assert await count(redis, effects_key(cid(event, "a"))) == 0
+
+
+async def test_input_guardrail_raise_exception_fails_the_turn(
+    client: FleetClient, redis: Redis
+) -> None:
+    event = turn(("a", "screened_echo", {"text": "trip"}))
+    result = await client.run_turn(event)
+    assert result.status == "failed"
+    assert result.error is not None
+    assert (result.error.type, result.error.message, result.error.call_id) == (
+        "ToolInputGuardrailTripwireTriggered",
+        "Tool input guardrail input_screen triggered tripwire",
+        cid(event, "a"),
+    )
+    assert result.outputs == []
+    assert await count(redis, effects_key(cid(event, "a"))) == 0
+
+
+async def test_output_guardrail_reject_content_replaces_the_output(
+    client: FleetClient, redis: Redis
+) -> None:
+    event = turn(("a", "screened_echo", {"text": "classified doc"}))
+    result = await client.run_turn(event)
+    assert result.status == "completed"
+    assert outputs(result) == [("a", "Output withheld.")]
+    assert records(result) == [("a", "rejected", "applied")]  # it ran: the effect stays
+    assert await count(redis, effects_key(cid(event, "a"))) == 1
+
+
+async def test_output_guardrail_raise_exception_fails_the_turn(
+    client: FleetClient, redis: Redis
+) -> None:
+    event = turn(("a", "screened_echo", {"text": "explode"}))
+    result = await client.run_turn(event)
+    assert result.status == "failed"
+    assert result.error is not None
+    assert (result.error.type, result.error.message) == (
+        "ToolOutputGuardrailTripwireTriggered",
+        "Tool output guardrail output_screen triggered tripwire",
+    )
+    assert result.outputs == []
+
+
+async def test_pre_approval_guardrails_run_input_guardrails_before_the_interruption(
+    client: FleetClient, redis: Redis
+) -> None:
+    # Without the option, a call needing approval is interrupted whatever its arguments.
+    plain = turn(("a", "screened_approval", {"text": "my secret"}))
+    result = await client.run_turn(plain)
+    assert result.status == "interrupted"
+    assert interrupted(result) == [("a", "screened_approval")]
+    # With it, the guardrail decides first: its rejection is the output, no approval asked.
+    event = turn(
+        ("a", "screened_approval", {"text": "my secret"}),
+        ("b", "screened_approval", {"text": "fine"}),
+        pre_approval_guardrails=True,
+    )
+    result = await client.run_turn(event)
+    assert result.status == "interrupted"
+    assert interrupted(result) == [("b", "screened_approval")]
+    assert outputs(result) == [("a", "Refusing to echo secrets.")]
+    await decide(client, redis, event, "b", "screened_approval", approve=True)
+    result = await client.run_turn(resumed(event))
+    assert result.status == "completed"
+    assert outputs(result) == [("a", "Refusing to echo secrets."), ("b", "fine")]
+    assert await count(redis, effects_key(cid(event, "a"))) == 0
+    assert await count(redis, effects_key(cid(event, "b"))) == 1
+
+
+# --- hooks ---------------------------------------------------------------------------------
+async def test_hooks_run_exactly_once_per_call(client: FleetClient, redis: Redis) -> None:
+    event = turn(
+        ("a", "timed_work", {"text": "ok", "ms": 50}),
+        ("a", "timed_work", {"text": "ok", "ms": 50}),  # merged duplicate: still one call
+        ("b", "boom", {"message": "handled"}),
+        ("c", "screened_echo", {"text": "my secret"}),  # rejected before it starts
+        ("d", "approve_me", {"name": "x"}),  # pending
+    )
+    assert (await client.run_turn(event)).status == "interrupted"
+    await decide(client, redis, event, "d", "approve_me", approve=True)
+    result = await client.run_turn(resumed(event))
+    assert result.status == "completed"
+    # A later turn repeating the completed call reuses it: no hooks.
+    again = later_turn(event, 1, ("a", "timed_work", {"text": "ok", "ms": 50}))
+    assert outputs(await client.run_turn(again)) == [("a", "ok")]
+
+    async def hooks(suffix: str) -> tuple[int, int]:
+        call_id = cid(event, suffix)
+        return await count(redis, hook_key("start", call_id)), await count(
+            redis, hook_key("end", call_id)
+        )
+
+    assert await hooks("a") == (1, 1)
+    assert await hooks("b") == (1, 1)  # a handled failure's text is the accepted output
+    assert await hooks("c") == (0, 0)
+    assert await hooks("d") == (1, 1)  # once, after approval; none while pending
+
+
+# --- order and concurrency -----------------------------------------------------------------
+async def test_outputs_in_model_order_whatever_the_finish_order(
+    client: FleetClient, redis: Redis
+) -> None:
+    event = turn(
+        ("a", "timed_work", {"text": "first", "ms": 600}),
+        ("b", "timed_work", {"text": "second", "ms": 0}),
+        ("c", "timed_work", {"text": "third", "ms": 300}),
+    )
+    result = await client.run_turn(event)
+    assert result.status == "completed"
+    assert outputs(result) == [("a", "first"), ("b", "second"), ("c", "third")]
+    ends = {s: float(await redis.hget(timing_key(cid(event, s)), "end") or 0) for s in "abc"}
+    assert ends["b"] < ends["c"] < ends["a"]  # they really finished in the reverse order
+
+
+async def test_max_concurrency_starts_calls_in_model_order_at_most_n_at_once(
+    client: FleetClient, redis: Redis
+) -> None:
+    n, calls = 2, 6
+    suffixes = [f"c{i}" for i in range(calls)]
+    event = turn(*((s, "timed_work", {"text": s, "ms": 300}) for s in suffixes), max_concurrency=n)
+    result = await client.run_turn(event)
+    assert result.status == "completed"
+    assert outputs(result) == [(s, s) for s in suffixes]
+    spans = []
+    for s in suffixes:
+        timing = await redis.hgetall(timing_key(cid(event, s)))
+        spans.append((float(timing[b"start"]), float(timing[b"end"])))
+    # At most n bodies at once, fleet-wide (and the cap is used: n do overlap).
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = list(itertools.accumulate(delta for _, delta in events))
+    assert max(running) == n
+    # Each queued call starts after every earlier one started, and only once a slot freed up.
+    for j in range(n, calls):
+        assert all(spans[i][0] < spans[j][0] for i in range(j))
+        ended_before = sum(1 for _, end in spans if end <= spans[j][0])
+        assert ended_before >= j - n + 1
+
+
+# --- sibling isolation and failure choice --------------------------------------------------
+async def test_a_failed_call_never_discards_a_siblings_output(client: FleetClient) -> None:
+    event = turn(
+        ("a", "boom", {"message": "x"}),
+        ("b", "timed_work", {"text": "kept", "ms": 300}),
+        ("c", "too_slow", {}),
+        ("d", "add", {"a": "not a number", "b": 1}),
+    )
+    result = await client.run_turn(event)
+    assert result.status == "completed"
+    assert outputs(result) == [
+        ("a", TOOL_ERROR),
+        ("b", "kept"),
+        ("c", "Tool 'too_slow' timed out after 0.2 seconds."),
+        ("d", TOOL_ERROR),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("calls", "expected"),
+    [
+        # Severity: a BaseException-class failure beats an ordinary error at a lower index.
+        (
+            [("a", "boom_at", "ordinary"), ("b", "fatal", "fatal")],
+            ("Fatal", "fatal", "b"),
+        ),
+        # Ties (no failure handler: each fails the turn): the lowest model index wins.
+        (
+            [("a", "strict_boom", "first"), ("b", "strict_boom", "second")],
+            ("UserError", "Error running tool strict_boom: first", "a"),
+        ),
+    ],
+    ids=["severity", "model-order-tie"],
+)
+async def test_failure_choice_is_deterministic_when_several_calls_fail(
+    client: FleetClient,
+    calls: list[tuple[str, str, str]],
+    expected: tuple[str, str, str],
+) -> None:
+    # Several turns whose calls fail at the same instant: whatever order the outcomes arrive
+    # in, each turn reports the same failure.
+    at = time.time() + 1.5
+    events = [
+        turn(*((s, tool, {"message": m, "at": at}) for s, tool, m in calls), failure_policy=p)
+        for p in ("fail_turn", "error_as_output", "fail_turn", "error_as_output")
+    ]
+    for event in events:
+        await client.submit(event)
+    chosen = []
+    for event in events:
+        result = await client.result(event.run_id, 0)
+        assert result.status == "failed"
+        assert result.error is not None
+        chosen.append(
+            (result.error.type, result.error.message, result.error.call_id.rsplit("-", 1)[-1])
+        )
+    assert chosen == [expected] * len(events)
+
+
+# --- cancellation --------------------------------------------------------------------------
+async def test_parent_cancellation_propagates_promptly_and_is_never_tool_output(
+    client: FleetClient, redis: Redis
+) -> None:
+    event = turn(
+        ("a", "charge", {"amount": 5, "hold_ms": 20_000}),
+        ("b", "timed_work", {"text": "queued"}),
+        max_concurrency=1,
+    )
+    await client.submit(event)
+    running = cid(event, "a")
+
+    async def started() -> bool:
+        return bool(await redis.exists(starts_key(running)))
+
+    await wait_for(started, within=15)
+    asked = time.monotonic()
+    await client.cancel(CancelRequest(tenant_id=TENANT, run_id=event.run_id, reason="user left"))
+    result = await client.result(event.run_id, 0, within=10)
+    assert time.monotonic() - asked < 5
+    assert result.status == "cancelled"
+    assert result.error is None
+    assert result.outputs == []  # no output for the cancelled call, none invented for b
+    assert [c.status for c in result.calls] == ["cancelled", "cancelled"]
+
+    # The body itself was cancelled, well before its 20 s hold would have ended.
+    async def cancelled_in_ledger() -> bool:
+        found = await entry(redis, running)
+        return found is not None and found.outcome is not None
+
+    await wait_for(cancelled_in_ledger, within=5)
+    found = await entry(redis, running)
+    assert found is not None and found.outcome is not None
+    assert found.outcome.status == "cancelled" and found.outcome.output is None
+    assert time.monotonic() - asked < 5
+    assert await count(redis, effects_key(running)) == 0
+    assert await count(redis, effects_key(cid(event, "b"))) == 0  # the queued call never ran
+
+
+@pytest.mark.parametrize("policy", ["error_as_output", "fail_turn"])
+async def test_tool_local_cancellation_follows_the_failure_policy(
+    client: FleetClient, redis: Redis, policy: str
+) -> None:
+    event = turn(
+        ("a", "hold", {"ms": 20_000}),
+        ("b", "timed_work", {"text": "sibling"}),
+        failure_policy=policy,
+    )
+    await client.submit(event)
+    target, sibling = cid(event, "a"), cid(event, "b")
+
+    async def ready() -> bool:
+        done = await entry(redis, sibling)
+        return bool(await redis.exists(starts_key(target))) and (
+            done is not None and done.state == "committed"
+        )
+
+    await wait_for(ready, within=15)
+    asked = time.monotonic()
+    await client.cancel(
+        CancelRequest(tenant_id=TENANT, run_id=event.run_id, call_id=target, reason="too long")
+    )
+    result = await client.result(event.run_id, 0, within=10)
+    assert time.monotonic() - asked < 5
+    assert await count(redis, effects_key(target)) == 0
+    if policy == "error_as_output":
+        assert result.status == "completed"
+        assert outputs(result) == [("a", TOOL_ERROR), ("b", "sibling")]
+    else:
+        assert result.status == "failed"
+        assert result.error is not None and result.error.call_id == target
+        assert outputs(result) == [("b", "sibling")]
+    assert records(result)[0][1] == "cancelled"
+
+
+# --- default model-visible texts -----------------------------------------------------------
+async def test_default_timeout_text(client: FleetClient) -> None:
+    result = await client.run_turn(turn(("a", "too_slow", {})))
+    assert result.status == "completed"
+    assert outputs(result) == [("a", "Tool 'too_slow' timed out after 0.2 seconds.")]
+    assert records(result) == [("a", "timed_out", "unknown")]
+
+
+async def test_default_tool_error_text_never_shows_the_exception(client: FleetClient) -> None:
+    event = turn(
+        ("a", "boom", {"message": "internal detail"}),
+        ("b", "add", {"a": "x", "b": 1}),  # invalid arguments
+        ("c", "add", '{"a": 1, "b": '),  # unparseable arguments
+    )
+    result = await client.run_turn(event)
+    assert result.status == "completed"
+    assert outputs(result) == [("a", TOOL_ERROR), ("b", TOOL_ERROR), ("c", TOOL_ERROR)]
+
+
+async def test_missing_tool_under_return_error_to_model_is_an_output(client: FleetClient) -> None:
+    event = turn(
+        ("a", "no_such_tool", {}),
+        ("b", "add", {"a": 1, "b": 2}),
+        tool_not_found="return_error_to_model",
+    )
+    result = await client.run_turn(event)
+    assert result.status == "completed"
+    assert outputs(result) == [("a", "Tool 'no_such_tool' not found."), ("b", "3")]
+
+
+async def test_missing_tool_under_raise_error_fails_the_turn(
+    client: FleetClient, redis: Redis
+) -> None:
+    event = turn(("a", "sleep_then_echo", {"text": "x"}), ("b", "no_such_tool", {}))
+    result = await client.run_turn(event)
+    assert result.status == "failed"
+    assert result.error is not None
+    assert (result.error.message, result.error.call_id) == (
+        "Tool no_such_tool not found in agent assistant",
+        cid(event, "b"),
+    )
+    assert await entry(redis, cid(event, "a")) is None
+
+
+async def test_no_failure_handler_fails_the_turn_with_error_running_tool(
+    client: FleetClient,
+) -> None:
+    event = turn(("a", "add", {"a": 1, "b": 1}), ("b", "strict_boom", {"message": "kaput"}))
+    result = await client.run_turn(event)
+    assert result.status == "failed"
+    assert result.error is not None
+    assert (result.error.type, result.error.message, result.error.call_id) == (
+        "UserError",
+        "Error running tool strict_boom: kaput",
+        cid(event, "b"),
+    )
+    assert ("b", TOOL_ERROR) not in outputs(result)
+
+
+async def test_disabled_tool_fails_the_turn_before_any_sibling_starts(
+    client: FleetClient, redis: Redis
+) -> None:
+    event = turn(("a", "sleep_then_echo", {"text": "x"}), ("b", "disabled_tool", {}))
+    result = await client.run_turn(event)
+    assert result.status == "failed"
+    assert result.error is not None
+    assert (result.error.message, result.error.call_id) == (
+        "Tool disabled_tool is currently disabled for agent assistant.",
+        cid(event, "b"),
+    )
+    assert await entry(redis, cid(event, "a")) is None
+    assert await count(redis, effects_key(cid(event, "a"))) == 0

@@ -1,0 +1,82 @@
+"""The failure table, decided without I/O."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reconciler._policy import (
+    AskCompensationApproval,
+    CallCase,
+    Compensate,
+    HandOver,
+    Probe,
+    RecoveryPolicy,
+    ResolveApplied,
+    ResolveNotApplied,
+    Retry,
+    decide_probe,
+    decide_resolution,
+    decide_unknown,
+)
+
+POLICY = RecoveryPolicy(max_attempts=2, probe_budget=3, probe_backoff_s=0.5)
+
+
+def case(**overrides: Any) -> CallCase:
+    fields: dict[str, Any] = {
+        "effect_class": "non_idempotent", "has_probe": True, "has_compensate": True,
+        "attempts": 1, "probes": 0,
+    }  # fmt: skip
+    return CallCase(**(fields | overrides))
+
+
+def test_unknown_effect_is_probed_first() -> None:
+    assert decide_unknown(case(), POLICY) == Probe(0.0)
+
+
+def test_unknown_effect_without_a_probe_goes_to_a_human_at_once() -> None:
+    action = decide_unknown(case(has_probe=False), POLICY)
+    assert isinstance(action, HandOver) and "no probe" in action.reason
+
+
+def test_probe_applied_resolves_with_the_upstream_output() -> None:
+    assert decide_probe(case(probes=1), "applied", "T-1", None, POLICY) == ResolveApplied("T-1")
+
+
+def test_not_applied_retries_only_replay_safe_tools_with_attempts_left() -> None:
+    assert isinstance(decide_probe(case(effect_class="idempotent", probes=1),
+                                   "not_applied", None, None, POLICY), Retry)  # fmt: skip
+    for effect_class in ("non_idempotent", "irreversible"):
+        action = decide_probe(case(effect_class=effect_class, probes=1), "not_applied", None,
+                              None, POLICY)  # fmt: skip
+        assert isinstance(action, HandOver) and "never re-submitted" in action.reason
+
+
+def test_retries_are_bounded_by_the_attempt_limit() -> None:
+    action = decide_probe(case(effect_class="idempotent", attempts=2, probes=1), "not_applied",
+                          None, None, POLICY)  # fmt: skip
+    assert isinstance(action, ResolveNotApplied) and "attempt limit" in action.reason
+
+
+def test_inconclusive_probes_back_off_then_hand_over() -> None:
+    delays = [decide_probe(case(probes=n), "unknown", None, "503", POLICY) for n in (1, 2)]
+    assert delays == [Probe(0.5), Probe(1.0)]
+    action = decide_probe(case(probes=3), "unknown", None, "503", POLICY)
+    assert isinstance(action, HandOver) and "after 3 probes; last answer: 503" in action.reason
+
+
+def test_read_only_unknown_is_retried_not_probed() -> None:
+    assert isinstance(decide_unknown(case(effect_class="read_only"), POLICY), Retry)
+
+
+def test_wrong_effect_asks_for_compensation_approval_and_runs_it_only_when_approved() -> None:
+    assert isinstance(decide_resolution(case(), "wrong_effect", None), AskCompensationApproval)
+    assert decide_resolution(case(), "approve_compensation", None) == Compensate()
+    assert isinstance(decide_resolution(case(), "reject_compensation", None), HandOver)
+    no_action = decide_resolution(case(has_compensate=False), "wrong_effect", None)
+    assert isinstance(no_action, HandOver) and "no compensate action" in no_action.reason
+
+
+def test_human_answers_resolve_the_call() -> None:
+    assert decide_resolution(case(), "applied", "done") == ResolveApplied("done")
+    assert isinstance(decide_resolution(case(), "not_applied", None), ResolveNotApplied)
