@@ -97,6 +97,12 @@ def accept_outcome(state: TurnState, outcome: CallOutcome) -> bool:
     Accepted only for a dispatch/attach call of this plan, with a fencing token at least the
     recorded one, while the call is not finally settled. Duplicates and late outcomes (of a
     settled call, or of an older attempt) are ignored: delivery is at-least-once.
+
+    A resumed plan (epoch > 0) ignores ``pending_approval`` outcomes of its dispatch calls: the
+    planner dispatches a call that asked for approval only once a decision is recorded (the
+    command then says approved and the worker never asks again), so such an outcome is the
+    previous epoch's question (carried over, or redelivered) and must not settle the call
+    before its real outcome arrives.
     """
     plan = state.plan
     if plan.error is not None or outcome.kind != "execute":
@@ -109,6 +115,8 @@ def accept_outcome(state: TurnState, outcome: CallOutcome) -> bool:
         return False
     call = _planned(state, outcome.call_id)
     if call is None or call.disposition not in ("dispatch", "attach"):
+        return False
+    if outcome.status == "pending_approval" and plan.epoch > 0 and call.disposition == "dispatch":
         return False
     recorded = state.outcomes.get(outcome.call_id)
     if recorded is not None and (
@@ -263,6 +271,10 @@ def _error_of(call: PlannedCall, outcome: CallOutcome) -> TurnError:
     error = outcome.error
     if error is not None and (error.severity != "error" or error.type in _AGENTS_EXCEPTIONS):
         return TurnError(type=error.type, message=error.message, call_id=call.call_id)
+    if error is not None and outcome.fails_turn:
+        # The executor already worded it as the SDK does ("Error running tool {name}: {e}",
+        # with the tool's bare name): wrapping it again would say it twice.
+        return TurnError(type="UserError", message=error.message, call_id=call.call_id)
     detail = error.message if error is not None else outcome.status
     return TurnError(
         type="UserError",

@@ -22,20 +22,23 @@ from typing import Literal
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
+from executors._recovery import run_compensate, run_probe
 from executors._registry import ToolRegistry
 from executors._runner import run_call
 from executors._tool import Tool
-from schemas import CallError, CallOutcome, CancelRequest, ExecutionCommand
+from schemas import CallError, CallOutcome, CancelRequest, Effect, ExecutionCommand, HumanTask
 from toolfleet.bus import TRANSIENT_ERRORS, KafkaBus, Record
+from toolfleet.circuit import CircuitBreaker, version_ref
 from toolfleet.errors import InvalidMessageError, ToolfleetError, ToolNotFoundError
 from toolfleet.ledger import Ledger
-from toolfleet.metrics import CALL_LATENCY, COMMANDS, IN_FLIGHT, OUTCOMES
+from toolfleet.metrics import CALL_LATENCY, COMMANDS, HUMAN_TASKS, IN_FLIGHT, OUTCOMES
 from toolfleet.offsets import OffsetTracker
 from toolfleet.redis import connect_redis
 from toolfleet.registry import publish_tools
 from toolfleet.semaphore import FleetSemaphores, semaphore_key
 from toolfleet.settings import Settings
-from toolfleet.texts import unknown_outcome_text
+from toolfleet.tasks import TaskStore, new_task_id
+from toolfleet.texts import CIRCUIT_OPEN, unknown_outcome_text
 from toolfleet.topics import command_topic
 
 log = logging.getLogger(__name__)
@@ -81,6 +84,8 @@ class Worker:
         self.redis = connect_redis(settings)
         self.ledger = Ledger(self.redis)
         self.semaphores = FleetSemaphores(self.redis, lease_s=self.limits.lease_s)
+        self.circuits = CircuitBreaker(self.redis, settings)
+        self.tasks = TaskStore(self.redis)
         self._slots = asyncio.Semaphore(self.limits.per_worker)
         self._offsets = OffsetTracker()
         self._handlers: set[asyncio.Task[None]] = set()
@@ -175,11 +180,6 @@ class Worker:
     async def _process(self, record: Record) -> None:
         command = ExecutionCommand.decode(record.value or b"")
         COMMANDS.labels(self.service, self.pool, command.kind).inc()
-        if command.kind != "execute":
-            raise InvalidMessageError(
-                f"{command.kind} command on a worker that only executes",
-                reason=f"unsupported command kind {command.kind!r} for this worker version",
-            )
         try:
             tool = self.registry.get(command.tool_name)
         except ToolNotFoundError as missing:
@@ -187,8 +187,21 @@ class Worker:
             # deployment mismatch. Nothing ran; say so instead of hiding the command.
             await self._publish(_not_served(command, self.worker_id, str(missing)))
             return
+        if command.kind == "probe":
+            await self._publish(await self._probe(tool, command))
+            return
+        if command.kind == "compensate":
+            compensated = await self._compensate(tool, command)
+            if compensated is not None:
+                await self._publish(compensated)
+            return
         if command.run_id in self._cancelled_runs:
             await self._publish(_ended(command, self.worker_id, "skipped"))
+            return
+        ref = version_ref(tool.lookup_key, tool.version)
+        circuit = await self.circuits.check(ref)
+        if circuit.state == "open":
+            await self._publish(_circuit_open(command, self.worker_id, tool, circuit.reason))
             return
         limits: list[tuple[str, int]] = []
         if self.limits.per_tenant is not None:
@@ -198,8 +211,39 @@ class Worker:
         holder = f"{self.worker_id}:{command.call_id}:{command.fencing_token}"
         async with self.semaphores.hold(holder, limits):
             outcome = await self._execute(tool, command)
-        if outcome is not None:
-            await self._publish(outcome)
+        if outcome is None:
+            return
+        await self._publish(outcome)
+        if outcome.status != "pending_approval" and outcome.started_at is not None:
+            await self._record_for_circuit(ref, tool, outcome, trial=circuit.state == "trial")
+
+    async def _record_for_circuit(
+        self, ref: str, tool: Tool, outcome: CallOutcome, *, trial: bool
+    ) -> None:
+        """Count the executed call in its version's window; file a task if it opened."""
+        failed = outcome.status in ("failed", "timed_out")
+        if trial:
+            await self.circuits.trial_result(ref, failed)
+            return
+        ran_while_failing = await self.circuits.record(ref, outcome.call_id, failed)
+        if not ran_while_failing:
+            return
+        task = HumanTask(
+            tenant_id=outcome.tenant_id,
+            task_id=new_task_id(),
+            kind="circuit_open",
+            tool_name=tool.lookup_key,
+            tool_version=tool.version,
+            reason=f"circuit of {ref} opened: too many failures in the last "
+            f"{self.settings.circuit_window_s:g} s; reconcile the listed calls, then "
+            f"`toolfleet tools resume {ref}`",
+            calls=ran_while_failing,
+            created_at=time.time(),
+        )
+        await self.tasks.add(task)
+        await self.bus.publish_and_wait("human-tasks", ref, task)
+        HUMAN_TASKS.labels("circuit_open").inc()
+        log.error("circuit opened", extra={"tool_version": ref, "calls": len(ran_while_failing)})
 
     async def _execute(self, tool: Tool, command: ExecutionCommand) -> CallOutcome | None:
         key = (command.run_id, command.call_id)
@@ -252,6 +296,48 @@ class Worker:
             return None
         return outcome
 
+    async def _probe(self, tool: Tool, command: ExecutionCommand) -> CallOutcome:
+        """Look the call's effect up upstream; probes are read-only and run without a gate."""
+        result = await run_probe(tool, command, worker_id=self.worker_id)
+        effect: Effect = {"applied": "applied", "not_applied": "not_executed"}.get(
+            result.state, "unknown"
+        )  # type: ignore[assignment]
+        detail = CallError(type="ProbeResult", message=result.detail) if result.detail else None
+        return CallOutcome(
+            **_identity(command, self.worker_id),
+            kind="probe",
+            status="succeeded",
+            effect=effect,
+            output=result.output,
+            error=detail,
+        )
+
+    async def _compensate(self, tool: Tool, command: ExecutionCommand) -> CallOutcome | None:
+        """Run the compensate action once: it is a side effect, gated by its own ledger entry."""
+        verdict = await self._begin(command)
+        if verdict != "run":
+            return await self._refused(command, verdict)
+        try:
+            text = await run_compensate(tool, command, worker_id=self.worker_id)
+            outcome = CallOutcome(
+                **_identity(command, self.worker_id),
+                kind="compensate",
+                status="succeeded",
+                effect="compensated",
+                output=text,
+            )
+        except Exception as exc:
+            outcome = CallOutcome(
+                **_identity(command, self.worker_id),
+                kind="compensate",
+                status="failed",
+                effect="unknown",
+                error=CallError(type=type(exc).__name__, message=str(exc)),
+            )
+        if await self.ledger.finish(outcome) == "stale":
+            return None
+        return outcome
+
     async def _begin(self, command: ExecutionCommand) -> str:
         """The ledger's verdict; while another live worker holds the call, wait for it."""
         while True:
@@ -286,11 +372,12 @@ class Worker:
     def _lost(self, command: ExecutionCommand) -> CallOutcome:
         """A previous holder started the call and vanished: nobody knows whether it applied."""
         spec = self.registry.get(command.tool_name).spec(self.pool)
+        read_only = spec.effect_class == "read_only"  # nothing it did can have applied
         return CallOutcome(
             **_identity(command, self.worker_id),
             status="failed",
-            effect="unknown",
-            resolved=spec.on_unknown == "report_now",
+            effect="not_executed" if read_only else "unknown",
+            resolved=read_only or spec.on_unknown == "report_now",
             output=unknown_outcome_text(spec),
             error=CallError(
                 type="WorkerLost",
@@ -372,6 +459,18 @@ def _ended(
         status=status,
         effect="not_executed" if status == "skipped" else "unknown",
         error=CallError(type="CancelledError", message="run cancelled", severity="cancellation"),
+    )
+
+
+def _circuit_open(
+    command: ExecutionCommand, worker_id: str, tool: Tool, reason: str
+) -> CallOutcome:
+    return CallOutcome(
+        **_identity(command, worker_id),
+        status="failed",
+        effect="not_executed",
+        output=CIRCUIT_OPEN.format(name=tool.name, reason=reason),
+        error=CallError(type="CircuitOpen", message=f"{tool.lookup_key}@{tool.version}: {reason}"),
     )
 
 

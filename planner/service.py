@@ -193,8 +193,15 @@ class Planner:
         """Write the plan's decisions to the ledger; nothing is sent before this is durable."""
         new_calls = [
             NewCall(
-                u.call.call_id, u.fingerprint, u.idempotency_key, event.run_id, event.turn_id,
-                u.call.tool_name, u.call.pool,
+                u.call.call_id,
+                u.fingerprint,
+                u.idempotency_key,
+                event.run_id,
+                event.turn_id,
+                u.call.tool_name,
+                u.call.pool,
+                arguments=u.call.arguments,
+                index=u.call.index,
             )
             for u in updates
             if u.create

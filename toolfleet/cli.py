@@ -8,6 +8,7 @@ import click
 
 from toolfleet.errors import ConfigurationError
 from toolfleet.infra.cli import infra
+from toolfleet.ops_cli import inspect, tasks, tools
 from toolfleet.service import run_service
 from toolfleet.settings import Settings
 
@@ -18,6 +19,9 @@ def main() -> None:
 
 
 main.add_command(infra)
+main.add_command(tasks)
+main.add_command(inspect)
+main.add_command(tools)
 
 
 @main.command()
@@ -36,6 +40,22 @@ def aggregator() -> None:
 
     settings = Settings()
     run_service("aggregator", settings, lambda: Aggregator(settings))
+
+
+@main.command()
+def reconciler() -> None:
+    """Resolve calls whose effect is unknown: probe, retry, compensate, or ask a human."""
+    from reconciler._policy import RecoveryPolicy
+    from reconciler.service import Reconciler
+
+    settings = Settings()
+    policy = RecoveryPolicy(
+        max_attempts=settings.recovery_max_attempts,
+        probe_budget=settings.recovery_probe_budget,
+        probe_backoff_s=settings.recovery_probe_backoff_s,
+        report_after_s=settings.recovery_report_after_s,
+    )
+    run_service("reconciler", settings, lambda: Reconciler(settings, policy))
 
 
 @main.command()

@@ -56,12 +56,16 @@ class NewCall:
     turn_id: int
     tool_name: str
     pool: str | None
+    arguments: str = ""
+    index: int = 0
+    """Position among the response's function calls."""
 
 
 @dataclass(frozen=True)
 class LedgerEntry:
     """A call's ledger entry as read from Redis."""
 
+    tenant_id: str
     call_id: str
     fingerprint: str
     state: LedgerState
@@ -70,6 +74,8 @@ class LedgerEntry:
     turn_id: int
     tool_name: str
     pool: str | None
+    arguments: str
+    index: int
     attempts: int
     fencing_token: int
     outcome: CallOutcome | None
@@ -80,11 +86,12 @@ class LedgerEntry:
     worker_id: str | None
 
     @classmethod
-    def from_hash(cls, call_id: str, raw: Mapping[bytes, bytes]) -> LedgerEntry:
+    def from_hash(cls, tenant_id: str, call_id: str, raw: Mapping[bytes, bytes]) -> LedgerEntry:
         """Decode an HGETALL reply."""
         h = {k.decode(): v.decode() for k, v in raw.items()}
         approval = h.get("approval") or None
         return cls(
+            tenant_id=tenant_id,
             call_id=call_id,
             fingerprint=h.get("fingerprint", ""),
             state=h.get("state", "planned"),  # type: ignore[arg-type]
@@ -93,6 +100,8 @@ class LedgerEntry:
             turn_id=int(h.get("turn_id", "0")),
             tool_name=h.get("tool_name", ""),
             pool=h.get("pool") or None,
+            arguments=h.get("arguments", ""),
+            index=int(h.get("index", "0")),
             attempts=int(h.get("attempts", "0")),
             fencing_token=int(h.get("fencing_token", "0")),
             outcome=CallOutcome.model_validate_json(h["outcome"]) if h.get("outcome") else None,
@@ -109,7 +118,8 @@ _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'fingerprint', ARGV[1], 'idempotency_key', ARGV[2],
   'run_id', ARGV[3], 'turn_id', ARGV[4], 'tool_name', ARGV[5], 'pool', ARGV[6],
-  'state', 'planned', 'attempts', 0, 'fencing_token', 0, 'created_at', ARGV[7])
+  'state', 'planned', 'attempts', 0, 'fencing_token', 0, 'created_at', ARGV[7],
+  'arguments', ARGV[8], 'index', ARGV[9])
 redis.call('RPUSH', KEYS[2], cjson.encode({event='planned', at=tonumber(ARGV[7])}))
 return 1
 """
@@ -232,7 +242,7 @@ class Ledger:
                 pipe.hgetall(call_key(tenant_id, call_id))
             replies = await pipe.execute()
         return {
-            call_id: LedgerEntry.from_hash(call_id, raw)
+            call_id: LedgerEntry.from_hash(tenant_id, call_id, raw)
             for call_id, raw in zip(ids, replies, strict=True)
             if raw
         }
@@ -252,6 +262,8 @@ class Ledger:
                         c.tool_name,
                         c.pool or "",
                         now,
+                        c.arguments,
+                        c.index,
                     ],
                     client=pipe,
                 )

@@ -65,6 +65,20 @@ PLAN_LATENCY = Histogram(
 )
 
 
+CIRCUIT_OPEN = Gauge(
+    "toolfleet_circuit_open",
+    "1 while the circuit of a tool version is open (alert on this).",
+    ["tool_version"],
+    registry=REGISTRY,
+)
+HUMAN_TASKS = Counter(
+    "toolfleet_human_tasks_total",
+    "Human tasks filed, by kind.",
+    ["kind"],
+    registry=REGISTRY,
+)
+
+
 def serve_metrics(port: int, host: str = "0.0.0.0") -> int:
     """Serve ``/metrics`` on ``port`` (0 picks a free one); returns the bound port."""
     server, _thread = start_http_server(port, addr=host, registry=REGISTRY)

@@ -37,6 +37,20 @@ class Settings(BaseSettings):
     replication_factor: int = Field(default=1, ge=1)
     metrics_port: int = Field(default=0, ge=0, description="0 picks a free port")
 
+    # Recovery (the reconciler's budgets; see reconciler/_policy.py).
+    recovery_max_attempts: int = Field(default=2, ge=1)
+    recovery_probe_budget: int = Field(default=4, ge=1)
+    recovery_probe_backoff_s: float = Field(default=0.5, gt=0)
+    recovery_report_after_s: float = Field(default=30.0, ge=0)
+
+    # Circuit breaker per tool version (see toolfleet/circuit.py).
+    circuit_window_s: float = Field(default=60.0, gt=0)
+    circuit_min_calls: int = Field(default=10, ge=1)
+    circuit_error_rate: float = Field(default=0.5, gt=0, le=1)
+    circuit_half_open_after_s: float | None = Field(
+        default=None, description="Let one call through after this long; None: operator only"
+    )
+
     # Local infrastructure (toolfleet infra up).
     infra: str = Field(default="local", description="'local' processes or 'containers'")
     state_dir: Path = Field(default_factory=lambda: _xdg("XDG_STATE_HOME", ".local/state"))

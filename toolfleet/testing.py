@@ -61,6 +61,7 @@ class LocalFleet:
     def __enter__(self) -> Self:
         self.start("planner", ["planner"])
         self.start("aggregator", ["aggregator"])
+        self.start("reconciler", ["reconciler"])
         for n in range(self.workers):
             self.start_worker(n)
         return self

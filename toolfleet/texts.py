@@ -11,6 +11,16 @@ UNKNOWN_OUTCOME = (
 )
 """An unresolved call under reconcile_then_report: never says it failed, never invites a retry."""
 
+DEFAULT_ERROR = "An error occurred while running the tool. Please try again."
+"""The SDK's text for a failed call: also what the model sees for one proven not applied."""
+
+CIRCUIT_OPEN = (
+    "Tool '{name}' is temporarily unavailable: its current version failed too often "
+    "recently ({reason}) and was switched off until an operator re-enables it. It did not "
+    "run. Do not retry it now."
+)
+"""A call refused because its tool version's circuit is open."""
+
 TIMEOUT = "Tool '{name}' timed out after {seconds:g} seconds."
 """The SDK's timeout text, which report_now tools show for an unknown effect."""
 

@@ -1,0 +1,233 @@
+"""Child processes of the bench and what they cost: start, stop (always), CPU time, RSS.
+
+Every process the bench starts is started with ``PR_SET_PDEATHSIG``, so even a bench that is
+SIGKILLed takes its children with it; a normal exit or an exception stops them in ``finally``
+blocks (SIGTERM, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+from toolfleet import infra
+from toolfleet.settings import Settings
+from toolfleet.testing import LocalFleet, _Proc
+
+REPO = Path(__file__).resolve().parent.parent
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def progress(message: str) -> None:
+    """One progress line on stderr (stdout carries only the report)."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def spawn(argv: list[str], env: Mapping[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start a child that dies with the bench; call only from the main thread."""
+    return subprocess.Popen(
+        argv,
+        env=dict(env),
+        stdout=log,
+        stderr=log,
+        cwd=REPO,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks or threads
+    )
+
+
+def terminate(popen: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """SIGTERM, wait up to ``grace_s``, then SIGKILL."""
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGTERM)
+    try:
+        popen.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait()
+
+
+def child_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """Environment of a bench child: the services' addresses, the prefix, the repo on the path."""
+    env = dict(os.environ)
+    env.update(
+        KAFKA_BOOTSTRAP_SERVERS=settings.kafka_servers(),
+        REDIS_URL=settings.redis_address(),
+        TOOLFLEET_TOPIC_PREFIX=settings.topic_prefix,
+        TOOLFLEET_PARTITIONS=str(settings.partitions),
+        TOOLFLEET_METRICS_PORT="0",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
+    env.update(extra)
+    return env
+
+
+def latest_assignment(log_text: str) -> list[int] | None:
+    """The partitions of the last ``partitions assigned`` JSON log line, if any."""
+    found = None
+    for line in log_text.splitlines():
+        if line.startswith("{") and '"partitions assigned"' in line:
+            with contextlib.suppress(ValueError, KeyError):
+                found = list(json.loads(line)["partitions"])
+    return found
+
+
+async def wait_until(
+    condition: Callable[[], bool],
+    *,
+    within: float,
+    what: str,
+    check: Callable[[], None] | None = None,
+    poll_s: float = 0.1,
+) -> None:
+    """Poll an observable condition until it holds; TimeoutError naming ``what`` after ``within``."""
+    deadline = time.monotonic() + within
+    while not condition():
+        if check is not None:
+            check()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not reached within {within:g} s")
+        await asyncio.sleep(poll_s)  # the polling interval of a deadline-bounded wait
+
+
+@dataclass
+class BenchFleet(LocalFleet):
+    """LocalFleet whose children die with the bench, keep one log per start, can be profiled.
+
+    ``profile`` maps a child name (``planner``, ``aggregator``, ``worker-0``) to an output
+    path stem: that child then runs under pyinstrument and writes ``<stem>.html`` and
+    ``<stem>.txt`` when it stops.
+    """
+
+    profile: dict[str, Path] = field(default_factory=dict)
+
+    def env(self) -> dict[str, str]:
+        """LocalFleet's environment plus the repo on PYTHONPATH (for ``bench.tools``)."""
+        env = super().env()
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
+        )
+        return env
+
+    def start(self, name: str, args: list[str]) -> None:
+        """Start one ``toolfleet`` subcommand (a fresh log each time, so readiness is current)."""
+        path = self.log_dir / f"{name}.log"
+        if path.exists():
+            path.rename(self.log_dir / f"{name}.{time.monotonic_ns()}.log")
+        log = path.open("ab")
+        argv = [sys.executable, "-m", "toolfleet", *args]
+        if name in self.profile:
+            argv = [sys.executable, "-m", "bench.profiled", str(self.profile[name]), *args]
+        popen = spawn(argv, self.env(), log)
+        self._procs[name] = _Proc(name, argv, log, popen)
+
+    def terminate(self, name: str, grace_s: float = 20.0) -> None:
+        """Stop one child cleanly (SIGTERM, then SIGKILL) and forget it."""
+        proc = self._procs.pop(name)
+        if proc.popen is not None:
+            terminate(proc.popen, grace_s)
+        proc.log.close()
+
+    def pids(self) -> dict[str, int]:
+        """Running children by name."""
+        return {
+            name: p.popen.pid
+            for name, p in self._procs.items()
+            if p.popen is not None and p.popen.poll() is None
+        }
+
+    def stop_now(self) -> None:
+        """SIGKILL everything (after a measurement whose in-flight work is not wanted)."""
+        for proc in self._procs.values():
+            if proc.popen is not None and proc.popen.poll() is None:
+                proc.popen.kill()
+        for proc in self._procs.values():
+            if proc.popen is not None:
+                proc.popen.wait()
+            proc.log.close()
+        self._procs.clear()
+
+
+def infra_pids(settings: Settings) -> dict[str, int]:
+    """Kafka's and Redis's pids when this machine runs them (else nothing to measure)."""
+    status = infra.status(settings)
+    pids = {}
+    for name, service in (("kafka", status.kafka), ("redis", status.redis)):
+        if service.pid:
+            pids[name] = service.pid
+    return pids
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (and its reaped children) so far; 0 when gone."""
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(t.user + t.system)
+
+
+def rss_bytes(pid: int) -> int:
+    """Current resident set size; 0 when gone."""
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return 0
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """Peak resident set size since the process started (Linux VmHWM), else the current RSS."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return rss_bytes(pid)
+
+
+class CpuMeter:
+    """CPU seconds each named process used between ``start`` and ``stop``, and the machine's."""
+
+    def __init__(self, pids: Mapping[str, int]) -> None:
+        self.pids = dict(pids)
+        self._began: dict[str, float] = {}
+        self._machine: psutil._common.scputimes | None = None
+        self.used: dict[str, float] = {}
+        self.machine_busy = 0.0
+        """Share of all cores that were busy (0..1) over the window."""
+
+    def start(self) -> None:
+        self._began = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._machine = psutil.cpu_times()
+
+    def stop(self) -> dict[str, float]:
+        self.used = {
+            name: max(0.0, cpu_seconds(pid) - self._began.get(name, 0.0))
+            for name, pid in self.pids.items()
+        }
+        now = psutil.cpu_times()
+        if self._machine is not None:
+            total = sum(now) - sum(self._machine)
+            idle = (now.idle + getattr(now, "iowait", 0.0)) - (
+                self._machine.idle + getattr(self._machine, "iowait", 0.0)
+            )
+            self.machine_busy = 1.0 - idle / total if total > 0 else 0.0
+        return self.used

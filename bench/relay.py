@@ -1,0 +1,265 @@
+"""Baseline 1, the raw Kafka limit: a minimal aiokafka relay over toolfleet's own hops.
+
+``python -m bench.relay planner|worker|aggregator`` runs one relay process. Together they
+carry a turn over exactly the hops toolfleet uses, with the same topics, keys, partition
+counts, producer settings (idempotent, acks=all, linger 2 ms), read_committed consumers and
+manual offset commits, and the same bytes: every message is the same pydantic model toolfleet
+sends, encoded the same way, and every consumed message is decoded once.
+
+    model-responses -> planner -> commands.default + plans
+    commands.default -> worker -> outcomes
+    plans + outcomes -> aggregator -> turn-results          (the planner reads outcomes too)
+
+What it leaves out is everything toolfleet adds on top of moving bytes: no Redis (no ledger,
+no dedupe, no approvals, no semaphores, no turn state outside memory), no Kafka transactions,
+and whole batches are handled at a time (one ack wait and one commit per poll).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+
+from bench.tools import noop_body
+from planner._identity import fingerprint, idempotency_key
+from schemas import (
+    CallOutcome,
+    CallRecord,
+    ExecutionCommand,
+    FunctionCallOutput,
+    ModelResponseEvent,
+    PlannedCall,
+    TurnPlan,
+    TurnResult,
+)
+from toolfleet.settings import Settings
+
+ROLES = ("planner", "worker", "aggregator")
+TOPICS = {
+    "planner": ("model-responses", "outcomes"),
+    "worker": ("commands.default",),
+    "aggregator": ("plans", "outcomes"),
+}
+
+
+def _log(msg: str, **fields: Any) -> None:
+    print(json.dumps({"ts": time.time(), "msg": msg, **fields}), file=sys.stderr, flush=True)
+
+
+class _Assigned(ConsumerRebalanceListener):  # type: ignore[misc]
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        return None
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        _log("partitions assigned", partitions=sorted(tp.partition for tp in assigned))
+
+
+@dataclass
+class _Turn:
+    plan: TurnPlan | None = None
+    outcomes: dict[str, CallOutcome] = field(default_factory=dict)
+
+
+class Relay:
+    """One relay process: consume a batch, produce what it implies, wait for acks, commit."""
+
+    def __init__(self, role: str, settings: Settings) -> None:
+        self.role = role
+        self.settings = settings
+        self.worker_id = f"relay-{os.getpid()}"
+        self.turns: dict[tuple[str, int], _Turn] = {}
+        self._stopping = asyncio.Event()
+        self._producer: AIOKafkaProducer | None = None
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        s = self.settings
+        producer = AIOKafkaProducer(
+            bootstrap_servers=s.kafka_servers(),
+            client_id=f"bench-relay-{self.role}",
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=2,
+        )
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.kafka_servers(),
+            group_id=f"{s.topic_prefix}relay-{self.role}",
+            client_id=f"bench-relay-{self.role}",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+        )
+        consumer.subscribe([s.topic(t) for t in TOPICS[self.role]], listener=_Assigned())
+        await producer.start()
+        await consumer.start()
+        self._producer = producer
+        try:
+            while not self._stopping.is_set():
+                batches = await consumer.getmany(timeout_ms=100, max_records=500)
+                if not batches:
+                    continue
+                acks: list[asyncio.Future[Any]] = []
+                for records in batches.values():
+                    for record in records:
+                        topic = record.topic.removeprefix(s.topic_prefix)
+                        acks += await self.handle(topic, record.value or b"")
+                if acks:
+                    await asyncio.gather(*acks)
+                await consumer.commit({tp: rs[-1].offset + 1 for tp, rs in batches.items()})
+        finally:
+            await consumer.stop()
+            await producer.stop()
+
+    async def _send(self, topic: str, key: str, value: bytes) -> asyncio.Future[Any]:
+        assert self._producer is not None
+        future: asyncio.Future[Any] = await self._producer.send(
+            self.settings.topic(topic), value, key=key.encode()
+        )
+        return future
+
+    async def handle(self, topic: str, raw: bytes) -> list[asyncio.Future[Any]]:
+        if self.role == "planner":
+            if topic == "model-responses":
+                return await self.plan(ModelResponseEvent.decode(raw))
+            CallOutcome.decode(raw)  # the planner reads outcomes too (concurrency caps)
+            return []
+        if self.role == "worker":
+            return await self.execute(ExecutionCommand.decode(raw))
+        if topic == "plans":
+            plan = TurnPlan.decode(raw)
+            turn = self.turns.setdefault((plan.run_id, plan.turn_id), _Turn())
+            turn.plan = plan
+        else:
+            outcome = CallOutcome.decode(raw)
+            turn = self.turns.setdefault((outcome.run_id, outcome.turn_id), _Turn())
+            turn.outcomes[outcome.call_id] = outcome
+        return await self.maybe_emit(turn)
+
+    async def plan(self, event: ModelResponseEvent) -> list[asyncio.Future[Any]]:
+        now = time.time()
+        calls = []
+        for index, item in enumerate(event.function_calls):
+            calls.append(
+                PlannedCall(
+                    call_id=item.call_id,
+                    tool_name=item.name,
+                    index=index,
+                    arguments=item.arguments,
+                    disposition="dispatch",
+                    pool="default",
+                    effect_class="read_only",
+                    on_unknown="report_now",
+                )
+            )
+        plan = TurnPlan(
+            tenant_id=event.tenant_id,
+            run_id=event.run_id,
+            turn_id=event.turn_id,
+            response_id=event.response_id,
+            agent_name=event.agent.name,
+            calls=calls,
+            config=event.config,
+            planned_at=now,
+        )
+        acks = [await self._send("plans", event.run_id, plan.encode())]
+        for call in calls:
+            print_ = fingerprint(call.tool_name, call.arguments)
+            command = ExecutionCommand(
+                tenant_id=event.tenant_id,
+                run_id=event.run_id,
+                turn_id=event.turn_id,
+                call_id=call.call_id,
+                tool_name=call.tool_name,
+                arguments=call.arguments,
+                index=call.index,
+                pool="default",
+                attempt=1,
+                fencing_token=1,
+                idempotency_key=idempotency_key(event.tenant_id, call.call_id, print_),
+                fingerprint=print_,
+                failure_policy=event.config.failure_policy,
+                issued_at=now,
+            )
+            acks.append(await self._send("commands.default", call.call_id, command.encode()))
+        return acks
+
+    async def execute(self, command: ExecutionCommand) -> list[asyncio.Future[Any]]:
+        started = time.time()
+        output = await noop_body()
+        outcome = CallOutcome(
+            tenant_id=command.tenant_id,
+            run_id=command.run_id,
+            turn_id=command.turn_id,
+            call_id=command.call_id,
+            tool_name=command.tool_name,
+            index=command.index,
+            attempt=command.attempt,
+            fencing_token=command.fencing_token,
+            status="succeeded",
+            effect="applied",
+            output=output,
+            worker_id=self.worker_id,
+            started_at=started,
+            finished_at=time.time(),
+        )
+        return [await self._send("outcomes", command.run_id, outcome.encode())]
+
+    async def maybe_emit(self, turn: _Turn) -> list[asyncio.Future[Any]]:
+        plan = turn.plan
+        if plan is None or any(c.call_id not in turn.outcomes for c in plan.calls):
+            return []
+        del self.turns[(plan.run_id, plan.turn_id)]
+        outputs, records = [], []
+        for call in sorted(plan.calls, key=lambda c: c.index):
+            outcome = turn.outcomes[call.call_id]
+            outputs.append(FunctionCallOutput(call_id=call.call_id, output=outcome.output or ""))
+            records.append(
+                CallRecord(
+                    call_id=call.call_id,
+                    tool_name=call.tool_name,
+                    status=outcome.status,
+                    effect=outcome.effect,
+                    attempts=outcome.attempt,
+                    started_at=outcome.started_at,
+                    finished_at=outcome.finished_at,
+                )
+            )
+        result = TurnResult(
+            tenant_id=plan.tenant_id,
+            run_id=plan.run_id,
+            turn_id=plan.turn_id,
+            status="completed",
+            outputs=outputs,
+            next_tool_choice="auto",
+            calls=records,
+        )
+        return [await self._send("turn-results", plan.run_id, result.encode())]
+
+
+async def _main(role: str) -> None:
+    relay = Relay(role, Settings())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, relay.stop)
+    await relay.run()
+
+
+def main(argv: list[str]) -> None:
+    """Entry point: ``python -m bench.relay ROLE`` (settings from the environment)."""
+    if len(argv) != 1 or argv[0] not in ROLES:
+        raise SystemExit(f"usage: python -m bench.relay {{{'|'.join(ROLES)}}}")
+    asyncio.run(_main(argv[0]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

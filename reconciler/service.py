@@ -1,0 +1,442 @@
+"""The reconciler process: resolves calls whose effect is unknown, and carries out compensations.
+
+Inputs: ``outcomes`` (unknown effects; probe and compensate answers), ``task-resolutions``
+(operators), the ledger's lease index (workers that died without any outcome) and its own
+schedule of delayed probes. Decisions come from ``reconciler._policy``; this module reads
+what they need, and publishes commands, resolved outcomes and human tasks. Its own state
+per call (``tf:{tenant}:recon:{call_id}``) makes every input idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from redis.asyncio import Redis
+
+from reconciler._policy import (
+    Action,
+    AskCompensationApproval,
+    CallCase,
+    Compensate,
+    HandOver,
+    Probe,
+    RecoveryPolicy,
+    ResolveApplied,
+    ResolveNotApplied,
+    Retry,
+    decide_probe,
+    decide_resolution,
+    decide_unknown,
+)
+from schemas import (
+    CallError,
+    CallOutcome,
+    ExecutionCommand,
+    HumanTask,
+    TaskResolution,
+    ToolSpec,
+)
+from toolfleet.bus import ConsumeLoop, KafkaBus, Record
+from toolfleet.errors import ToolfleetError
+from toolfleet.ledger import LEASES_KEY, Ledger, LedgerEntry, NewCall, lease_member
+from toolfleet.metrics import COMMANDS, HUMAN_TASKS, OUTCOMES
+from toolfleet.redis import connect_redis, text
+from toolfleet.registry import ToolDirectory
+from toolfleet.settings import Settings
+from toolfleet.tasks import TaskStore, new_task_id
+from toolfleet.texts import DEFAULT_ERROR, unknown_outcome_text
+from toolfleet.topics import command_topic
+
+log = logging.getLogger(__name__)
+
+DUE_KEY = "tf:recon:due"
+"""Sorted set of delayed actions (JSON) by due time."""
+
+COMPENSATION_SUFFIX = "#compensate"
+"""A compensation is a call of its own in the ledger: ``<call_id>#compensate``."""
+
+# Pop every due action atomically, so two reconcilers never both run one.
+_POP_DUE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 100)
+if #due > 0 then redis.call('ZREM', KEYS[1], unpack(due)) end
+return due
+"""
+
+# Start reconciling one attempt, unless it already is. ARGV: token
+_CLAIM = """
+local token = tonumber(redis.call('HGET', KEYS[1], 'token') or '-1')
+if token >= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'token', ARGV[1], 'probes', 0, 'awaiting_probe', 0,
+  'status', 'reconciling')
+return 1
+"""
+
+# Take one probe answer (ignore duplicates); returns the probe count or -1.
+_TAKE_PROBE = """
+if redis.call('HGET', KEYS[1], 'awaiting_probe') ~= '1' then return -1 end
+redis.call('HSET', KEYS[1], 'awaiting_probe', 0)
+return redis.call('HINCRBY', KEYS[1], 'probes', 1)
+"""
+
+
+def recon_key(tenant_id: str, call_id: str) -> str:
+    """Redis hash of the reconciler's state for one call."""
+    return f"tf:{{{tenant_id}}}:recon:{call_id}"
+
+
+class Reconciler:
+    """Consumes outcomes and task resolutions; runs the schedule and the lease scan."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        policy: RecoveryPolicy | None = None,
+        redis: Redis | None = None,
+        tick_s: float = 0.2,
+    ) -> None:
+        self.settings = settings
+        self.policy = policy or RecoveryPolicy()
+        self.bus = KafkaBus(settings, service="reconciler")
+        self.redis = redis or connect_redis(settings)
+        self.ledger = Ledger(self.redis)
+        self.tools = ToolDirectory(self.redis)
+        self.tasks = TaskStore(self.redis)
+        self.tick_s = tick_s
+        self._claim = self.redis.register_script(_CLAIM)
+        self._take_probe = self.redis.register_script(_TAKE_PROBE)
+        self._pop_due = self.redis.register_script(_POP_DUE)
+        self._loop: ConsumeLoop | None = None
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Finish the current message and return from ``run``."""
+        self._stopping.set()
+        if self._loop is not None:
+            self._loop.stop()
+
+    async def run(self) -> None:
+        """Serve until stopped."""
+        await self.bus.start()
+        consumer = self.bus.consumer(["outcomes", "task-resolutions"], group="reconciler")
+        await consumer.start()
+        self._loop = ConsumeLoop(self.bus, consumer, self.handle)
+        ticker = asyncio.create_task(self._tick_forever())
+        try:
+            await self._loop.run()
+        finally:
+            ticker.cancel()
+            await consumer.stop()
+            await self.bus.stop()
+            await self.redis.aclose()
+
+    async def handle(self, record: Record) -> None:
+        """Route one record; invalid bytes raise InvalidMessageError (dead-lettered)."""
+        raw = record.value or b""
+        if record.topic.endswith("task-resolutions"):
+            await self.on_resolution(TaskResolution.decode(raw))
+        else:
+            await self.on_outcome(CallOutcome.decode(raw))
+
+    # --- inputs -----------------------------------------------------------------------------
+    async def on_outcome(self, outcome: CallOutcome) -> None:
+        """Start reconciling an unknown effect, or take a probe's or compensation's answer."""
+        if outcome.kind == "probe":
+            await self._on_probe(outcome)
+        elif outcome.kind == "compensate":
+            await self._on_compensated(outcome)
+        elif outcome.effect == "unknown" and outcome.source != "human":
+            claimed = await self._claim(
+                keys=[recon_key(outcome.tenant_id, outcome.call_id)],
+                args=[outcome.fencing_token],
+            )
+            if claimed:
+                case, _entry, _spec = await self._case(outcome.tenant_id, outcome.call_id)
+                await self._act(outcome, decide_unknown(case, self.policy))
+
+    async def on_resolution(self, resolution: TaskResolution) -> None:
+        """An operator's answer: resolve the call, or run / refuse its compensation."""
+        stored = await self.tasks.get(resolution.task_id)
+        if stored is None or stored.task.call_id is None:
+            log.warning("resolution of an unknown task", extra={"task": resolution.task_id})
+            return
+        if not await self.tasks.close(resolution.task_id, resolution):
+            return  # already resolved: a redelivery
+        task = stored.task
+        call_id = task.call_id
+        assert call_id is not None
+        await self.ledger.append_audit(
+            resolution.tenant_id,
+            call_id,
+            "human_resolution",
+            task_id=task.task_id,
+            resolution=resolution.resolution,
+            by=resolution.decided_by,
+            note=resolution.note,
+        )
+        case, entry, _spec = await self._case(resolution.tenant_id, call_id)
+        action = decide_resolution(case, resolution.resolution, resolution.output)
+        await self._act(self._latest(entry), action, source="human")
+
+    async def _on_probe(self, answer: CallOutcome) -> None:
+        probes = await self._take_probe(keys=[recon_key(answer.tenant_id, answer.call_id)])
+        if int(probes) < 0:
+            return  # a duplicate answer, or one for a reconciliation that moved on
+        state = {"applied": "applied", "not_executed": "not_applied"}.get(answer.effect, "unknown")
+        detail = answer.error.message if answer.error else None
+        await self.ledger.append_audit(
+            answer.tenant_id, answer.call_id, "probe", answer=state, detail=detail
+        )
+        case, entry, _spec = await self._case(answer.tenant_id, answer.call_id)
+        action = decide_probe(case, state, answer.output, detail, self.policy)  # type: ignore[arg-type]
+        await self._act(self._latest(entry), action)
+
+    async def _on_compensated(self, answer: CallOutcome) -> None:
+        original_id = answer.call_id.removesuffix(COMPENSATION_SUFFIX)
+        tenant = answer.tenant_id
+        entry = (await self.ledger.read(tenant, [original_id])).get(original_id)
+        if entry is None or entry.outcome is None or entry.outcome.effect == "compensated":
+            return
+        if answer.status != "succeeded":
+            reason = f"compensation failed: {answer.error.message if answer.error else '?'}"
+            await self._hand_over(entry.outcome, reason, kind="unknown_effect")
+            return
+        compensated = entry.outcome.model_copy(
+            update={"effect": "compensated", "source": "reconciler", "finished_at": time.time()}
+        )
+        await self.ledger.resolve(
+            compensated, "compensated", compensation=answer.call_id, output=answer.output
+        )
+        OUTCOMES.labels("reconciler", entry.tool_name, "succeeded", "compensated").inc()
+
+    # --- actions ----------------------------------------------------------------------------
+    async def _act(self, about: CallOutcome, action: Action, source: str = "reconciler") -> None:
+        tenant, call_id = about.tenant_id, about.call_id
+        log.info(
+            "reconciling", extra={"call": call_id, "action": type(action).__name__, **vars(action)}
+        )
+        if isinstance(action, Probe):
+            if action.delay_s > 0:
+                due = {"tenant": tenant, "call_id": call_id, "do": "probe"}
+                await self.redis.zadd(DUE_KEY, {json.dumps(due): time.time() + action.delay_s})
+            else:
+                await self._send_probe(tenant, call_id)
+        elif isinstance(action, ResolveApplied):
+            await self._resolve(
+                about, status="succeeded", effect="applied", output=action.output,
+                source=source, why="applied",
+            )  # fmt: skip
+        elif isinstance(action, ResolveNotApplied):
+            await self._resolve(
+                about, status="failed", effect="not_executed", output=DEFAULT_ERROR,
+                source=source, why=action.reason,
+            )  # fmt: skip
+        elif isinstance(action, Retry):
+            await self._retry(tenant, call_id, action.reason)
+        elif isinstance(action, HandOver):
+            await self._hand_over(about, action.reason, kind="unknown_effect")
+        elif isinstance(action, AskCompensationApproval):
+            await self._hand_over(about, action.reason, kind="compensation_approval")
+        elif isinstance(action, Compensate):
+            await self._send_compensation(tenant, call_id)
+
+    async def _send_probe(self, tenant: str, call_id: str) -> None:
+        entry = (await self.ledger.read(tenant, [call_id])).get(call_id)
+        if entry is None:
+            return
+        await self.redis.hset(recon_key(tenant, call_id), "awaiting_probe", 1)
+        await self._send(_command(entry, "probe", entry.fencing_token))
+
+    async def _retry(self, tenant: str, call_id: str, reason: str) -> None:
+        issued = await self.ledger.dispatch(tenant, call_id, reason=reason, force=True)
+        entry = (await self.ledger.read(tenant, [call_id])).get(call_id)
+        if issued is None or entry is None:
+            return
+        await self._send(_command(entry, "execute", issued[1], attempt=issued[0]))
+
+    async def _send_compensation(self, tenant: str, call_id: str) -> None:
+        entry = (await self.ledger.read(tenant, [call_id])).get(call_id)
+        if entry is None or entry.outcome is None:
+            return
+        comp_id = f"{call_id}{COMPENSATION_SUFFIX}"
+        await self.ledger.create(
+            tenant,
+            [
+                NewCall(
+                    comp_id,
+                    entry.fingerprint,
+                    entry.idempotency_key,
+                    entry.run_id,
+                    entry.turn_id,
+                    entry.tool_name,
+                    entry.pool,
+                    arguments=entry.arguments,
+                    index=entry.index,
+                )
+            ],
+        )
+        issued = await self.ledger.dispatch(tenant, comp_id, reason=f"compensates {call_id}")
+        if issued is None:
+            return
+        await self.ledger.append_audit(tenant, call_id, "compensation_dispatched", link=comp_id)
+        command = _command(entry, "compensate", issued[1], attempt=issued[0])
+        await self._send(
+            command.model_copy(
+                update={"call_id": comp_id, "original_output": entry.outcome.output or ""}
+            )
+        )
+
+    async def _resolve(
+        self, about: CallOutcome, *, status: str, effect: str, output: str, source: str, why: str
+    ) -> None:
+        resolved = about.model_copy(
+            update={
+                "kind": "execute", "status": status, "effect": effect, "output": output,
+                "resolved": True, "source": source, "error": None, "finished_at": time.time(),
+            }
+        )  # fmt: skip
+        await self.ledger.resolve(resolved, f"resolved_{effect}", reason=why, by=source)
+        await self.redis.hset(recon_key(about.tenant_id, about.call_id), "status", "resolved")
+        await self.bus.publish_and_wait("outcomes", resolved.run_id, resolved)
+        OUTCOMES.labels("reconciler", resolved.tool_name, status, effect).inc()
+
+    async def _hand_over(self, about: CallOutcome, reason: str, *, kind: str) -> None:
+        task = HumanTask(
+            tenant_id=about.tenant_id,
+            task_id=new_task_id(),
+            kind=kind,
+            tool_name=about.tool_name,
+            run_id=about.run_id,
+            turn_id=about.turn_id,
+            call_id=about.call_id,
+            idempotency_key=await self._idempotency_key(about),
+            reason=reason,
+            created_at=time.time(),
+        )
+        await self.tasks.add(task)
+        await self.bus.publish_and_wait("human-tasks", about.run_id, task)
+        HUMAN_TASKS.labels(kind).inc()
+        await self.ledger.append_audit(
+            about.tenant_id, about.call_id, "handed_over", task_id=task.task_id, reason=reason
+        )
+        await self.redis.hset(recon_key(about.tenant_id, about.call_id), "status", "handed_over")
+        if kind == "unknown_effect" and not about.resolved:
+            # The turn waits for this call: tell the model after a while, and keep the task.
+            due = {"tenant": about.tenant_id, "call_id": about.call_id, "do": "report"}
+            when = time.time() + self.policy.report_after_s
+            await self.redis.zadd(DUE_KEY, {json.dumps(due): when})
+
+    async def _report_unknown(self, tenant: str, call_id: str) -> None:
+        status = await self.redis.hget(recon_key(tenant, call_id), "status")
+        _case, entry, spec = await self._case(tenant, call_id)
+        if status is None or text(status) != "handed_over" or entry is None or spec is None:
+            return  # resolved in the meantime
+        latest = self._latest(entry)
+        reported = latest.model_copy(
+            update={"resolved": True, "output": unknown_outcome_text(spec), "source": "reconciler"}
+        )
+        await self.ledger.append_audit(tenant, call_id, "reported_unknown_to_model")
+        await self.bus.publish_and_wait("outcomes", reported.run_id, reported)
+
+    async def _send(self, command: ExecutionCommand) -> None:
+        await self.bus.publish_and_wait(command_topic(command.pool), command.call_id, command)
+        COMMANDS.labels("reconciler", command.pool, command.kind).inc()
+
+    # --- background -------------------------------------------------------------------------
+    async def _tick_forever(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("reconciler tick failed; trying again")
+            await asyncio.sleep(self.tick_s)
+
+    async def tick(self) -> None:
+        """Run due actions, and report calls whose worker died without any outcome."""
+        for raw in await self._pop_due(keys=[DUE_KEY], args=[time.time()]):
+            due = json.loads(raw)
+            if due["do"] == "probe":
+                await self._send_probe(due["tenant"], due["call_id"])
+            else:
+                await self._report_unknown(due["tenant"], due["call_id"])
+        for tenant, call_id in await self.ledger.expired_leases(time.time()):
+            entry = (await self.ledger.read(tenant, [call_id])).get(call_id)
+            if entry is not None and entry.state == "started":
+                spec = (await self.tools.specs(needed=[entry.tool_name])).get(entry.tool_name)
+                await self.bus.publish_and_wait("outcomes", entry.run_id, _lost(entry, spec))
+            await self.redis.zrem(LEASES_KEY, lease_member(tenant, call_id))
+
+    # --- reading ----------------------------------------------------------------------------
+    async def _case(
+        self, tenant: str, call_id: str
+    ) -> tuple[CallCase, LedgerEntry | None, ToolSpec | None]:
+        entry = (await self.ledger.read(tenant, [call_id])).get(call_id)
+        name = entry.tool_name if entry else ""
+        spec = (await self.tools.specs(needed=[name])).get(name)
+        probes = await self.redis.hget(recon_key(tenant, call_id), "probes")
+        case = CallCase(
+            effect_class=spec.effect_class if spec else "non_idempotent",
+            has_probe=bool(spec and spec.has_probe),
+            has_compensate=bool(spec and spec.has_compensate),
+            attempts=entry.attempts if entry else 0,
+            probes=int(probes or 0),
+        )
+        return case, entry, spec
+
+    def _latest(self, entry: LedgerEntry | None) -> CallOutcome:
+        """The call's stored outcome (or, if its worker died first, a lost-worker one)."""
+        if entry is None:
+            raise ToolfleetError("reconciling a call that is not in the ledger")
+        return entry.outcome if entry.outcome is not None else _lost(entry, None)
+
+    async def _idempotency_key(self, about: CallOutcome) -> str:
+        entry = (await self.ledger.read(about.tenant_id, [about.call_id])).get(about.call_id)
+        return entry.idempotency_key if entry else ""
+
+
+def _command(
+    entry: LedgerEntry, kind: str, token: int, attempt: int | None = None
+) -> ExecutionCommand:
+    """A command for an existing call, rebuilt from its ledger entry."""
+    return ExecutionCommand(
+        tenant_id=entry.tenant_id,
+        run_id=entry.run_id,
+        turn_id=entry.turn_id,
+        call_id=entry.call_id,
+        kind=kind,
+        tool_name=entry.tool_name,
+        arguments=entry.arguments,
+        index=entry.index,
+        pool=entry.pool or "default",
+        attempt=attempt or max(entry.attempts, 1),
+        fencing_token=max(token, 1),
+        idempotency_key=entry.idempotency_key,
+        fingerprint=entry.fingerprint,
+        approved=True,
+        issued_at=time.time(),
+    )
+
+
+def _lost(entry: LedgerEntry, spec: ToolSpec | None) -> CallOutcome:
+    """The outcome of a call whose worker stopped renewing its lease without reporting."""
+    read_only = spec is not None and spec.effect_class == "read_only"
+    return CallOutcome(
+        tenant_id=entry.tenant_id,
+        run_id=entry.run_id,
+        turn_id=entry.turn_id,
+        call_id=entry.call_id,
+        tool_name=entry.tool_name,
+        index=entry.index,
+        attempt=max(entry.attempts, 1),
+        fencing_token=entry.fencing_token,
+        status="failed",
+        effect="not_executed" if read_only else "unknown",
+        resolved=read_only or (spec is not None and spec.on_unknown == "report_now"),
+        output=unknown_outcome_text(spec) if spec else None,
+        error=CallError(type="WorkerLost", message="the call's worker stopped renewing its lease"),
+        source="reconciler",
+        worker_id=entry.worker_id,
+        finished_at=time.time(),
+    )

@@ -1,0 +1,132 @@
+"""Circuit breakers per tool version: stop dispatching a version whose error rate spiked.
+
+Workers record every executed call's result in a sliding window per tool version (Redis);
+when the error rate over the window passes the threshold, the circuit opens: later calls of
+that version end ``not_executed`` with a clear message, an alert metric is raised and the
+opener files a human task listing the calls that ran while the version was failing. It
+closes by operator action (``toolfleet tools resume NAME@VERSION``) or, when configured,
+after a half-open trial call succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from redis.asyncio import Redis
+
+from toolfleet.metrics import CIRCUIT_OPEN
+from toolfleet.redis import text
+from toolfleet.settings import Settings
+
+# KEYS: window zset, state key; ARGV: now, member, failed(0/1), window_s, min_calls, rate.
+# Returns the call ids of the window when this record opened the circuit, else {}.
+_RECORD = """
+local now, window = tonumber(ARGV[1]), tonumber(ARGV[4])
+redis.call('ZADD', KEYS[1], now, ARGV[2] .. '|' .. ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+redis.call('EXPIRE', KEYS[1], math.ceil(window) + 60)
+if redis.call('EXISTS', KEYS[2]) == 1 then return {} end
+local members = redis.call('ZRANGE', KEYS[1], 0, -1)
+local failed = 0
+for _, m in ipairs(members) do
+  if string.sub(m, -1) == '1' then failed = failed + 1 end
+end
+if #members < tonumber(ARGV[5]) or failed / #members < tonumber(ARGV[6]) then return {} end
+redis.call('SET', KEYS[2], cjson.encode({opened_at=now, failed=failed, calls=#members}))
+local ids = {}
+for _, m in ipairs(members) do ids[#ids + 1] = string.sub(m, 1, -3) end
+return ids
+"""
+
+
+def version_ref(tool: str, version: str) -> str:
+    """How operators name a tool version: ``NAME@VERSION``."""
+    return f"{tool}@{version}"
+
+
+def _keys(ref: str) -> tuple[str, str]:
+    return f"tf:circuit:window:{ref}", f"tf:circuit:state:{ref}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a call of a version may run now."""
+
+    state: Literal["closed", "open", "trial"]
+    reason: str = ""
+
+
+class CircuitBreaker:
+    """The fleet's circuits, shared through Redis."""
+
+    def __init__(self, redis: Redis, settings: Settings, cache_s: float = 1.0) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.cache_s = cache_s
+        self._record = redis.register_script(_RECORD)
+        self._cache: dict[str, tuple[float, dict[str, float] | None]] = {}
+
+    async def record(self, ref: str, call_id: str, failed: bool) -> list[str]:
+        """Add one executed call; the window's call ids when this call opened the circuit."""
+        s = self.settings
+        opened = await self._record(
+            keys=list(_keys(ref)),
+            args=[time.time(), call_id, int(failed), s.circuit_window_s, s.circuit_min_calls,
+                  s.circuit_error_rate],
+        )  # fmt: skip
+        if opened:
+            self._cache.pop(ref, None)
+            CIRCUIT_OPEN.labels(ref).set(1)
+        return [text(m) for m in opened]
+
+    async def check(self, ref: str) -> Verdict:
+        """May a call of this version run? Cached briefly: this is on every call's path."""
+        now = time.time()
+        cached = self._cache.get(ref)
+        if cached is None or now - cached[0] > self.cache_s:
+            raw = await self.redis.get(_keys(ref)[1])
+            cached = (now, json.loads(raw) if raw else None)
+            self._cache[ref] = cached
+        state = cached[1]
+        CIRCUIT_OPEN.labels(ref).set(0 if state is None else 1)
+        if state is None:
+            return Verdict("closed")
+        half_open = self.settings.circuit_half_open_after_s
+        if half_open is not None and now - state["opened_at"] >= half_open:
+            # One trial call per half-open period: whoever sets the marker runs it.
+            trial = f"tf:circuit:trial:{ref}"
+            if await self.redis.set(trial, 1, nx=True, ex=max(1, int(half_open))):
+                return Verdict("trial")
+        failed, calls = int(state["failed"]), int(state["calls"])
+        return Verdict("open", f"{failed} of its last {calls} calls failed")
+
+    async def trial_result(self, ref: str, failed: bool) -> None:
+        """A half-open trial ended: close on success, re-open (from now) on failure."""
+        state_key = _keys(ref)[1]
+        if failed:
+            raw = await self.redis.get(state_key)
+            if raw:
+                state = json.loads(raw) | {"opened_at": time.time()}
+                await self.redis.set(state_key, json.dumps(state))
+        else:
+            await self.close(ref)
+        self._cache.pop(ref, None)
+
+    async def close(self, ref: str) -> bool:
+        """Operator action: close the circuit and forget the failures that opened it."""
+        removed = await self.redis.delete(*_keys(ref), f"tf:circuit:trial:{ref}")
+        self._cache.pop(ref, None)
+        CIRCUIT_OPEN.labels(ref).set(0)
+        return bool(removed)
+
+    async def open_circuits(self) -> dict[str, dict[str, float]]:
+        """Every open circuit and its state."""
+        found = {}
+        async for key in self.redis.scan_iter("tf:circuit:state:*"):
+            raw = await self.redis.get(key)
+            if raw:
+                found[text(key).removeprefix("tf:circuit:state:")] = json.loads(raw)
+        return found
