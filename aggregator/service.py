@@ -23,6 +23,7 @@ from aggregator._turn import TurnState, accept_outcome, build_result, is_settled
 from schemas import CallOutcome, CancelRequest, TurnPlan, TurnResult
 from toolfleet.bus import TRANSIENT_ERRORS, KafkaBus, Record
 from toolfleet.errors import InvalidMessageError
+from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
 from toolfleet.metrics import MESSAGES, TURN_LATENCY
 from toolfleet.redis import JsonState, connect_redis, update_json
@@ -31,15 +32,6 @@ from toolfleet.settings import Settings
 log = logging.getLogger(__name__)
 
 _STATE_TTL_S = 7 * 24 * 3600
-
-
-def turn_key(tenant_id: str, run_id: str, turn_id: int) -> str:
-    """Redis key of one turn's aggregation state."""
-    return f"tf:{{{tenant_id}}}:turn:{run_id}:{turn_id}"
-
-
-def _turns_of_run(tenant_id: str, run_id: str) -> str:
-    return f"tf:{{{tenant_id}}}:turns:{run_id}"
 
 
 Emission = tuple[TurnResult, float]
@@ -53,7 +45,8 @@ class Aggregator:
         self.settings = settings
         self.bus = KafkaBus(settings, service="aggregator")
         self.redis = redis or connect_redis(settings)
-        self.ledger = Ledger(self.redis)
+        self.keys = Keys.of(settings)
+        self.ledger = Ledger(self.redis, self.keys)
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
         self._stopping = asyncio.Event()
 
@@ -135,7 +128,7 @@ class Aggregator:
 
     async def on_plan(self, plan: TurnPlan, trigger: str) -> list[Emission]:
         """Start (or, for a resumed turn, replace) the turn's state."""
-        await self.redis.sadd(_turns_of_run(plan.tenant_id, plan.run_id), plan.turn_id)
+        await self.redis.sadd(self.keys.turns(plan.tenant_id, plan.run_id), plan.turn_id)
         stored = await self._stored_outcomes(plan)
 
         def change(blob: JsonState | None) -> tuple[JsonState | None, Emission | None]:
@@ -176,7 +169,9 @@ class Aggregator:
         if request.call_id is not None:
             return []  # tool-local: the worker reports it as the call's failure
         results = []
-        for turn_id in await self.redis.smembers(_turns_of_run(request.tenant_id, request.run_id)):
+        for turn_id in await self.redis.smembers(
+            self.keys.turns(request.tenant_id, request.run_id)
+        ):
 
             def change(blob: JsonState | None) -> tuple[JsonState | None, Emission | None]:
                 if not blob or not blob["turn"]:
@@ -195,7 +190,7 @@ class Aggregator:
         turn_id: int,
         change: Callable[[JsonState | None], tuple[JsonState | None, Emission | None]],
     ) -> list[Emission]:
-        key = turn_key(tenant_id, run_id, turn_id)
+        key = self.keys.turn(tenant_id, run_id, turn_id)
         _state, result = await update_json(self.redis, key, change, ttl_s=_STATE_TTL_S)
         return [result] if result is not None else []
 

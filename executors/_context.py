@@ -57,7 +57,7 @@ class ToolContext:
         )
 
 
-ProbeState = Literal["applied", "not_applied", "unknown"]
+ProbeState = Literal["applied", "not_applied", "unknown", "wrong_effect"]
 """What a probe found upstream for an idempotency key."""
 
 
@@ -84,6 +84,11 @@ class ProbeResult:
     def not_applied(cls, *, detail: str | None = None) -> ProbeResult:
         """The upstream system has no trace of the idempotency key: nothing was applied."""
         return cls(state="not_applied", detail=detail)
+
+    @classmethod
+    def wrong_effect(cls, output: str, *, detail: str | None = None) -> ProbeResult:
+        """Something was applied upstream, but not what the call asked for: compensate it."""
+        return cls(state="wrong_effect", output=str(output), detail=detail)
 
     @classmethod
     def unknown(cls, detail: str | None = None) -> ProbeResult:

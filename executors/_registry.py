@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, overload
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 from executors._guardrails import InputGuardrail, OutputGuardrail
 from executors._runner import CallHooks
@@ -17,6 +17,11 @@ from executors._tool import (
 )
 from schemas import EffectClass, ToolSpec
 from toolfleet.errors import ConfigurationError, ToolNotFoundError
+
+if TYPE_CHECKING:
+    from agents import FunctionTool
+
+    from executors._tool import CompensateFunction, ProbeFunction
 
 
 class ToolRegistry:
@@ -126,6 +131,54 @@ class ToolRegistry:
             )
         self._tools[key] = tool
         return tool
+
+    def add_function_tool(
+        self,
+        function_tool: FunctionTool,
+        *,
+        effect: EffectClass = "non_idempotent",
+        on_unknown: OnUnknown | None = "report_now",
+        pool: str | None = None,
+        version: str = "1",
+        probe: ProbeFunction | None = None,
+        compensate: CompensateFunction | None = None,
+    ) -> Tool:
+        """Serve an OpenAI Agents SDK ``FunctionTool`` (``@function_tool``) unchanged.
+
+        Its name, schema, ``needs_approval``, timeout settings, ``failure_error_function``,
+        ``is_enabled`` and tool guardrails keep their in-process meaning (see
+        ``executors._sdk``); ``effect``, ``on_unknown`` (default "report_now", as DESIGN.md
+        sets for SDK tools), ``pool``, ``version``, ``probe`` and ``compensate`` are toolfleet's
+        own options. Needs the ``openai-agents`` package.
+        """
+        from executors._sdk import adapt_function_tool
+
+        return self.add(
+            adapt_function_tool(
+                function_tool,
+                effect=effect,
+                on_unknown=on_unknown,
+                pool=pool,
+                version=version,
+                probe=probe,
+                compensate=compensate,
+            )
+        )
+
+    @classmethod
+    def from_function_tools(
+        cls,
+        function_tools: Iterable[FunctionTool],
+        *,
+        hooks: CallHooks | None = None,
+        effect: EffectClass = "non_idempotent",
+        pool: str | None = None,
+    ) -> ToolRegistry:
+        """A registry serving these SDK function tools (same options for all of them)."""
+        registry = cls(hooks=hooks)
+        for function_tool in function_tools:
+            registry.add_function_tool(function_tool, effect=effect, pool=pool)
+        return registry
 
     def get(self, key: str) -> Tool:
         """The tool a model calls ``key`` (``name`` or ``namespace.name``).

@@ -75,6 +75,19 @@ class CallHooks:
         """Called once with the output the model will see."""
 
 
+def _run_error_message(tool: Tool, exc: Exception) -> str:
+    """How a failure that fails the turn is worded, as the SDK words it.
+
+    The SDK re-raises its own exceptions (``AgentsException`` and subclasses: a tool's invalid
+    JSON under ``failure_error_function=None`` is a ModelBehaviorError "Invalid JSON input for
+    tool ...") unchanged, and wraps every other one in "Error running tool {name}: {error}".
+    Matched by class name, so toolfleet does not need the SDK installed.
+    """
+    if any(cls.__name__ == "AgentsException" for cls in type(exc).__mro__):
+        return str(exc)
+    return f"Error running tool {tool.name}: {exc}"
+
+
 class _TurnFailed(Exception):
     """Internal: this call fails the whole turn; carries what the outcome must say."""
 
@@ -272,7 +285,7 @@ class _CallRun:
         if isinstance(exc, Exception):
             error = error_of(exc, str(exc))
             if self.failure_fn is None:
-                message = f"Error running tool {self.tool.name}: {exc}"
+                message = _run_error_message(self.tool, exc)
                 raise _TurnFailed("failed", "not_executed", error_of(exc, message))
             text = await self._user(self.failure_fn, self.ctx, exc, effect="not_executed")
             return _Body("failed", "not_executed", text, error)
@@ -359,7 +372,7 @@ class _CallRun:
             message = str(ToolCancelledError(str(exc)))
             return _TurnFailed("cancelled", effect, error_of(exc, message))
         if isinstance(exc, Exception):
-            message = f"Error running tool {self.tool.name}: {exc}"
+            message = _run_error_message(self.tool, exc)
             return _TurnFailed("failed", effect, error_of(exc, message))
         return _TurnFailed("failed", effect, error_of(exc, str(exc) or type(exc).__name__))
 

@@ -55,7 +55,7 @@ from toolfleet.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from agents import Agent, FunctionTool
-    from agents import ToolContext as SdkToolContext
+    from agents.tool_context import ToolContext as SdkToolContext
     from agents.tool_guardrails import (
         ToolGuardrailFunctionOutput,
         ToolInputGuardrail,
@@ -201,7 +201,7 @@ class FunctionToolAdapter(Tool):
 
     def sdk_context(self, ctx: ToolContext) -> SdkToolContext[ToolContext]:
         """The SDK ToolContext for one call; its ``context`` is toolfleet's ToolContext."""
-        from agents import ToolContext as SdkToolContext
+        from agents.tool_context import ToolContext as SdkToolContext
         from openai.types.responses import ResponseFunctionToolCall
 
         call = ResponseFunctionToolCall(
@@ -243,7 +243,7 @@ class FunctionToolAdapter(Tool):
             raise error  # a hand-built FunctionTool's exception fails the run, as in the SDK
         formatter = self._sdk_failure_function
         assert formatter is not None
-        return await _text(formatter(self.sdk_context(ctx), error))
+        return str(await _text(formatter(self.sdk_context(ctx), error)))
 
     async def _timeout_text(self, ctx: ToolContext, error: Exception) -> str:
         from agents.exceptions import ToolTimeoutError as SdkToolTimeoutError
@@ -252,7 +252,7 @@ class FunctionToolAdapter(Tool):
         assert formatter is not None
         seconds = error.timeout_seconds if isinstance(error, ToolTimeoutError) else 0.0
         sdk_error = SdkToolTimeoutError(tool_name=self.name, timeout_seconds=seconds)
-        return await _text(formatter(self.sdk_context(ctx), sdk_error))
+        return str(await _text(formatter(self.sdk_context(ctx), sdk_error)))
 
     def __repr__(self) -> str:
         return f"FunctionToolAdapter({self.lookup_key!r}, effect={self.effect!r})"
@@ -283,7 +283,9 @@ class _SdkInputGuardrail:
     async def __call__(self, ctx: ToolContext, args: dict[str, Any]) -> GuardrailResult:
         from agents.tool_guardrails import ToolInputGuardrailData
 
-        data = ToolInputGuardrailData(context=self.tool.sdk_context(ctx), agent=_placeholder_agent())
+        data = ToolInputGuardrailData(
+            context=self.tool.sdk_context(ctx), agent=_placeholder_agent()
+        )
         return _verdict(await self.guardrail.run(data))
 
 
@@ -295,7 +297,9 @@ class _SdkOutputGuardrail:
         self.guardrail = guardrail
         self.name = type(guardrail).__name__
 
-    async def __call__(self, ctx: ToolContext, args: dict[str, Any], output: Any) -> GuardrailResult:
+    async def __call__(
+        self, ctx: ToolContext, args: dict[str, Any], output: Any
+    ) -> GuardrailResult:
         from agents.tool_guardrails import ToolOutputGuardrailData
 
         data = ToolOutputGuardrailData(

@@ -30,12 +30,13 @@ from schemas import CallError, CallOutcome, CancelRequest, Effect, ExecutionComm
 from toolfleet.bus import TRANSIENT_ERRORS, KafkaBus, Record
 from toolfleet.circuit import CircuitBreaker, version_ref
 from toolfleet.errors import InvalidMessageError, ToolfleetError, ToolNotFoundError
+from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
 from toolfleet.metrics import CALL_LATENCY, COMMANDS, HUMAN_TASKS, IN_FLIGHT, OUTCOMES
 from toolfleet.offsets import OffsetTracker
 from toolfleet.redis import connect_redis
 from toolfleet.registry import publish_tools
-from toolfleet.semaphore import FleetSemaphores, semaphore_key
+from toolfleet.semaphore import FleetSemaphores
 from toolfleet.settings import Settings
 from toolfleet.tasks import TaskStore, new_task_id
 from toolfleet.texts import CIRCUIT_OPEN, unknown_outcome_text
@@ -82,10 +83,11 @@ class Worker:
         self.service = f"worker-{pool}"
         self.bus = KafkaBus(settings, service=self.service)
         self.redis = connect_redis(settings)
-        self.ledger = Ledger(self.redis)
+        self.keys = Keys.of(settings)
+        self.ledger = Ledger(self.redis, self.keys)
         self.semaphores = FleetSemaphores(self.redis, lease_s=self.limits.lease_s)
         self.circuits = CircuitBreaker(self.redis, settings)
-        self.tasks = TaskStore(self.redis)
+        self.tasks = TaskStore(self.redis, self.keys)
         self._slots = asyncio.Semaphore(self.limits.per_worker)
         self._offsets = OffsetTracker()
         self._handlers: set[asyncio.Task[None]] = set()
@@ -99,7 +101,7 @@ class Worker:
 
     async def run(self) -> None:
         """Publish the pool's tools, then consume commands and cancellations until stopped."""
-        await publish_tools(self.redis, self.registry.specs(self.pool))
+        await publish_tools(self.redis, self.keys, self.registry.specs(self.pool))
         await self.bus.start()
         commands = self.bus.consumer([], group=f"workers.{self.pool}", max_poll_records=200)
         commands.subscribe([self.bus.topic(command_topic(self.pool))], listener=_Revoked(self))
@@ -205,9 +207,11 @@ class Worker:
             return
         limits: list[tuple[str, int]] = []
         if self.limits.per_tenant is not None:
-            limits.append((semaphore_key("tenant", command.tenant_id), self.limits.per_tenant))
+            limits.append(
+                (self.keys.semaphore("tenant", command.tenant_id), self.limits.per_tenant)
+            )
         if (per_tool := self.limits.per_tool.get(command.tool_name)) is not None:
-            limits.append((semaphore_key("tool", command.tool_name), per_tool))
+            limits.append((self.keys.semaphore("tool", command.tool_name), per_tool))
         holder = f"{self.worker_id}:{command.call_id}:{command.fencing_token}"
         async with self.semaphores.hold(holder, limits):
             outcome = await self._execute(tool, command)
@@ -299,9 +303,10 @@ class Worker:
     async def _probe(self, tool: Tool, command: ExecutionCommand) -> CallOutcome:
         """Look the call's effect up upstream; probes are read-only and run without a gate."""
         result = await run_probe(tool, command, worker_id=self.worker_id)
-        effect: Effect = {"applied": "applied", "not_applied": "not_executed"}.get(
-            result.state, "unknown"
-        )  # type: ignore[assignment]
+        effects: dict[str, Effect] = {
+            "applied": "applied", "not_applied": "not_executed", "wrong_effect": "wrong_effect",
+        }  # fmt: skip
+        effect = effects.get(result.state, "unknown")
         detail = CallError(type="ProbeResult", message=result.detail) if result.detail else None
         return CallOutcome(
             **_identity(command, self.worker_id),

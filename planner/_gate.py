@@ -15,30 +15,23 @@ from redis.asyncio import Redis
 
 from planner._planning import next_to_release
 from schemas import CallOutcome, PlannedCall, TurnConfig, TurnPlan
+from toolfleet.keys import Keys
 from toolfleet.redis import JsonState, update_json
 
 _GATE_TTL_S = 7 * 24 * 3600
 _FAILED_STATUSES = frozenset({"failed", "timed_out", "cancelled"})
 
 
-def gate_key(tenant_id: str, run_id: str, turn_id: int) -> str:
-    """Redis key of one turn's gate."""
-    return f"tf:{{{tenant_id}}}:gate:{run_id}:{turn_id}"
-
-
-def _run_index(tenant_id: str, run_id: str) -> str:
-    return f"tf:{{{tenant_id}}}:gates:{run_id}"
-
-
 class Gate:
     """Releases the calls of capped turns; state per turn in Redis."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
+        self.keys = keys
 
     async def open(self, plan: TurnPlan, dispatch: list[str]) -> list[str]:
         """Create the gate for a new plan (idempotent per epoch); the call_ids to send now."""
-        key = gate_key(plan.tenant_id, plan.run_id, plan.turn_id)
+        key = self.keys.gate(plan.tenant_id, plan.run_id, plan.turn_id)
         fresh = {
             "epoch": plan.epoch,
             "limit": plan.config.max_concurrency,
@@ -62,13 +55,13 @@ class Gate:
                 return _release(state, resend=True)
             return _release(state)
 
-        await self.redis.sadd(_run_index(plan.tenant_id, plan.run_id), plan.turn_id)
+        await self.redis.sadd(self.keys.gates(plan.tenant_id, plan.run_id), plan.turn_id)
         _state, released = await self._update(key, start)
         return [c.call_id for c in released]
 
     async def on_outcome(self, outcome: CallOutcome) -> tuple[TurnConfig, list[PlannedCall]]:
         """Account for a finished call of a capped turn; its config and the calls to send now."""
-        key = gate_key(outcome.tenant_id, outcome.run_id, outcome.turn_id)
+        key = self.keys.gate(outcome.tenant_id, outcome.run_id, outcome.turn_id)
 
         def finish(state: JsonState | None) -> tuple[JsonState | None, list[str]]:
             if (
@@ -90,8 +83,8 @@ class Gate:
 
     async def cancel_run(self, tenant_id: str, run_id: str) -> None:
         """Parent cancellation: queued calls of every capped turn of the run never start."""
-        for turn in await self.redis.smembers(_run_index(tenant_id, run_id)):
-            key = gate_key(tenant_id, run_id, int(turn))
+        for turn in await self.redis.smembers(self.keys.gates(tenant_id, run_id)):
+            key = self.keys.gate(tenant_id, run_id, int(turn))
 
             def cancel(state: JsonState | None) -> tuple[JsonState | None, list[str]]:
                 if state is not None:

@@ -39,6 +39,14 @@ meets a different fingerprint (run_context._tool_invocation_status).
 """
 
 
+EXECUTED_NOT_COMMITTED = (
+    "A tool call already executed, but its output was not committed. "
+    "Start a new run instead of retrying the invocation."
+)
+"""Turn error text: a call_id whose invocation ran but has no committed output (it failed the
+turn, or its run was cancelled while it ran), met again with the same identity (SDK item 4)."""
+
+
 _IDEMPOTENCY_PREFIX = "tf-"
 _IDEMPOTENCY_HEX_CHARS = 40  # 160 bits: collision-free in practice, short enough for headers.
 

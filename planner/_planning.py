@@ -13,6 +13,7 @@ from typing import Literal
 
 from planner._identity import (
     EMPTY_CALL_ID,
+    EXECUTED_NOT_COMMITTED,
     REUSED_COMPLETED,
     REUSED_IN_FLIGHT,
     REUSED_IN_RESPONSE,
@@ -288,6 +289,11 @@ def _identify(event: ModelResponseEvent, ledger: Mapping[str, LedgerView]) -> li
         if entry is not None and entry.fingerprint != call.fingerprint:
             text = REUSED_COMPLETED if entry.state == "committed" else REUSED_IN_FLIGHT
             raise _TurnFailed(text, item.call_id)
+        if entry is not None and entry.state == "committed" and entry.output is None:
+            # It ran, but its outcome gave the model nothing (it failed the turn, or its run
+            # was cancelled while it ran): there is no committed output to reuse, and running
+            # it again is not ours to decide (SDK item 4).
+            raise _TurnFailed(EXECUTED_NOT_COMMITTED, item.call_id)
         seen[item.call_id] = call
     return list(seen.values())
 
@@ -316,7 +322,7 @@ def _plan_call(
     effect: Effect | None = None
     approved, applied = False, None
     if entry is not None and entry.state == "committed":
-        disposition, output = "reuse", entry.output or ""
+        disposition, output = "reuse", entry.output
         status, effect = entry.status or "succeeded", entry.effect or "applied"
     elif _settled_by_ledger(entry):
         disposition = "attach"

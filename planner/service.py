@@ -33,6 +33,7 @@ from schemas import (
     TurnConfig,
 )
 from toolfleet.bus import ConsumeLoop, KafkaBus, Record
+from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger, LedgerEntry, NewCall
 from toolfleet.metrics import COMMANDS, PLAN_LATENCY
 from toolfleet.redis import HashFields, connect_redis, text
@@ -43,16 +44,6 @@ from toolfleet.topics import command_topic
 log = logging.getLogger(__name__)
 
 
-def approvals_key(tenant_id: str, run_id: str) -> str:
-    """Hash of a run's approval decisions: ``call:<id>`` and ``sticky:<tool>`` -> decision."""
-    return f"tf:{{{tenant_id}}}:approvals:{run_id}"
-
-
-def cancelled_key(tenant_id: str, run_id: str) -> str:
-    """Set when a run is cancelled; workers never start a call of a cancelled run."""
-    return f"tf:{{{tenant_id}}}:cancelled:{run_id}"
-
-
 class Planner:
     """Consumes model-responses, approvals, cancellations and outcomes (for concurrency caps)."""
 
@@ -60,9 +51,10 @@ class Planner:
         self.settings = settings
         self.bus = KafkaBus(settings, service="planner")
         self.redis = redis or connect_redis(settings)
-        self.ledger = Ledger(self.redis)
-        self.tools = ToolDirectory(self.redis)
-        self.gate = Gate(self.redis)
+        self.keys = Keys.of(settings)
+        self.ledger = Ledger(self.redis, self.keys)
+        self.tools = ToolDirectory(self.redis, self.keys)
+        self.gate = Gate(self.redis, self.keys)
         self._loop: ConsumeLoop | None = None
 
     def stop(self) -> None:
@@ -162,7 +154,9 @@ class Planner:
             fields[f"sticky:{decision.tool_name}"] = json.dumps(
                 {"approve": sticky, "message": decision.message}
             )
-        await self.redis.hset(approvals_key(decision.tenant_id, decision.run_id), mapping=fields)
+        await self.redis.hset(
+            self.keys.approvals(decision.tenant_id, decision.run_id), mapping=fields
+        )
         await self.ledger.append_audit(
             decision.tenant_id,
             decision.call_id,
@@ -175,11 +169,13 @@ class Planner:
     async def on_cancel(self, request: CancelRequest) -> None:
         """Parent cancellation: nothing of the run starts from now on."""
         if request.call_id is None:
-            await self.redis.set(cancelled_key(request.tenant_id, request.run_id), request.reason)
+            await self.redis.set(
+                self.keys.cancelled(request.tenant_id, request.run_id), request.reason
+            )
             await self.gate.cancel_run(request.tenant_id, request.run_id)
 
     async def _approvals(self, tenant_id: str, run_id: str) -> ApprovalView:
-        raw = await self.redis.hgetall(approvals_key(tenant_id, run_id))
+        raw = await self.redis.hgetall(self.keys.approvals(tenant_id, run_id))
         per_call: dict[str, Decision] = {}
         sticky: dict[str, Decision] = {}
         for key, value in raw.items():

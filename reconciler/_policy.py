@@ -101,7 +101,7 @@ Action = (
 )  # fmt: skip
 """Everything ``decide_*`` can answer."""
 
-ProbeAnswer = Literal["applied", "not_applied", "unknown"]
+ProbeAnswer = Literal["applied", "not_applied", "unknown", "wrong_effect"]
 Resolution = Literal[
     "applied", "not_applied", "wrong_effect", "approve_compensation", "reject_compensation"
 ]
@@ -125,6 +125,8 @@ def decide_probe(
         return ResolveApplied(output or "")
     if answer == "not_applied":
         return _not_applied_or_retry(case, policy, "the probe found no effect upstream")
+    if answer == "wrong_effect":
+        return _wrong_effect(case, f"the probe found a wrong effect upstream: {output}")
     if case.probes < policy.probe_budget:
         delay = min(policy.max_backoff_s, policy.probe_backoff_s * 2 ** (case.probes - 1))
         return Probe(delay)
@@ -139,12 +141,16 @@ def decide_resolution(case: CallCase, resolution: Resolution, output: str | None
     if resolution == "not_applied":
         return ResolveNotApplied("an operator confirmed the effect did not happen")
     if resolution == "wrong_effect":
-        if not case.has_compensate:
-            return HandOver("wrong effect reported, and the tool declares no compensate action")
-        return AskCompensationApproval("an operator reported a wrong effect")
+        return _wrong_effect(case, "an operator reported a wrong effect")
     if resolution == "approve_compensation":
         return Compensate()
     return HandOver("compensation rejected: the wrong effect stays, for an operator to handle")
+
+
+def _wrong_effect(case: CallCase, why: str) -> Action:
+    if not case.has_compensate:
+        return HandOver(f"{why}, and the tool declares no compensate action")
+    return AskCompensationApproval(f"{why}; approve to run the tool's compensate action")
 
 
 def _not_applied_or_retry(case: CallCase, policy: RecoveryPolicy, why: str) -> Action:

@@ -41,19 +41,17 @@ from schemas import (
 )
 from toolfleet.bus import ConsumeLoop, KafkaBus, Record
 from toolfleet.errors import ToolfleetError
-from toolfleet.ledger import LEASES_KEY, Ledger, LedgerEntry, NewCall, lease_member
+from toolfleet.keys import Keys
+from toolfleet.ledger import Ledger, LedgerEntry, NewCall, lease_member
 from toolfleet.metrics import COMMANDS, HUMAN_TASKS, OUTCOMES
 from toolfleet.redis import connect_redis, text
 from toolfleet.registry import ToolDirectory
 from toolfleet.settings import Settings
 from toolfleet.tasks import TaskStore, new_task_id
-from toolfleet.texts import DEFAULT_ERROR, unknown_outcome_text
+from toolfleet.texts import COMPENSATED, DEFAULT_ERROR, unknown_outcome_text
 from toolfleet.topics import command_topic
 
 log = logging.getLogger(__name__)
-
-DUE_KEY = "tf:recon:due"
-"""Sorted set of delayed actions (JSON) by due time."""
 
 COMPENSATION_SUFFIX = "#compensate"
 """A compensation is a call of its own in the ledger: ``<call_id>#compensate``."""
@@ -82,11 +80,6 @@ return redis.call('HINCRBY', KEYS[1], 'probes', 1)
 """
 
 
-def recon_key(tenant_id: str, call_id: str) -> str:
-    """Redis hash of the reconciler's state for one call."""
-    return f"tf:{{{tenant_id}}}:recon:{call_id}"
-
-
 class Reconciler:
     """Consumes outcomes and task resolutions; runs the schedule and the lease scan."""
 
@@ -101,9 +94,10 @@ class Reconciler:
         self.policy = policy or RecoveryPolicy()
         self.bus = KafkaBus(settings, service="reconciler")
         self.redis = redis or connect_redis(settings)
-        self.ledger = Ledger(self.redis)
-        self.tools = ToolDirectory(self.redis)
-        self.tasks = TaskStore(self.redis)
+        self.keys = Keys.of(settings)
+        self.ledger = Ledger(self.redis, self.keys)
+        self.tools = ToolDirectory(self.redis, self.keys)
+        self.tasks = TaskStore(self.redis, self.keys)
         self.tick_s = tick_s
         self._claim = self.redis.register_script(_CLAIM)
         self._take_probe = self.redis.register_script(_TAKE_PROBE)
@@ -149,7 +143,7 @@ class Reconciler:
             await self._on_compensated(outcome)
         elif outcome.effect == "unknown" and outcome.source != "human":
             claimed = await self._claim(
-                keys=[recon_key(outcome.tenant_id, outcome.call_id)],
+                keys=[self.keys.recon(outcome.tenant_id, outcome.call_id)],
                 args=[outcome.fencing_token],
             )
             if claimed:
@@ -181,10 +175,13 @@ class Reconciler:
         await self._act(self._latest(entry), action, source="human")
 
     async def _on_probe(self, answer: CallOutcome) -> None:
-        probes = await self._take_probe(keys=[recon_key(answer.tenant_id, answer.call_id)])
+        probes = await self._take_probe(keys=[self.keys.recon(answer.tenant_id, answer.call_id)])
         if int(probes) < 0:
             return  # a duplicate answer, or one for a reconciliation that moved on
-        state = {"applied": "applied", "not_executed": "not_applied"}.get(answer.effect, "unknown")
+        answers = {
+            "applied": "applied", "not_executed": "not_applied", "wrong_effect": "wrong_effect",
+        }  # fmt: skip
+        state = answers.get(answer.effect, "unknown")
         detail = answer.error.message if answer.error else None
         await self.ledger.append_audit(
             answer.tenant_id, answer.call_id, "probe", answer=state, detail=detail
@@ -209,6 +206,11 @@ class Reconciler:
         await self.ledger.resolve(
             compensated, "compensated", compensation=answer.call_id, output=answer.output
         )
+        # A turn still waiting for this call learns what happened; a reported one ignores it.
+        told = compensated.model_copy(
+            update={"resolved": True, "output": COMPENSATED.format(name=entry.tool_name)}
+        )
+        await self.bus.publish_and_wait("outcomes", told.run_id, told)
         OUTCOMES.labels("reconciler", entry.tool_name, "succeeded", "compensated").inc()
 
     # --- actions ----------------------------------------------------------------------------
@@ -220,7 +222,9 @@ class Reconciler:
         if isinstance(action, Probe):
             if action.delay_s > 0:
                 due = {"tenant": tenant, "call_id": call_id, "do": "probe"}
-                await self.redis.zadd(DUE_KEY, {json.dumps(due): time.time() + action.delay_s})
+                await self.redis.zadd(
+                    self.keys.due, {json.dumps(due): time.time() + action.delay_s}
+                )
             else:
                 await self._send_probe(tenant, call_id)
         elif isinstance(action, ResolveApplied):
@@ -238,15 +242,21 @@ class Reconciler:
         elif isinstance(action, HandOver):
             await self._hand_over(about, action.reason, kind="unknown_effect")
         elif isinstance(action, AskCompensationApproval):
+            await self._record_wrong_effect(about)
             await self._hand_over(about, action.reason, kind="compensation_approval")
         elif isinstance(action, Compensate):
             await self._send_compensation(tenant, call_id)
+
+    async def _record_wrong_effect(self, about: CallOutcome) -> None:
+        """The ledger keeps what was wrong; the compensation will be linked to it."""
+        wrong = about.model_copy(update={"effect": "wrong_effect", "source": "reconciler"})
+        await self.ledger.resolve(wrong, "wrong_effect", output=about.output)
 
     async def _send_probe(self, tenant: str, call_id: str) -> None:
         entry = (await self.ledger.read(tenant, [call_id])).get(call_id)
         if entry is None:
             return
-        await self.redis.hset(recon_key(tenant, call_id), "awaiting_probe", 1)
+        await self.redis.hset(self.keys.recon(tenant, call_id), "awaiting_probe", 1)
         await self._send(_command(entry, "probe", entry.fencing_token))
 
     async def _retry(self, tenant: str, call_id: str, reason: str) -> None:
@@ -298,7 +308,7 @@ class Reconciler:
             }
         )  # fmt: skip
         await self.ledger.resolve(resolved, f"resolved_{effect}", reason=why, by=source)
-        await self.redis.hset(recon_key(about.tenant_id, about.call_id), "status", "resolved")
+        await self.redis.hset(self.keys.recon(about.tenant_id, about.call_id), "status", "resolved")
         await self.bus.publish_and_wait("outcomes", resolved.run_id, resolved)
         OUTCOMES.labels("reconciler", resolved.tool_name, status, effect).inc()
 
@@ -321,15 +331,17 @@ class Reconciler:
         await self.ledger.append_audit(
             about.tenant_id, about.call_id, "handed_over", task_id=task.task_id, reason=reason
         )
-        await self.redis.hset(recon_key(about.tenant_id, about.call_id), "status", "handed_over")
-        if kind == "unknown_effect" and not about.resolved:
+        await self.redis.hset(
+            self.keys.recon(about.tenant_id, about.call_id), "status", "handed_over"
+        )
+        if kind != "circuit_open" and not about.resolved:
             # The turn waits for this call: tell the model after a while, and keep the task.
             due = {"tenant": about.tenant_id, "call_id": about.call_id, "do": "report"}
             when = time.time() + self.policy.report_after_s
-            await self.redis.zadd(DUE_KEY, {json.dumps(due): when})
+            await self.redis.zadd(self.keys.due, {json.dumps(due): when})
 
     async def _report_unknown(self, tenant: str, call_id: str) -> None:
-        status = await self.redis.hget(recon_key(tenant, call_id), "status")
+        status = await self.redis.hget(self.keys.recon(tenant, call_id), "status")
         _case, entry, spec = await self._case(tenant, call_id)
         if status is None or text(status) != "handed_over" or entry is None or spec is None:
             return  # resolved in the meantime
@@ -355,7 +367,7 @@ class Reconciler:
 
     async def tick(self) -> None:
         """Run due actions, and report calls whose worker died without any outcome."""
-        for raw in await self._pop_due(keys=[DUE_KEY], args=[time.time()]):
+        for raw in await self._pop_due(keys=[self.keys.due], args=[time.time()]):
             due = json.loads(raw)
             if due["do"] == "probe":
                 await self._send_probe(due["tenant"], due["call_id"])
@@ -366,7 +378,7 @@ class Reconciler:
             if entry is not None and entry.state == "started":
                 spec = (await self.tools.specs(needed=[entry.tool_name])).get(entry.tool_name)
                 await self.bus.publish_and_wait("outcomes", entry.run_id, _lost(entry, spec))
-            await self.redis.zrem(LEASES_KEY, lease_member(tenant, call_id))
+            await self.redis.zrem(self.keys.leases, lease_member(tenant, call_id))
 
     # --- reading ----------------------------------------------------------------------------
     async def _case(
@@ -375,7 +387,7 @@ class Reconciler:
         entry = (await self.ledger.read(tenant, [call_id])).get(call_id)
         name = entry.tool_name if entry else ""
         spec = (await self.tools.specs(needed=[name])).get(name)
-        probes = await self.redis.hget(recon_key(tenant, call_id), "probes")
+        probes = await self.redis.hget(self.keys.recon(tenant, call_id), "probes")
         case = CallCase(
             effect_class=spec.effect_class if spec else "non_idempotent",
             has_probe=bool(spec and spec.has_probe),

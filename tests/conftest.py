@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 
 from toolfleet import infra
 from toolfleet.bus import KafkaBus
+from toolfleet.keys import Keys
 from toolfleet.redis import connect_redis
 from toolfleet.settings import Settings
 from toolfleet.topics import ensure_topics
@@ -48,6 +49,12 @@ def settings(infra_env: dict[str, str]) -> Settings:
         topic_prefix=f"test-{run}.",
         partitions=int(os.environ.get("TOOLFLEET_TEST_PARTITIONS", "4")),
     )
+
+
+@pytest.fixture(scope="session")
+def keys(settings: Settings) -> Keys:
+    """The Redis key layout of this test session's namespace."""
+    return Keys.of(settings)
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from typing import Literal
 
 from redis.asyncio import Redis
 
+from toolfleet.keys import Keys
 from toolfleet.metrics import CIRCUIT_OPEN
 from toolfleet.redis import text
 from toolfleet.settings import Settings
@@ -47,10 +48,6 @@ def version_ref(tool: str, version: str) -> str:
     return f"{tool}@{version}"
 
 
-def _keys(ref: str) -> tuple[str, str]:
-    return f"tf:circuit:window:{ref}", f"tf:circuit:state:{ref}"
-
-
 @dataclass(frozen=True)
 class Verdict:
     """Whether a call of a version may run now."""
@@ -62,10 +59,11 @@ class Verdict:
 class CircuitBreaker:
     """The fleet's circuits, shared through Redis."""
 
-    def __init__(self, redis: Redis, settings: Settings, cache_s: float = 1.0) -> None:
+    def __init__(self, redis: Redis, settings: Settings) -> None:
         self.redis = redis
         self.settings = settings
-        self.cache_s = cache_s
+        self.cache_s = settings.circuit_cache_s
+        self.keys = Keys.of(settings)
         self._record = redis.register_script(_RECORD)
         self._cache: dict[str, tuple[float, dict[str, float] | None]] = {}
 
@@ -73,7 +71,7 @@ class CircuitBreaker:
         """Add one executed call; the window's call ids when this call opened the circuit."""
         s = self.settings
         opened = await self._record(
-            keys=list(_keys(ref)),
+            keys=[self.keys.circuit("window", ref), self.keys.circuit("state", ref)],
             args=[time.time(), call_id, int(failed), s.circuit_window_s, s.circuit_min_calls,
                   s.circuit_error_rate],
         )  # fmt: skip
@@ -86,8 +84,8 @@ class CircuitBreaker:
         """May a call of this version run? Cached briefly: this is on every call's path."""
         now = time.time()
         cached = self._cache.get(ref)
-        if cached is None or now - cached[0] > self.cache_s:
-            raw = await self.redis.get(_keys(ref)[1])
+        if cached is None or now - cached[0] >= self.cache_s:
+            raw = await self.redis.get(self.keys.circuit("state", ref))
             cached = (now, json.loads(raw) if raw else None)
             self._cache[ref] = cached
         state = cached[1]
@@ -97,7 +95,7 @@ class CircuitBreaker:
         half_open = self.settings.circuit_half_open_after_s
         if half_open is not None and now - state["opened_at"] >= half_open:
             # One trial call per half-open period: whoever sets the marker runs it.
-            trial = f"tf:circuit:trial:{ref}"
+            trial = self.keys.circuit("trial", ref)
             if await self.redis.set(trial, 1, nx=True, ex=max(1, int(half_open))):
                 return Verdict("trial")
         failed, calls = int(state["failed"]), int(state["calls"])
@@ -105,7 +103,7 @@ class CircuitBreaker:
 
     async def trial_result(self, ref: str, failed: bool) -> None:
         """A half-open trial ended: close on success, re-open (from now) on failure."""
-        state_key = _keys(ref)[1]
+        state_key = self.keys.circuit("state", ref)
         if failed:
             raw = await self.redis.get(state_key)
             if raw:
@@ -117,7 +115,9 @@ class CircuitBreaker:
 
     async def close(self, ref: str) -> bool:
         """Operator action: close the circuit and forget the failures that opened it."""
-        removed = await self.redis.delete(*_keys(ref), f"tf:circuit:trial:{ref}")
+        removed = await self.redis.delete(
+            *(self.keys.circuit(part, ref) for part in ("window", "state", "trial"))
+        )
         self._cache.pop(ref, None)
         CIRCUIT_OPEN.labels(ref).set(0)
         return bool(removed)
@@ -125,8 +125,9 @@ class CircuitBreaker:
     async def open_circuits(self) -> dict[str, dict[str, float]]:
         """Every open circuit and its state."""
         found = {}
-        async for key in self.redis.scan_iter("tf:circuit:state:*"):
+        prefix = self.keys.circuit("state", "")
+        async for key in self.redis.scan_iter(f"{prefix}*"):
             raw = await self.redis.get(key)
             if raw:
-                found[text(key).removeprefix("tf:circuit:state:")] = json.loads(raw)
+                found[text(key).removeprefix(prefix)] = json.loads(raw)
         return found

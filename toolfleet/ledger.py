@@ -20,29 +20,16 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 
 from schemas import CallOutcome
+from toolfleet.keys import Keys
 from toolfleet.redis import HashFields, text
 
 LedgerState = Literal["planned", "dispatched", "started", "finished", "committed"]
 BeginVerdict = Literal["run", "done", "stale", "busy", "unknown", "missing"]
 
 
-LEASES_KEY = "tf:leases"
-"""Sorted set of started calls (``tenant\x1fcall_id``) by lease expiry, for the reconciler."""
-
-
 def lease_member(tenant_id: str, call_id: str) -> str:
-    """Member of LEASES_KEY for one call."""
+    """Member of the leases sorted set for one call."""
     return f"{tenant_id}\x1f{call_id}"
-
-
-def call_key(tenant_id: str, call_id: str) -> str:
-    """Redis key of one call's ledger entry (the tenant is the cluster hash tag)."""
-    return f"tf:{{{tenant_id}}}:call:{call_id}"
-
-
-def audit_key(tenant_id: str, call_id: str) -> str:
-    """Redis key of one call's audit chain: a list that is only ever appended to."""
-    return f"tf:{{{tenant_id}}}:audit:{call_id}"
 
 
 @dataclass(frozen=True)
@@ -127,13 +114,14 @@ return 1
 # Issue an attempt. ARGV: now, reason, force. Without force (the planner) it is idempotent:
 # a dispatched call gets its current attempt back, a started one nothing. With force (a
 # retry the reconciler decided after a probe proved the call not applied) the fencing token
-# is bumped, so the outcome of any older holder is ignored.
+# is bumped, so the outcome of any older holder is ignored; it also reopens a call whose
+# stored outcome is an unknown effect.
 _DISPATCH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 0} end
 local h = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'fencing_token')
 local state = h[1]
-if state == 'committed' or state == 'finished' then return {-2, 0} end
 if ARGV[3] ~= '1' then
+  if state == 'committed' or state == 'finished' then return {-2, 0} end
   if state == 'dispatched' then return {tonumber(h[2]), tonumber(h[3])} end
   if state ~= 'planned' then return {-3, 0} end
 end
@@ -221,8 +209,9 @@ return 0
 class Ledger:
     """The Redis call ledger. All writes that gate user code are atomic scripts."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
+        self.keys = keys
         self._create = redis.register_script(_CREATE)
         self._dispatch = redis.register_script(_DISPATCH)
         self._begin = redis.register_script(_BEGIN)
@@ -239,7 +228,7 @@ class Ledger:
             return {}
         async with self.redis.pipeline(transaction=False) as pipe:
             for call_id in ids:
-                pipe.hgetall(call_key(tenant_id, call_id))
+                pipe.hgetall(self.keys.call(tenant_id, call_id))
             replies = await pipe.execute()
         return {
             call_id: LedgerEntry.from_hash(tenant_id, call_id, raw)
@@ -253,7 +242,10 @@ class Ledger:
         async with self.redis.pipeline(transaction=False) as pipe:
             for c in calls:
                 await self._create(
-                    keys=[call_key(tenant_id, c.call_id), audit_key(tenant_id, c.call_id)],
+                    keys=[
+                        self.keys.call(tenant_id, c.call_id),
+                        self.keys.audit(tenant_id, c.call_id),
+                    ],
                     args=[
                         c.fingerprint,
                         c.idempotency_key,
@@ -278,7 +270,7 @@ class Ledger:
         ``force`` starts a new attempt and fences off the previous one.
         """
         attempt, token = await self._dispatch(
-            keys=[call_key(tenant_id, call_id), audit_key(tenant_id, call_id)],
+            keys=[self.keys.call(tenant_id, call_id), self.keys.audit(tenant_id, call_id)],
             args=[time.time(), reason, "1" if force else "0"],
         )
         if int(attempt) < 0:
@@ -290,7 +282,11 @@ class Ledger:
     ) -> tuple[BeginVerdict, CallOutcome | None]:
         """May this worker run this attempt now? ``run`` means ``started`` is durably written."""
         verdict, outcome = await self._begin(
-            keys=[call_key(tenant_id, call_id), audit_key(tenant_id, call_id), LEASES_KEY],
+            keys=[
+                self.keys.call(tenant_id, call_id),
+                self.keys.audit(tenant_id, call_id),
+                self.keys.leases,
+            ],
             args=[token, worker_id, lease_s, lease_member(tenant_id, call_id)],
         )
         stored = CallOutcome.model_validate_json(outcome) if outcome else None
@@ -302,7 +298,7 @@ class Ledger:
         """Extend the holder's lease; False when the attempt is no longer this worker's."""
         return bool(
             await self._renew(
-                keys=[call_key(tenant_id, call_id), LEASES_KEY],
+                keys=[self.keys.call(tenant_id, call_id), self.keys.leases],
                 args=[token, worker_id, lease_s, lease_member(tenant_id, call_id)],
             )
         )
@@ -311,9 +307,9 @@ class Ledger:
         """Store the outcome of the current attempt: ``ok``, ``stale``, ``done`` or ``missing``."""
         reply = await self._finish(
             keys=[
-                call_key(outcome.tenant_id, outcome.call_id),
-                audit_key(outcome.tenant_id, outcome.call_id),
-                LEASES_KEY,
+                self.keys.call(outcome.tenant_id, outcome.call_id),
+                self.keys.audit(outcome.tenant_id, outcome.call_id),
+                self.keys.leases,
             ],
             args=[
                 outcome.fencing_token,
@@ -332,7 +328,11 @@ class Ledger:
         entry = _event(event, {"effect": outcome.effect, **details})
         return bool(
             await self._resolve(
-                keys=[call_key(tenant, call), audit_key(tenant, call), LEASES_KEY],
+                keys=[
+                    self.keys.call(tenant, call),
+                    self.keys.audit(tenant, call),
+                    self.keys.leases,
+                ],
                 args=[
                     outcome.model_dump_json(exclude_none=True),
                     entry,
@@ -343,7 +343,7 @@ class Ledger:
 
     async def expired_leases(self, now: float, limit: int = 100) -> list[tuple[str, str]]:
         """(tenant, call_id) of started calls whose holder stopped renewing before ``now``."""
-        members = await self.redis.zrangebyscore(LEASES_KEY, 0, now, start=0, num=limit)
+        members = await self.redis.zrangebyscore(self.keys.leases, 0, now, start=0, num=limit)
         pairs = [text(m).partition("\x1f") for m in members if isinstance(m, bytes | str)]
         return [(tenant, call_id) for tenant, _, call_id in pairs]
 
@@ -351,15 +351,15 @@ class Ledger:
         """Commit an outcome decided without running the call (a rejection, a missing tool)."""
         await self._settle(
             keys=[
-                call_key(outcome.tenant_id, outcome.call_id),
-                audit_key(outcome.tenant_id, outcome.call_id),
+                self.keys.call(outcome.tenant_id, outcome.call_id),
+                self.keys.audit(outcome.tenant_id, outcome.call_id),
             ],
             args=[outcome.model_dump_json(exclude_none=True), time.time()],
         )
 
     async def commit(self, tenant_id: str, call_id: str) -> None:
         """Mark the finished outcome as published."""
-        await self._commit(keys=[call_key(tenant_id, call_id)])
+        await self._commit(keys=[self.keys.call(tenant_id, call_id)])
 
     async def set_approval(
         self, tenant_id: str, call_id: str, approve: bool, message: str | None, by: str
@@ -371,26 +371,27 @@ class Ledger:
             "pending_approval": "0",
         }
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(call_key(tenant_id, call_id), mapping=fields)
+            pipe.hset(self.keys.call(tenant_id, call_id), mapping=fields)
             pipe.rpush(
-                audit_key(tenant_id, call_id),
+                self.keys.audit(tenant_id, call_id),
                 _event("approval", {str(k): v for k, v in fields.items()}, by=by),
             )
             await pipe.execute()
 
     async def set_pending_approval(self, tenant_id: str, call_id: str) -> None:
         """Remember that the call waits for a decision, so needs_approval is not asked again."""
-        await self.redis.hset(call_key(tenant_id, call_id), "pending_approval", "1")
+        await self.redis.hset(self.keys.call(tenant_id, call_id), "pending_approval", "1")
 
     async def audit(self, tenant_id: str, call_id: str) -> list[dict[str, Any]]:
         """The call's audit chain, oldest first."""
         return [
-            json.loads(e) for e in await self.redis.lrange(audit_key(tenant_id, call_id), 0, -1)
+            json.loads(e)
+            for e in await self.redis.lrange(self.keys.audit(tenant_id, call_id), 0, -1)
         ]
 
     async def append_audit(self, tenant_id: str, call_id: str, event: str, **data: Any) -> None:
         """Append one event (probe, retry, compensation, human decision) to the audit chain."""
-        await self.redis.rpush(audit_key(tenant_id, call_id), _event(event, data))
+        await self.redis.rpush(self.keys.audit(tenant_id, call_id), _event(event, data))
 
 
 def _event(event: str, data: Mapping[str, Any], **extra: Any) -> str:

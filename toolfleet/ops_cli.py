@@ -15,6 +15,7 @@ from reconciler._policy import REPLAY_SAFE
 from schemas import TaskResolution, ToolSpec
 from toolfleet.bus import KafkaBus
 from toolfleet.circuit import CircuitBreaker
+from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
 from toolfleet.redis import connect_redis
 from toolfleet.registry import ToolDirectory
@@ -47,7 +48,7 @@ def list_tasks(show_all: bool) -> None:
     """List open (or all) human tasks, oldest first."""
 
     async def work(redis: Redis, _settings: Settings) -> None:
-        for stored in await TaskStore(redis).all():
+        for stored in await TaskStore(redis, Keys.of(_settings)).all():
             if stored.status == "resolved" and not show_all:
                 continue
             t = stored.task
@@ -81,7 +82,7 @@ def resolve_task(
     """Answer a human task; the reconciler carries the answer out."""
 
     async def work(redis: Redis, settings: Settings) -> None:
-        stored = await TaskStore(redis).get(task_id)
+        stored = await TaskStore(redis, Keys.of(settings)).get(task_id)
         if stored is None:
             raise click.ClickException(f"no task {task_id}; see `toolfleet tasks list`")
         message = TaskResolution(
@@ -115,7 +116,7 @@ def inspect_call(call_id: str, tenant: str) -> None:
     """Print a call's ledger entry and its audit chain."""
 
     async def work(redis: Redis, _settings: Settings) -> None:
-        ledger = Ledger(redis)
+        ledger = Ledger(redis, Keys.of(_settings))
         entry = (await ledger.read(tenant, [call_id])).get(call_id)
         if entry is None:
             raise click.ClickException(f"no call {call_id} for tenant {tenant}")
@@ -144,7 +145,7 @@ def describe_tool(name: str) -> None:
     """Print a tool's failure table: signals, whether each may have applied, what happens."""
 
     async def work(redis: Redis, settings: Settings) -> None:
-        spec = (await ToolDirectory(redis).specs(needed=[name])).get(name)
+        spec = (await ToolDirectory(redis, Keys.of(settings)).specs(needed=[name])).get(name)
         if spec is None:
             raise click.ClickException(f"no tool {name} in the registry; is its pool running?")
         click.echo(

@@ -8,24 +8,23 @@ from collections.abc import Iterable
 from redis.asyncio import Redis
 
 from schemas import ToolSpec
+from toolfleet.keys import Keys
 from toolfleet.redis import text
 
-REGISTRY_KEY = "tf:tools"
-"""Hash: tool lookup key -> ToolSpec JSON. Tools are fleet-wide, not per tenant."""
 
-
-async def publish_tools(redis: Redis, specs: Iterable[ToolSpec]) -> None:
+async def publish_tools(redis: Redis, keys: Keys, specs: Iterable[ToolSpec]) -> None:
     """Announce tools; a later publish of the same name (a new version) replaces the entry."""
     mapping = {spec.lookup_key: spec.model_dump_json() for spec in specs}
     if mapping:
-        await redis.hset(REGISTRY_KEY, mapping=mapping)  # type: ignore[arg-type]
+        await redis.hset(keys.tools, mapping=mapping)  # type: ignore[arg-type]
 
 
 class ToolDirectory:
     """The planner's cached view of the registry, refreshed when stale or on a miss."""
 
-    def __init__(self, redis: Redis, max_age_s: float = 5.0) -> None:
+    def __init__(self, redis: Redis, keys: Keys, max_age_s: float = 5.0) -> None:
         self.redis = redis
+        self.keys = keys
         self.max_age_s = max_age_s
         self._specs: dict[str, ToolSpec] = {}
         self._loaded_at = float("-inf")
@@ -34,7 +33,7 @@ class ToolDirectory:
         """All known tools; reloads when the cache is old or lacks one of ``needed``."""
         stale = time.monotonic() - self._loaded_at > self.max_age_s
         if stale or any(name not in self._specs for name in needed):
-            raw = await self.redis.hgetall(REGISTRY_KEY)
+            raw = await self.redis.hgetall(self.keys.tools)
             self._specs = {text(k): ToolSpec.model_validate_json(v) for k, v in raw.items()}
             self._loaded_at = time.monotonic()
         return self._specs

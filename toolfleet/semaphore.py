@@ -37,11 +37,6 @@ return 1
 """
 
 
-def semaphore_key(scope: str, name: str) -> str:
-    """Redis key of the fleet-wide semaphore for one tenant or one tool."""
-    return f"tf:sem:{scope}:{name}"
-
-
 class FleetSemaphores:
     """Acquire several fleet-wide semaphores at once, with a lease the holder keeps renewing."""
 

@@ -47,6 +47,7 @@ class Settings(BaseSettings):
     circuit_window_s: float = Field(default=60.0, gt=0)
     circuit_min_calls: int = Field(default=10, ge=1)
     circuit_error_rate: float = Field(default=0.5, gt=0, le=1)
+    circuit_cache_s: float = Field(default=1.0, ge=0, description="How long workers cache it")
     circuit_half_open_after_s: float | None = Field(
         default=None, description="Let one call through after this long; None: operator only"
     )

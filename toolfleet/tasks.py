@@ -11,10 +11,8 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 
 from schemas import HumanTask, TaskResolution
+from toolfleet.keys import Keys
 from toolfleet.redis import text
-
-TASKS_KEY = "tf:tasks"
-"""Hash: task_id -> {"task": HumanTask, "status": open|resolved, "resolution": ...}."""
 
 
 @dataclass(frozen=True)
@@ -34,22 +32,24 @@ def new_task_id() -> str:
 class TaskStore:
     """Open and resolved human tasks."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
+        self.key = keys.tasks
+        """Hash: task_id -> {"task": HumanTask, "status": open|resolved, "resolution": ...}."""
 
     async def add(self, task: HumanTask) -> None:
         """Record a new open task."""
         record = {"task": task.model_dump(mode="json"), "status": "open", "resolution": None}
-        await self.redis.hset(TASKS_KEY, task.task_id, json.dumps(record))
+        await self.redis.hset(self.key, task.task_id, json.dumps(record))
 
     async def get(self, task_id: str) -> StoredTask | None:
         """One task, or None."""
-        raw = await self.redis.hget(TASKS_KEY, task_id)
+        raw = await self.redis.hget(self.key, task_id)
         return _decode(raw) if raw else None
 
     async def all(self) -> list[StoredTask]:
         """Every task, oldest first."""
-        raw = await self.redis.hgetall(TASKS_KEY)
+        raw = await self.redis.hgetall(self.key)
         return sorted((_decode(v) for v in raw.values()), key=lambda t: t.task.created_at)
 
     async def close(self, task_id: str, resolution: TaskResolution) -> bool:
@@ -62,7 +62,7 @@ class TaskStore:
             "status": "resolved",
             "resolution": resolution.model_dump(mode="json") | {"at": time.time()},
         }
-        await self.redis.hset(TASKS_KEY, task_id, json.dumps(record))
+        await self.redis.hset(self.key, task_id, json.dumps(record))
         return True
 
 

@@ -21,6 +21,11 @@ CIRCUIT_OPEN = (
 )
 """A call refused because its tool version's circuit is open."""
 
+COMPENSATED = (
+    "Tool '{name}' applied a wrong effect, which has been reversed. Nothing of it remains."
+)
+"""A call whose wrong effect was compensated (after approval)."""
+
 TIMEOUT = "Tool '{name}' timed out after {seconds:g} seconds."
 """The SDK's timeout text, which report_now tools show for an unknown effect."""
 

@@ -9,7 +9,9 @@ import pytest
 from redis.asyncio import Redis
 
 from schemas import CallOutcome
+from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger, NewCall
+from toolfleet.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -39,8 +41,10 @@ def call_id() -> str:
     return f"call-{uuid.uuid4().hex}"
 
 
-async def test_create_never_overwrites_an_existing_entry(redis: Redis, call_id: str) -> None:
-    ledger = Ledger(redis)
+async def test_create_never_overwrites_an_existing_entry(
+    redis: Redis, call_id: str, settings: Settings
+) -> None:
+    ledger = Ledger(redis, Keys.of(settings))
     await ledger.create("t", [_call(call_id)])
     await ledger.create("t", [NewCall(call_id, "other", "k2", "run", 1, "tool", None)])
     entry = (await ledger.read("t", [call_id]))[call_id]
@@ -48,9 +52,9 @@ async def test_create_never_overwrites_an_existing_entry(redis: Redis, call_id: 
 
 
 async def test_only_one_of_many_concurrent_workers_may_start_an_attempt(
-    redis: Redis, call_id: str
+    redis: Redis, call_id: str, settings: Settings
 ) -> None:
-    ledger = Ledger(redis)
+    ledger = Ledger(redis, Keys.of(settings))
     await ledger.create("t", [_call(call_id)])
     _attempt, token = await ledger.dispatch("t", call_id) or (0, 0)
     verdicts = await asyncio.gather(
@@ -60,17 +64,19 @@ async def test_only_one_of_many_concurrent_workers_may_start_an_attempt(
 
 
 async def test_a_started_call_whose_lease_expired_is_unknown_not_rerun(
-    redis: Redis, call_id: str
+    redis: Redis, call_id: str, settings: Settings
 ) -> None:
-    ledger = Ledger(redis)
+    ledger = Ledger(redis, Keys.of(settings))
     await ledger.create("t", [_call(call_id)])
     _attempt, token = await ledger.dispatch("t", call_id) or (0, 0)
     assert (await ledger.begin("t", call_id, token, "w1", 0.0))[0] == "run"
     assert (await ledger.begin("t", call_id, token, "w2", 30))[0] == "unknown"
 
 
-async def test_an_older_fencing_token_is_stale(redis: Redis, call_id: str) -> None:
-    ledger = Ledger(redis)
+async def test_an_older_fencing_token_is_stale(
+    redis: Redis, call_id: str, settings: Settings
+) -> None:
+    ledger = Ledger(redis, Keys.of(settings))
     await ledger.create("t", [_call(call_id)])
     await ledger.dispatch("t", call_id)
     _attempt, token = await ledger.dispatch("t", call_id, reason="retry", force=True) or (0, 0)
@@ -79,9 +85,9 @@ async def test_an_older_fencing_token_is_stale(redis: Redis, call_id: str) -> No
 
 
 async def test_planner_dispatch_is_idempotent_and_a_forced_retry_fences_the_old_attempt(
-    redis: Redis, call_id: str
+    redis: Redis, call_id: str, settings: Settings
 ) -> None:
-    ledger = Ledger(redis)
+    ledger = Ledger(redis, Keys.of(settings))
     await ledger.create("t", [_call(call_id)])
     assert await ledger.dispatch("t", call_id) == (1, 1)
     assert await ledger.dispatch("t", call_id) == (1, 1)
@@ -92,9 +98,9 @@ async def test_planner_dispatch_is_idempotent_and_a_forced_retry_fences_the_old_
 
 
 async def test_a_finished_call_returns_its_stored_outcome_instead_of_running(
-    redis: Redis, call_id: str
+    redis: Redis, call_id: str, settings: Settings
 ) -> None:
-    ledger = Ledger(redis)
+    ledger = Ledger(redis, Keys.of(settings))
     await ledger.create("t", [_call(call_id)])
     _attempt, token = await ledger.dispatch("t", call_id) or (0, 0)
     await ledger.begin("t", call_id, token, "w1", 30)

@@ -1,0 +1,102 @@
+"""A fake upstream service (in Redis, shared by every process) and the tools that call it.
+
+The upstream records effects by idempotency key, and can be told to apply an effect and then
+drop the response (the tool outlives its timeout), or to drop the request before applying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from functools import cache
+from typing import Literal
+
+import redis
+
+from executors import ProbeResult, ToolContext, ToolRegistry
+
+tools = ToolRegistry()
+
+Mode = Literal["ok", "apply_then_drop", "drop", "wrong_then_drop"]
+_HANG_S = 5.0  # longer than every timeout below: the response is "lost"
+
+
+@cache
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(os.environ["REDIS_URL"])
+
+
+def effect_key(idempotency_key: str) -> str:
+    """What the upstream holds for one idempotency key."""
+    return f"test:upstream:{idempotency_key}"
+
+
+def count_key(idempotency_key: str) -> str:
+    """How many times the body tried to apply the key's effect (the upstream dedupes)."""
+    return f"test:upstream:applies:{idempotency_key}"
+
+
+def executions_key(call_id: str) -> str:
+    """How many times the tool body started for a call."""
+    return f"test:upstream:executions:{call_id}"
+
+
+async def _call_upstream(ctx: ToolContext, value: str, mode: Mode) -> str:
+    _redis().incr(executions_key(ctx.call_id))
+    if mode == "drop":
+        await asyncio.sleep(_HANG_S)  # the request never arrives
+    _redis().incr(count_key(ctx.idempotency_key))
+    stored = value if mode != "wrong_then_drop" else f"WRONG {value}"
+    _redis().set(effect_key(ctx.idempotency_key), stored, nx=True)  # upstream dedupes by key
+    if mode in ("apply_then_drop", "wrong_then_drop"):
+        await asyncio.sleep(_HANG_S)  # applied, but the response is lost
+    return f"stored {value}"
+
+
+async def _probe(ctx: ToolContext) -> ProbeResult:
+    raw = _redis().get(effect_key(ctx.idempotency_key))
+    if raw is None:
+        return ProbeResult.not_applied(detail="no record for the idempotency key")
+    stored = raw.decode()
+    if stored.startswith("WRONG "):
+        return ProbeResult.wrong_effect(stored, detail="upstream holds a different value")
+    return ProbeResult.applied(f"stored {stored}")
+
+
+async def _undo(ctx: ToolContext, original_output: str) -> str:
+    _redis().set(effect_key(ctx.idempotency_key), "COMPENSATED")
+    return f"undid {original_output}"
+
+
+@tools.tool(effect="non_idempotent", timeout=0.5)
+async def pay(ctx: ToolContext, value: str, mode: Mode = "ok") -> str:
+    """Non-idempotent upstream write with a probe and a compensation."""
+    return await _call_upstream(ctx, value, mode)
+
+
+pay.probe(_probe)
+pay.compensate(_undo)
+
+
+@tools.tool(effect="idempotent", timeout=0.5)
+async def put_record(ctx: ToolContext, value: str, drop_first: bool = False) -> str:
+    """Idempotent upstream write; with drop_first the first attempt's request is lost."""
+    mode: Mode = "drop" if drop_first and ctx.attempt == 1 else "ok"
+    return await _call_upstream(ctx, value, mode)
+
+
+put_record.probe(_probe)
+
+
+@tools.tool(effect="non_idempotent", timeout=0.5)
+async def notify(ctx: ToolContext, value: str, mode: Mode = "ok") -> str:
+    """Non-idempotent upstream write without a probe."""
+    return await _call_upstream(ctx, value, mode)
+
+
+@tools.tool(effect="read_only", version="7")
+async def flaky(fail: bool) -> str:
+    """A tool version that fails on demand (for the circuit breaker)."""
+    if fail:
+        raise RuntimeError("upstream 500")
+    return "fine"

@@ -1,0 +1,116 @@
+"""A failed TurnResult as the exception ``Runner.run`` would have raised in-process."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from agents import FunctionTool
+from agents import exceptions as sdk
+from agents.tool_guardrails import (
+    ToolGuardrailFunctionOutput,
+    ToolInputGuardrail,
+    ToolOutputGuardrail,
+)
+from openai.types.responses import ResponseFunctionToolCall
+
+from schemas import TurnError
+from toolfleet.errors import ToolfleetError
+
+
+class FleetRunCancelled(ToolfleetError):
+    """The run was cancelled on the fleet (a CancelRequest without call_id); no tool output."""
+
+
+class FleetTurnError(ToolfleetError):
+    """A turn failure with no SDK exception class to stand for it.
+
+    For example a tool that died of a BaseException (``type`` is its class name) or a tool-local
+    cancellation without a failure handler (``type`` "CancelledError"): in-process those
+    propagate out of ``Runner.run`` as they are, which a remote failure cannot do.
+    """
+
+    def __init__(self, error: TurnError) -> None:
+        super().__init__(error.message)
+        self.type = error.type
+        self.call_id = error.call_id
+
+
+def run_error(
+    error: TurnError, calls: Sequence[ResponseFunctionToolCall], tools: Sequence[FunctionTool]
+) -> Exception:
+    """The SDK exception for a failed turn, with the fleet's message (the SDK's own texts).
+
+    ``calls`` are the turn's function calls and ``tools`` the agent's, to fill the attributes
+    some SDK exceptions carry (the timed-out tool's name and timeout, the guardrail).
+    """
+    call = next((c for c in calls if c.call_id == error.call_id), None)
+    tool = _tool_of(call, tools)
+    exc: Exception
+    if error.type == "ToolTimeoutError":
+        seconds = tool.timeout_seconds if tool and tool.timeout_seconds else 0.0
+        exc = sdk.ToolTimeoutError(tool.name if tool else (call.name if call else ""), seconds)
+    elif error.type == "ToolInputGuardrailTripwireTriggered":
+        found = tool.tool_input_guardrails if tool else None
+        guardrail = found[0] if found and len(found) == 1 else _unknown_input_guardrail()
+        exc = sdk.ToolInputGuardrailTripwireTriggered(guardrail, _tripped())
+    elif error.type == "ToolOutputGuardrailTripwireTriggered":
+        found_out = tool.tool_output_guardrails if tool else None
+        guardrail_out = (
+            found_out[0] if found_out and len(found_out) == 1 else _unknown_output_guardrail()
+        )
+        exc = sdk.ToolOutputGuardrailTripwireTriggered(guardrail_out, _tripped())
+    else:
+        cls = getattr(sdk, error.type, None)
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, sdk.AgentsException)
+            and error.type in _MESSAGE_ONLY
+        ):
+            exc = cls(error.message)
+        else:
+            return FleetTurnError(error)
+    exc.args = (error.message,)  # the fleet's words, which are the SDK's
+    if hasattr(exc, "message"):
+        exc.message = error.message
+    return exc
+
+
+_MESSAGE_ONLY = frozenset(
+    {
+        "AgentsException",
+        "ModelBehaviorError",
+        "UserError",
+        "MaxTurnsExceeded",
+        "ModelRefusalError",
+        "ModelTimeoutError",
+        "MCPToolCancellationError",
+    }
+)
+"""SDK exception classes constructed from a message alone."""
+
+
+def _tool_of(
+    call: ResponseFunctionToolCall | None, tools: Sequence[FunctionTool]
+) -> FunctionTool | None:
+    if call is None:
+        return None
+    key = f"{call.namespace}.{call.name}" if getattr(call, "namespace", None) else call.name
+    return next((t for t in tools if t.qualified_name == key), None)
+
+
+def _tripped() -> ToolGuardrailFunctionOutput:
+    return ToolGuardrailFunctionOutput.raise_exception(output_info="tripped on the fleet")
+
+
+def _never(data: Any) -> ToolGuardrailFunctionOutput:
+    """Stands in for a guardrail that ran on the fleet and cannot be named from here."""
+    return _tripped()
+
+
+def _unknown_input_guardrail() -> ToolInputGuardrail[Any]:
+    return ToolInputGuardrail(guardrail_function=_never, name="fleet")
+
+
+def _unknown_output_guardrail() -> ToolOutputGuardrail[Any]:
+    return ToolOutputGuardrail(guardrail_function=_never, name="fleet")
