@@ -152,10 +152,14 @@ async def test_every_service_serves_metrics(fleet: LocalFleet, client: FleetClie
 
 
 def _metrics_port(log: str) -> int:
-    for line in log.splitlines():
-        if line.startswith("{") and '"serving metrics"' in line:
-            return int(json.loads(line)["port"])
-    raise AssertionError("the service never logged its metrics port")
+    """The port of the process that logged last (a restarted worker appends to its log)."""
+    ports = [
+        int(json.loads(line)["port"])
+        for line in log.splitlines()
+        if line.startswith("{") and '"serving metrics"' in line
+    ]
+    assert ports, "the service never logged its metrics port"
+    return ports[-1]
 
 
 def _get(url: str) -> str:

@@ -155,24 +155,14 @@ class FleetRunner:
             pending = state.pending
             result = await self._settle(state, pending)
             tools = await _function_tools(agent, state.context_wrapper)
-            outputs = self._take_outputs(state, pending, result)
+            outputs = self._take_results(state, pending, result, tools)
             if result is not None and result.status == "failed" and result.error is not None:
                 state.pending = None
                 raise run_error(result.error, pending.calls, tools)
             if result is not None and result.status == "cancelled":
                 state.pending = None
                 raise FleetRunCancelled(f"run {state.run_id} was cancelled on the fleet")
-            if result is not None and result.status == "interrupted":
-                asked = {
-                    getattr(i.raw_item, "call_id", None): i
-                    for i in state.new_items
-                    if isinstance(i, ToolApprovalItem)
-                }
-                state.interruptions = [
-                    asked.get(getattr(i.raw_item, "call_id", None), i)
-                    for i in _approval_items(agent, pending, result, tools)
-                ]
-                state.new_items.extend(i for i in state.interruptions if i not in asked.values())
+            if state.interruptions:
                 return self._result(state, None)
             state.pending, state.interruptions = None, []
             state.turn_id += 1
@@ -265,34 +255,54 @@ class FleetRunner:
         state.turn_results.append(result)
         return result
 
-    def _take_outputs(
-        self, state: FleetRunState, pending: PendingTurn, result: TurnResult | None
+    def _take_results(
+        self,
+        state: FleetRunState,
+        pending: PendingTurn,
+        result: TurnResult | None,
+        tools: Sequence[FunctionTool],
     ) -> dict[str, str]:
-        """Append the turn's new outputs as ToolCallOutputItems; all its outputs by call_id.
+        """Append the turn's new outputs and approval items; all its outputs by call_id.
 
-        Outputs are in model order (tools the agent lacks included: toolfleet keeps plain
-        model order where the SDK lists not-found outputs last); a resumed turn's outputs that
-        are already in the run are not added again, so they follow the earlier ones, as in the
-        SDK.
+        As the SDK lays them out: one item per invocation, in model order, an approval item
+        where a call waits (``state.interruptions``). Calls of tools the agent lacks are in
+        model order too (a deliberate difference: the SDK lists those outputs last). A
+        resumed turn only adds what is new, after the earlier items, as the SDK does.
         """
         outputs = dict(pending.local_outputs)
         if result is not None:
             outputs.update((o.call_id, o.output) for o in result.outputs)
-        order = {c.call_id: n for n, c in reversed(list(enumerate(pending.calls)))}
-        by_id = {c.call_id: c for c in reversed(pending.calls)}
-        ordered = dict(sorted(outputs.items(), key=lambda kv: order.get(kv[0], len(order))))
-        for call_id, text in ordered.items():
-            if call_id in state.output_call_ids or call_id not in by_id:
+        waiting = {i.call_id for i in result.interruptions} if result is not None else set()
+        asked = {
+            getattr(i.raw_item, "call_id", None): i
+            for i in state.new_items
+            if isinstance(i, ToolApprovalItem)
+        }
+        by_name = {t.qualified_name: t for t in tools}
+        state.interruptions = []
+        seen: set[str] = set()
+        for call in pending.calls:
+            if call.call_id in seen:
                 continue
-            state.output_call_ids.add(call_id)
-            state.new_items.append(
-                ToolCallOutputItem(
-                    output=text,
-                    raw_item=ItemHelpers.tool_call_output_item(by_id[call_id], text),
-                    agent=state.agent,
+            seen.add(call.call_id)
+            if call.call_id in outputs and call.call_id not in state.output_call_ids:
+                state.output_call_ids.add(call.call_id)
+                text = outputs[call.call_id]
+                state.new_items.append(
+                    ToolCallOutputItem(
+                        output=text,
+                        raw_item=ItemHelpers.tool_call_output_item(call, text),
+                        agent=state.agent,
+                    )
                 )
-            )
-        return ordered
+            elif call.call_id in waiting:
+                item = asked.get(call.call_id)
+                if item is None:
+                    item = _approval_item(state.agent, call, by_name.get(_qualified(call)))
+                    state.new_items.append(item)
+                state.interruptions.append(item)
+        order = {c.call_id: n for n, c in reversed(list(enumerate(pending.calls)))}
+        return dict(sorted(outputs.items(), key=lambda kv: order.get(kv[0], len(order))))
 
     async def _publish_decisions(self, state: FleetRunState) -> None:
         """Publish the decisions taken on the state; wait until the planner has them.
@@ -479,28 +489,14 @@ def _stop_after_tools(agent: Agent[Any], pending: PendingTurn, outputs: dict[str
     return _RUN_AGAIN
 
 
-def _approval_items(
-    agent: Agent[Any],
-    pending: PendingTurn,
-    result: TurnResult,
-    tools: Sequence[FunctionTool],
-) -> list[ToolApprovalItem]:
-    """SDK approval items for the calls the fleet reports waiting for approval."""
-    by_id = {c.call_id: c for c in reversed(pending.calls)}
-    by_name = {t.qualified_name: t for t in tools}
-    items = []
-    for interruption in result.interruptions:
-        call = by_id.get(interruption.call_id)
-        if call is None:
-            continue
-        tool = by_name.get(_qualified(call))
-        items.append(
-            ToolApprovalItem(
-                agent=agent,
-                raw_item=call,
-                tool_name=call.name,
-                tool_namespace=getattr(call, "namespace", None),
-                tool_origin=get_function_tool_origin(tool) if tool else None,
-            )
-        )
-    return items
+def _approval_item(
+    agent: Agent[Any], call: ResponseFunctionToolCall, tool: FunctionTool | None
+) -> ToolApprovalItem:
+    """The SDK approval item for a call the fleet reports waiting for approval."""
+    return ToolApprovalItem(
+        agent=agent,
+        raw_item=call,
+        tool_name=call.name,
+        tool_namespace=getattr(call, "namespace", None),
+        tool_origin=get_function_tool_origin(tool) if tool else None,
+    )
