@@ -161,10 +161,13 @@ def turn_error(state: TurnState) -> TurnError | None:
 def is_settled(state: TurnState) -> bool:
     """True when the result can be built: every call decided, or the turn already ended.
 
-    A turn ends early on a planning error, a parent cancellation, or a failure that fails
-    the turn; calls still queued or running then are reported skipped (or cancelled).
+    A turn ends early on a planning error or a parent cancellation (calls still queued or
+    running are then reported skipped or cancelled). A failure does not end it early: the
+    failure reported must not depend on which outcome arrived first, so the turn waits for
+    every call - running siblings finish, and the planner reports the calls it will never
+    start as skipped.
     """
-    if state.plan.error is not None or state.cancelled or turn_error(state) is not None:
+    if state.plan.error is not None or state.cancelled:
         return True
     return not unsettled_calls(state)
 

@@ -9,6 +9,7 @@ during a rebalance can never release a call twice.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
@@ -19,7 +20,15 @@ from toolfleet.keys import Keys
 from toolfleet.redis import JsonState, update_json
 
 _GATE_TTL_S = 7 * 24 * 3600
-_FAILED_STATUSES = frozenset({"failed", "timed_out", "cancelled"})
+
+
+@dataclass(frozen=True)
+class Released:
+    """What an outcome of a capped turn changes: calls to send, calls that will never start."""
+
+    config: TurnConfig
+    send: list[PlannedCall]
+    never_started: list[PlannedCall]
 
 
 class Gate:
@@ -59,8 +68,8 @@ class Gate:
         _state, released = await self._update(key, start)
         return [c.call_id for c in released]
 
-    async def on_outcome(self, outcome: CallOutcome) -> tuple[TurnConfig, list[PlannedCall]]:
-        """Account for a finished call of a capped turn; its config and the calls to send now."""
+    async def on_outcome(self, outcome: CallOutcome) -> Released:
+        """Account for a finished call of a capped turn: which calls to send, which to skip."""
         key = self.keys.gate(outcome.tenant_id, outcome.run_id, outcome.turn_id)
 
         def finish(state: JsonState | None) -> tuple[JsonState | None, list[str]]:
@@ -73,13 +82,19 @@ class Gate:
             redelivered = outcome.call_id in state["finished"]
             if not redelivered:
                 state["finished"].append(outcome.call_id)
-            if outcome.status in _FAILED_STATUSES or outcome.fails_turn:
-                state["failed"] = True
+            newly_failed = _fails_turn(outcome, state["policy"]) and not state["failed"]
+            state["failed"] = state["failed"] or newly_failed
+            if state["failed"] and (newly_failed or redelivered):
+                # Queued calls never start after a turn-failing failure; say so, so the
+                # aggregator can choose the failure once every call has reported.
+                return state, [c for c in _ids(state["calls"]) if c not in state["in_flight"]]
             return _release(state, resend=redelivered)
 
-        state, release = await self._update(key, finish)
+        state, changed = await self._update(key, finish)
         config = TurnConfig.model_validate(state["config"]) if state else TurnConfig()
-        return config, release
+        if state is not None and state["failed"]:
+            return Released(config, send=[], never_started=changed)
+        return Released(config, send=changed, never_started=[])
 
     async def cancel_run(self, tenant_id: str, run_id: str) -> None:
         """Parent cancellation: queued calls of every capped turn of the run never start."""
@@ -103,6 +118,13 @@ class Gate:
         return state, [c for c in calls if c.call_id in released]
 
 
+def _fails_turn(outcome: CallOutcome, policy: str) -> bool:
+    """As the aggregator judges it: a flagged failure, or a definite one under fail_turn."""
+    return outcome.fails_turn or (
+        policy == "fail_turn" and outcome.status == "failed" and outcome.resolved
+    )
+
+
 def _ids(calls: list[dict[str, Any]]) -> list[str]:
     return [c["call_id"] for c in calls]
 
@@ -119,7 +141,7 @@ def _release(state: dict[str, Any], *, resend: bool = False) -> tuple[dict[str, 
         set(state["finished"]),
         limit=state["limit"],
         failed=state["failed"],
-        policy=state["policy"],
+        policy="fail_turn",  # "failed" is only ever set by a turn-failing outcome
     )
     state["in_flight"] = [*state["in_flight"], *release]
     return state, [*unfinished, *release]

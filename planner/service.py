@@ -119,13 +119,18 @@ class Planner:
 
     async def on_outcome(self, outcome: CallOutcome) -> None:
         """Release the next queued calls of a turn with a concurrency cap."""
-        config, release = await self.gate.on_outcome(outcome)
-        if not release:
+        released = await self.gate.on_outcome(outcome)
+        for call in released.never_started:
+            skipped = _decided_outcome(outcome, call).model_copy(
+                update={"status": "skipped", "effect": "not_executed", "output": None}
+            )
+            await self.bus.publish_and_wait("outcomes", outcome.run_id, skipped)
+        if not released.send:
             return
         tenant = outcome.tenant_id
-        entries = await self.ledger.read(tenant, (c.call_id for c in release))
+        entries = await self.ledger.read(tenant, (c.call_id for c in released.send))
         commands = []
-        for call in release:
+        for call in released.send:
             entry = entries.get(call.call_id)
             issued = await self.ledger.dispatch(tenant, call.call_id) if entry else None
             if entry is None or issued is None:
@@ -136,7 +141,7 @@ class Planner:
                     tenant_id=tenant,
                     run_id=outcome.run_id,
                     turn_id=outcome.turn_id,
-                    config=config,
+                    config=released.config,
                     fingerprint=entry.fingerprint,
                     idempotency_key=entry.idempotency_key,
                     approved=entry.approval == "approved",
@@ -299,12 +304,12 @@ def _command(
     )
 
 
-def _decided_outcome(event: ModelResponseEvent, call: PlannedCall) -> CallOutcome:
+def _decided_outcome(turn: ModelResponseEvent | CallOutcome, call: PlannedCall) -> CallOutcome:
     """The outcome of a call the planner decided without running it (rejected, not found)."""
     return CallOutcome(
-        tenant_id=event.tenant_id,
-        run_id=event.run_id,
-        turn_id=event.turn_id,
+        tenant_id=turn.tenant_id,
+        run_id=turn.run_id,
+        turn_id=turn.turn_id,
         call_id=call.call_id,
         tool_name=call.tool_name,
         index=call.index,

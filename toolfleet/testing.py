@@ -14,11 +14,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
+from schemas import AgentRef, ModelResponseEvent, TurnResult
+from toolfleet.client import FleetClient, TurnTimeoutError
 from toolfleet.settings import Settings
 
 
@@ -156,3 +162,37 @@ class LocalFleet:
                 proc.popen.wait()
             proc.log.close()
         self._procs.clear()
+
+
+@asynccontextmanager
+async def connected_client(
+    fleet: LocalFleet, settings: Settings, *, within: float = 120.0
+) -> AsyncIterator[FleetClient]:
+    """A FleetClient once the whole fleet serves: workers own their partitions (so their
+    tools are published) and a first, empty turn has gone all the way through."""
+    await fleet.ready(within)
+    async with FleetClient(settings) as client:
+        warm = ModelResponseEvent(
+            tenant_id="warm-up",
+            run_id=f"warm-{uuid.uuid4().hex[:8]}",
+            turn_id=0,
+            agent=AgentRef(name="warm-up"),
+            response_id="warm-up",
+        )
+        await client.submit(warm)
+        await result_of(fleet, client, warm.run_id, within=within)
+        yield client
+
+
+async def result_of(
+    fleet: LocalFleet, client: FleetClient, run_id: str, turn_id: int = 0, *, within: float = 60
+) -> TurnResult:
+    """A turn's result; fails at once, with the log, if a service process died meanwhile."""
+    deadline = time.monotonic() + within
+    while True:
+        fleet.check()
+        try:
+            return await client.result(run_id, turn_id, within=min(1.0, within))
+        except TurnTimeoutError:
+            if time.monotonic() > deadline:
+                raise

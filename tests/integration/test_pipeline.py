@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -11,9 +10,9 @@ from typing import Any
 import pytest
 
 from schemas import ModelResponseEvent, TurnResult
-from toolfleet.client import FleetClient, TurnTimeoutError
+from toolfleet.client import FleetClient
 from toolfleet.settings import Settings
-from toolfleet.testing import LocalFleet
+from toolfleet.testing import LocalFleet, connected_client
 
 pytestmark = pytest.mark.integration
 
@@ -28,19 +27,7 @@ def fleet(settings: Settings, topics: list[str]) -> Iterator[LocalFleet]:
 
 @pytest.fixture(scope="module")
 async def client(fleet: LocalFleet, settings: Settings) -> AsyncIterator[FleetClient]:
-    async with FleetClient(settings) as fleet_client:
-        # Ready when a first turn goes all the way through (group joins take a while).
-        warm = turn(("w1", "add", {"a": 1, "b": 1}))
-        await fleet_client.submit(warm)
-        deadline = time.monotonic() + 120
-        while True:
-            fleet.check()
-            try:
-                await fleet_client.result(warm.run_id, 0, within=1)
-                break
-            except TurnTimeoutError:
-                if time.monotonic() > deadline:
-                    raise
+    async with connected_client(fleet, settings) as fleet_client:
         yield fleet_client
 
 

@@ -13,7 +13,6 @@ from redis.asyncio import Redis
 
 from schemas import TurnResult
 from tests.conftest import wait_for
-from tests.integration.test_fleet import _await_result
 from tests.integration.test_pipeline import turn
 from tests.integration.upstream_tools import count_key, effect_key, executions_key
 from toolfleet.circuit import CircuitBreaker
@@ -22,7 +21,7 @@ from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
 from toolfleet.settings import Settings
 from toolfleet.tasks import StoredTask, TaskStore
-from toolfleet.testing import LocalFleet
+from toolfleet.testing import LocalFleet, connected_client, result_of
 from toolfleet.texts import COMPENSATED, DEFAULT_ERROR
 
 pytestmark = pytest.mark.integration
@@ -45,11 +44,7 @@ def fleet(settings: Settings, topics: list[str]) -> Iterator[LocalFleet]:
 
 @pytest.fixture(scope="module")
 async def client(fleet: LocalFleet, settings: Settings) -> AsyncIterator[FleetClient]:
-    await fleet.ready()
-    async with FleetClient(settings) as fleet_client:
-        warm = turn(("w", "flaky", {"fail": False}))
-        await fleet_client.submit(warm)
-        await _await_result(fleet, fleet_client, warm.run_id, within=120)
+    async with connected_client(fleet, settings) as fleet_client:
         yield fleet_client
 
 
@@ -93,7 +88,7 @@ async def test_a_timed_out_call_that_did_apply_is_resolved_by_the_probe_and_neve
     fleet: LocalFleet, client: FleetClient, redis: Redis, keys: Keys
 ) -> None:
     call_id = await _run(fleet, client, "pay", {"value": "42", "mode": "apply_then_drop"})
-    result = await _await_result(fleet, client, _run_id(call_id))
+    result = await result_of(fleet, client, _run_id(call_id))
     key = await _idempotency_key(redis, keys, call_id)
     assert (result.status, result.outputs[0].output) == ("completed", "stored 42")
     assert (result.calls[0].status, result.calls[0].effect) == ("succeeded", "applied")
@@ -108,7 +103,7 @@ async def test_a_call_that_did_not_apply_is_retried_once_with_the_same_key_only_
     fleet: LocalFleet, client: FleetClient, redis: Redis, keys: Keys
 ) -> None:
     idempotent = await _run(fleet, client, "put_record", {"value": "r1", "drop_first": True})
-    result = await _await_result(fleet, client, _run_id(idempotent))
+    result = await result_of(fleet, client, _run_id(idempotent))
     key = await _idempotency_key(redis, keys, idempotent)
     assert (result.calls[0].status, result.calls[0].effect, result.calls[0].attempts) == (
         "succeeded", "applied", 2,
@@ -122,7 +117,7 @@ async def test_a_call_that_did_not_apply_is_retried_once_with_the_same_key_only_
     task = await _task_for(redis, keys, blind)
     assert "never re-submitted" in task.task.reason
     _toolfleet(fleet, "tasks", "resolve", task.task.task_id, "--as", "not_applied", "--by", "ops")
-    result = await _await_result(fleet, client, _run_id(blind))
+    result = await result_of(fleet, client, _run_id(blind))
     assert result.outputs[0].output == DEFAULT_ERROR
     assert (result.calls[0].effect, result.calls[0].attempts) == ("not_executed", 1)
     assert int(await redis.get(executions_key(blind)) or 0) == 1
@@ -139,7 +134,7 @@ async def test_a_tool_without_a_probe_goes_to_a_human_task(
         fleet, "tasks", "resolve", task.task.task_id, "--as", "applied",
         "--output", "notified n1", "--by", "ops",
     )  # fmt: skip
-    result: TurnResult = await _await_result(fleet, client, _run_id(call_id))
+    result: TurnResult = await result_of(fleet, client, _run_id(call_id))
     assert (result.status, result.outputs[0].output) == ("completed", "notified n1")
     assert result.calls[0].effect == "applied"
     assert int(await redis.get(executions_key(call_id)) or 0) == 1
@@ -160,7 +155,7 @@ async def test_compensation_runs_only_after_approval_and_is_linked_in_the_audit_
     _toolfleet(
         fleet, "tasks", "resolve", task.task.task_id, "--as", "approve_compensation", "--by", "ops"
     )
-    result = await _await_result(fleet, client, _run_id(call_id))
+    result = await result_of(fleet, client, _run_id(call_id))
     assert result.outputs[0].output == COMPENSATED.format(name="pay")
     assert await redis.get(effect_key(key)) == b"COMPENSATED"
     entry = (await ledger.read("acme", [call_id]))[call_id]
@@ -183,7 +178,7 @@ async def test_a_failing_tool_version_trips_the_circuit_and_later_calls_are_not_
     # One at a time, so the call that trips the circuit is known: the 4th of the window.
     failing = turn(*((f"f{i}", "flaky", {"fail": True}) for i in range(5)), max_concurrency=1)
     await client.submit(failing)
-    result = await _await_result(fleet, client, failing.run_id)
+    result = await result_of(fleet, client, failing.run_id)
     assert [c.status for c in result.calls] == ["failed"] * 5
     assert "temporarily unavailable" in result.outputs[4].output  # refused, not executed
     assert result.calls[4].effect == "not_executed"
@@ -193,14 +188,14 @@ async def test_a_failing_tool_version_trips_the_circuit_and_later_calls_are_not_
 
     later = turn(("a", "flaky", {"fail": False}), ("b", "flaky", {"fail": False}))
     await client.submit(later)
-    result = await _await_result(fleet, client, later.run_id)
+    result = await result_of(fleet, client, later.run_id)
     assert all("temporarily unavailable" in o.output for o in result.outputs)
     assert {(c.status, c.effect) for c in result.calls} == {("failed", "not_executed")}
 
     assert "flaky@7: closed" in _toolfleet(fleet, "tools", "resume", "flaky@7")
     again = turn(("a", "flaky", {"fail": False}))
     await client.submit(again)
-    assert (await _await_result(fleet, client, again.run_id)).outputs[0].output == "fine"
+    assert (await result_of(fleet, client, again.run_id)).outputs[0].output == "fine"
 
 
 async def _is_open(circuits: CircuitBreaker) -> bool:

@@ -29,11 +29,11 @@ from tests.integration.fleet_tools import (
     timing_key,
 )
 from tests.integration.test_pipeline import outputs, turn
-from toolfleet.client import FleetClient, TurnTimeoutError
+from toolfleet.client import FleetClient
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger, LedgerEntry
 from toolfleet.settings import Settings
-from toolfleet.testing import LocalFleet
+from toolfleet.testing import LocalFleet, connected_client
 
 pytestmark = pytest.mark.integration
 
@@ -68,19 +68,7 @@ def fleet(settings: Settings, topics: list[str]) -> Iterator[LocalFleet]:
 
 @pytest.fixture(scope="module")
 async def client(fleet: LocalFleet, settings: Settings) -> AsyncIterator[FleetClient]:
-    async with FleetClient(settings) as fleet_client:
-        # Ready when a first turn goes all the way through (group joins take a while).
-        warm = turn(("w1", "add", {"a": 1, "b": 1}))
-        await fleet_client.submit(warm)
-        deadline = time.monotonic() + 120
-        while True:
-            fleet.check()
-            try:
-                await fleet_client.result(warm.run_id, 0, within=1)
-                break
-            except TurnTimeoutError:
-                if time.monotonic() > deadline:
-                    raise
+    async with connected_client(fleet, settings) as fleet_client:
         yield fleet_client
 
 
@@ -180,7 +168,7 @@ async def test_plan_before_side_effects_a_bad_response_runs_nothing(
         ("b", "sleep_then_echo", {"text": "y"}),
     )
     result = await client.run_turn(event)
-    assert result.status == "failed"
+    assert result.status == "failed", result
     assert result.error is not None and result.error.message == REUSED_IN_RESPONSE
     assert result.outputs == []
     # Nothing was even recorded, so nothing could ever be dispatched: no ledger entry at all.
@@ -199,7 +187,7 @@ async def test_same_id_same_fingerprint_in_one_response_runs_once(
         ("b", "add", {"a": 1, "b": 2}),
     )
     result = await client.run_turn(event)
-    assert result.status == "completed", result.model_dump_json()
+    assert result.status == "completed", result
     assert outputs(result) == [("a", "once"), ("b", "3")]
     assert await store.count(effects_key(cid(event, "a"))) == 1
 
@@ -209,7 +197,7 @@ async def test_same_id_different_content_in_one_response_fails_the_turn(
 ) -> None:
     event = turn(("a", "add", {"a": 1, "b": 2}), ("a", "add", {"a": 1, "b": 3}))
     result = await client.run_turn(event)
-    assert result.status == "failed"
+    assert result.status == "failed", result
     assert result.error is not None
     assert (result.error.type, result.error.message, result.error.call_id) == (
         "ModelBehaviorError",
@@ -232,7 +220,7 @@ async def test_completed_id_same_identity_reuses_the_committed_output(
         ("b", "sleep_then_echo", {"text": "new"}),
     )
     result = await client.run_turn(second)
-    assert result.status == "completed"
+    assert result.status == "completed", result
     assert outputs(result) == [("a", "committed"), ("b", "new")]
     assert await store.count(effects_key(cid(first, "a"))) == 1  # not run again
     assert await store.count(effects_key(cid(first, "b"))) == 1
@@ -250,7 +238,7 @@ async def test_completed_id_different_identity_fails_the_turn(
         ("a", "sleep_then_echo", {"text": "something else"}),
     )
     result = await client.run_turn(second)
-    assert result.status == "failed"
+    assert result.status == "failed", result
     assert result.error is not None
     assert (result.error.message, result.error.call_id) == (REUSED_COMPLETED, cid(first, "a"))
     assert await store.count(effects_key(cid(first, "a"))) == 1
@@ -265,7 +253,7 @@ async def test_executed_id_without_a_committed_output_is_never_reused(
     assert (await client.run_turn(first)).status == "failed"
     again = later_turn(first, 1, ("a", "strict_boom", {"message": "kaput"}))
     result = await client.run_turn(again)
-    assert result.status == "failed"
+    assert result.status == "failed", result
     assert result.error is not None
     assert (result.error.message, result.error.call_id) == (NOT_COMMITTED, cid(first, "a"))
     assert result.outputs == []
@@ -275,7 +263,7 @@ async def test_executed_id_without_a_committed_output_is_never_reused(
 async def test_empty_call_id_fails_the_turn(client: FleetClient, store: Store) -> None:
     event = turn(("a", "sleep_then_echo", {"text": "x"}), ("", "add", {"a": 1, "b": 2}))
     result = await client.run_turn(event)
-    assert result.status == "failed"
+    assert result.status == "failed", result
     assert result.error is not None
     assert (result.error.type, result.error.message) == ("ModelBehaviorError", EMPTY_ID)
     assert await store.entry(cid(event, "a")) is None
@@ -287,7 +275,7 @@ async def test_a_call_needing_approval_interrupts_the_turn(
 ) -> None:
     event = turn(("a", "approve_me", {"name": "prod"}), ("b", "timed_work", {"text": "ok"}))
     result = await client.run_turn(event)
-    assert result.status == "interrupted"
+    assert result.status == "interrupted", result
     assert interrupted(result) == [("a", "approve_me")]
     assert result.interruptions[0].arguments == json.dumps({"name": "prod"})
     assert outputs(result) == [("b", "ok")]  # a sibling that needs no approval runs
@@ -301,7 +289,7 @@ async def test_an_approved_call_runs_when_the_turn_is_resumed(
     assert (await client.run_turn(event)).status == "interrupted"
     await decide(client, store, event, "a", "approve_me", approve=True)
     result = await client.run_turn(resumed(event))
-    assert result.status == "completed"
+    assert result.status == "completed", result
     assert result.interruptions == []
     assert outputs(result) == [("a", "done prod"), ("b", "ok")]
     assert await store.count(effects_key(cid(event, "a"))) == 1
@@ -317,7 +305,7 @@ async def test_a_rejected_call_gets_the_rejection_text_and_never_runs(
     await decide(client, store, event, "a", "approve_me", approve=False)
     await decide(client, store, event, "b", "approve_me", approve=False, message="Not today.")
     result = await client.run_turn(resumed(event))
-    assert result.status == "completed"
+    assert result.status == "completed", result
     assert outputs(result) == [("a", NOT_APPROVED), ("b", "Not today.")]
     assert records(result) == [("a", "rejected", "not_executed"), ("b", "rejected", "not_executed")]
     for suffix in ("a", "b"):
@@ -338,7 +326,7 @@ async def test_sticky_always_approve_approves_later_calls_of_the_same_tool(
     # Later calls of the tool in the same run: no interruption.
     later = later_turn(event, 1, ("c", "approve_me", {"name": "second"}))
     result = await client.run_turn(later)
-    assert result.status == "completed"
+    assert result.status == "completed", result
     assert outputs(result) == [("c", "done second")]
     assert await store.count(effects_key(cid(event, "c"))) == 1
 
@@ -361,7 +349,7 @@ async def test_sticky_always_reject_rejects_later_calls_with_its_message(
     assert outputs(await client.run_turn(resumed(event))) == [("a", "No.")]
     later = later_turn(event, 1, ("b", "approve_me", {"name": "second"}))
     result = await client.run_turn(later)
-    assert result.status == "completed"
+    assert result.status == "completed", result
     assert outputs(result) == [("b", "No.")]
     assert await store.count(effects_key(cid(event, "b"))) == 0
 
@@ -375,13 +363,13 @@ async def test_needs_approval_callable_is_asked_at_most_once_per_call(
         ("c", "payout", {"amount": 700}),
     )
     first = await client.run_turn(event)
-    assert first.status == "interrupted"
+    assert first.status == "interrupted", first
     assert interrupted(first) == [("a", "payout"), ("c", "payout")]
     assert outputs(first) == [("b", "paid 5")]
     await decide(client, store, event, "a", "payout", approve=True)
     await decide(client, store, event, "c", "payout", approve=False)
     result = await client.run_turn(resumed(event))
-    assert result.status == "completed"
+    assert result.status == "completed", result
     assert outputs(result) == [("a", "paid 500"), ("b", "paid 5"), ("c", NOT_APPROVED)]
     for suffix in ("a", "b", "c"):  # asked once each; never again once decided
         assert await store.count(approval_checks_key(cid(event, suffix))) == 1
@@ -393,7 +381,7 @@ async def test_callable_needs_approval_with_unparseable_arguments_fails_closed(
 ) -> None:
     event = turn(("a", "payout", '{"amount": 5'), ("b", "payout", '{"amount": "five"}'))
     result = await client.run_turn(event)
-    assert result.status == "interrupted"
+    assert result.status == "interrupted", result
     assert interrupted(result) == [("a", "payout"), ("b", "payout")]
     assert result.outputs == []
     for suffix in ("a", "b"):
@@ -409,7 +397,7 @@ async def test_input_guardrail_reject_content_is_the_output_and_the_tool_never_r
         ("a", "screened_echo", {"text": "my secret"}), ("b", "screened_echo", {"text": "hi"})
     )
     result = await client.run_turn(event)
-    assert result.status == "completed"
+    assert result.status == "completed", result
     assert outputs(result) == [("a", "Refusing to echo secrets."), ("b", "hi")]
     assert records(result)[0] == ("a", "rejected", "not_executed")
     assert await store.count(effects_key(cid(event, "a"))) == 0
@@ -420,7 +408,7 @@ async def test_input_guardrail_raise_exception_fails_the_turn(
 ) -> None:
     event = turn(("a", "screened_echo", {"text": "trip"}))
     result = await client.run_turn(event)
-    assert result.status == "failed"
+    assert result.status == "failed", result
     assert result.error is not None
     assert (result.error.type, result.error.message, result.error.call_id) == (
         "ToolInputGuardrailTripwireTriggered",
@@ -436,7 +424,7 @@ async def test_output_guardrail_reject_content_replaces_the_output(
 ) -> None:
     event = turn(("a", "screened_echo", {"text": "classified doc"}))
     result = await client.run_turn(event)
-    assert result.status == "completed"
+    assert result.status == "completed", result
     assert outputs(result) == [("a", "Output withheld.")]
     assert records(result) == [("a", "rejected", "applied")]  # it ran: the effect stays
     assert await store.count(effects_key(cid(event, "a"))) == 1
@@ -447,7 +435,7 @@ async def test_output_guardrail_raise_exception_fails_the_turn(
 ) -> None:
     event = turn(("a", "screened_echo", {"text": "explode"}))
     result = await client.run_turn(event)
-    assert result.status == "failed"
+    assert result.status == "failed", result
     assert result.error is not None
     assert (result.error.type, result.error.message) == (
         "ToolOutputGuardrailTripwireTriggered",
@@ -462,7 +450,7 @@ async def test_pre_approval_guardrails_run_input_guardrails_before_the_interrupt
     # Without the option, a call needing approval is interrupted whatever its arguments.
     plain = turn(("a", "screened_approval", {"text": "my secret"}))
     result = await client.run_turn(plain)
-    assert result.status == "interrupted"
+    assert result.status == "interrupted", result
     assert interrupted(result) == [("a", "screened_approval")]
     # ... and its input guardrails still run right before invocation, once approved.
     await decide(client, store, plain, "a", "screened_approval", approve=True)
@@ -476,12 +464,12 @@ async def test_pre_approval_guardrails_run_input_guardrails_before_the_interrupt
         pre_approval_guardrails=True,
     )
     result = await client.run_turn(event)
-    assert result.status == "interrupted"
+    assert result.status == "interrupted", result
     assert interrupted(result) == [("b", "screened_approval")]
     assert outputs(result) == [("a", "Refusing to echo secrets.")]
     await decide(client, store, event, "b", "screened_approval", approve=True)
     result = await client.run_turn(resumed(event))
-    assert result.status == "completed"
+    assert result.status == "completed", result
     assert outputs(result) == [("a", "Refusing to echo secrets."), ("b", "fine")]
     assert await store.count(effects_key(cid(event, "a"))) == 0
     assert await store.count(effects_key(cid(event, "b"))) == 1
@@ -499,7 +487,7 @@ async def test_hooks_run_exactly_once_per_call(client: FleetClient, store: Store
     assert (await client.run_turn(event)).status == "interrupted"
     await decide(client, store, event, "d", "approve_me", approve=True)
     result = await client.run_turn(resumed(event))
-    assert result.status == "completed"
+    assert result.status == "completed", result
     # A later turn repeating the completed call reuses it: no hooks.
     again = later_turn(event, 1, ("a", "timed_work", {"text": "ok", "ms": 50}))
     assert outputs(await client.run_turn(again)) == [("a", "ok")]
@@ -527,7 +515,7 @@ async def test_outputs_in_model_order_whatever_the_finish_order(
         ("c", "timed_work", {"text": "third", "ms": 300}),
     )
     result = await client.run_turn(event)
-    assert result.status == "completed"
+    assert result.status == "completed", result
     assert outputs(result) == [("a", "first"), ("b", "second"), ("c", "third")]
     ends = {s: float(await store.redis.hget(timing_key(cid(event, s)), "end") or 0) for s in "abc"}
     assert ends["b"] < ends["c"] < ends["a"]  # they really finished in the reverse order
@@ -540,7 +528,7 @@ async def test_max_concurrency_starts_calls_in_model_order_at_most_n_at_once(
     suffixes = [f"c{i}" for i in range(calls)]
     event = turn(*((s, "timed_work", {"text": s, "ms": 300}) for s in suffixes), max_concurrency=n)
     result = await client.run_turn(event)
-    assert result.status == "completed"
+    assert result.status == "completed", result
     assert outputs(result) == [(s, s) for s in suffixes]
     spans = []
     for s in suffixes:
@@ -566,7 +554,7 @@ async def test_a_failed_call_never_discards_a_siblings_output(client: FleetClien
         ("d", "add", {"a": "not a number", "b": 1}),
     )
     result = await client.run_turn(event)
-    assert result.status == "completed"
+    assert result.status == "completed", result
     assert outputs(result) == [
         ("a", TOOL_ERROR),
         ("b", "kept"),
@@ -575,17 +563,6 @@ async def test_a_failed_call_never_discards_a_siblings_output(client: FleetClien
     ]
 
 
-DRAIN_BUG = (
-    "aggregator settles a failed turn on the FIRST turn-failing outcome it reads "
-    "(aggregator/_turn.py is_settled + aggregator/service.py _maybe_emit emit once per epoch), "
-    "so the reported failure is whichever outcome reached it first, not the one chosen by "
-    "severity then model order among the failures of the turn (the SDK collects failures "
-    "during its 0.25 s drain before choosing); needs a drain window / waiting for in-flight "
-    "calls in the aggregator service"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=DRAIN_BUG)
 @pytest.mark.parametrize(
     ("calls", "expected"),
     [
@@ -617,7 +594,7 @@ async def test_failure_choice_is_deterministic_when_several_calls_fail(
         failure_policy="fail_turn",
     )
     result = await client.run_turn(event)
-    assert result.status == "failed"
+    assert result.status == "failed", result
     assert result.error is not None
     chosen = (result.error.type, result.error.message, result.error.call_id)
     assert chosen == (*expected[:2], cid(event, expected[2]))
@@ -643,7 +620,7 @@ async def test_parent_cancellation_propagates_promptly_and_is_never_tool_output(
     await client.cancel(CancelRequest(tenant_id=TENANT, run_id=event.run_id, reason="user left"))
     result = await client.result(event.run_id, 0, within=10)
     assert time.monotonic() - asked < 5
-    assert result.status == "cancelled"
+    assert result.status == "cancelled", result
     assert result.error is None
     assert result.outputs == []  # no output for the cancelled call, none invented for b
     assert [c.status for c in result.calls] == ["cancelled", "cancelled"]
@@ -689,10 +666,10 @@ async def test_tool_local_cancellation_follows_the_failure_policy(
     assert time.monotonic() - asked < 5
     assert await store.count(effects_key(target)) == 0
     if policy == "error_as_output":
-        assert result.status == "completed"
+        assert result.status == "completed", result
         assert outputs(result) == [("a", TOOL_ERROR), ("b", "sibling")]
     else:
-        assert result.status == "failed"
+        assert result.status == "failed", result
         assert result.error is not None and result.error.call_id == target
         assert outputs(result) == [("b", "sibling")]
     assert records(result)[0][1] == "cancelled"
@@ -701,7 +678,7 @@ async def test_tool_local_cancellation_follows_the_failure_policy(
 # --- default model-visible texts -----------------------------------------------------------
 async def test_default_timeout_text(client: FleetClient) -> None:
     result = await client.run_turn(turn(("a", "too_slow", {})))
-    assert result.status == "completed"
+    assert result.status == "completed", result
     assert outputs(result) == [("a", "Tool 'too_slow' timed out after 0.2 seconds.")]
     assert records(result)[0][1] == "timed_out"
 
@@ -713,7 +690,7 @@ async def test_default_tool_error_text_never_shows_the_exception(client: FleetCl
         ("c", "add", '{"a": 1, "b": '),  # unparseable arguments
     )
     result = await client.run_turn(event)
-    assert result.status == "completed"
+    assert result.status == "completed", result
     assert outputs(result) == [("a", TOOL_ERROR), ("b", TOOL_ERROR), ("c", TOOL_ERROR)]
 
 
@@ -724,7 +701,7 @@ async def test_missing_tool_under_return_error_to_model_is_an_output(client: Fle
         tool_not_found="return_error_to_model",
     )
     result = await client.run_turn(event)
-    assert result.status == "completed"
+    assert result.status == "completed", result
     assert outputs(result) == [("a", "Tool 'no_such_tool' not found."), ("b", "3")]
 
 
@@ -733,7 +710,7 @@ async def test_missing_tool_under_raise_error_fails_the_turn(
 ) -> None:
     event = turn(("a", "sleep_then_echo", {"text": "x"}), ("b", "no_such_tool", {}))
     result = await client.run_turn(event)
-    assert result.status == "failed"
+    assert result.status == "failed", result
     assert result.error is not None
     assert (result.error.message, result.error.call_id) == (
         "Tool no_such_tool not found in agent assistant",
@@ -756,7 +733,7 @@ async def test_no_failure_handler_fails_the_turn_with_error_running_tool(
         failure_policy=policy,
     )
     result = await client.run_turn(event)
-    assert result.status == "failed"
+    assert result.status == "failed", result
     assert result.error is not None
     assert (result.error.type, result.error.message, result.error.call_id) == (
         "UserError",
@@ -771,7 +748,7 @@ async def test_disabled_tool_fails_the_turn_before_any_sibling_starts(
 ) -> None:
     event = turn(("a", "sleep_then_echo", {"text": "x"}), ("b", "disabled_tool", {}))
     result = await client.run_turn(event)
-    assert result.status == "failed"
+    assert result.status == "failed", result
     assert result.error is not None
     assert (result.error.message, result.error.call_id) == (
         "Tool disabled_tool is currently disabled for agent assistant.",

@@ -222,7 +222,9 @@ def test_fail_turn_fails_the_turn_and_keeps_the_finished_siblings_outputs() -> N
     s = state(call("c1", 0), call("c2", 1), call("c3", 2), failure_policy="fail_turn")
     accept_outcome(s, outcome("c1", 0))
     accept_outcome(s, outcome("c2", 1, "failed", error=CallError(type="ValueError", message="bad")))
-    assert is_settled(s)  # c3 never has to start
+    assert not is_settled(s)  # the failure is chosen once every call has reported
+    accept_outcome(s, outcome("c3", 2, "skipped", source="planner"))  # never started
+    assert is_settled(s)
     result = build_result(s)
     assert result.status == "failed"
     assert result.error == TurnError(
@@ -239,6 +241,8 @@ def test_fail_turn_fails_the_turn_and_keeps_the_finished_siblings_outputs() -> N
 def test_fails_turn_outcome_fails_the_turn_under_error_as_output() -> None:
     s = state(call("c1", 0), call("c2", 1))
     accept_outcome(s, failure("c2", 1))
+    assert not is_settled(s)  # a running sibling still reports (its output is kept)
+    accept_outcome(s, outcome("c1", 0))
     assert is_settled(s)
     assert build_result(s).status == "failed"
 
@@ -251,14 +255,17 @@ def test_timeout_under_fail_turn_stays_an_output_unless_the_executor_fails_the_t
     assert build_result(s).status == "completed"
 
 
-def test_unstarted_call_of_a_failed_turn_is_not_executed_only_when_known_unsent() -> None:
+def test_unstarted_call_of_a_cancelled_turn_is_not_executed_only_when_known_unsent() -> None:
     s = state(call("c1", 0), call("c2", 1), call("c3", 2, "attach"), failure_policy="fail_turn")
     accept_outcome(s, failure("c1", 0))
-    assert [(r.status, r.effect) for r in build_result(s).calls[1:]] == [("skipped", "unknown")] * 2
+    s.cancelled = True
+    assert [(r.status, r.effect) for r in build_result(s).calls[1:]] == [
+        ("cancelled", "unknown")
+    ] * 2
     s.released = {"c1"}
     assert [(r.status, r.effect) for r in build_result(s).calls[1:]] == [
-        ("skipped", "not_executed"),
-        ("skipped", "unknown"),  # attached: running elsewhere
+        ("cancelled", "not_executed"),
+        ("cancelled", "unknown"),  # attached: running elsewhere
     ]
 
 

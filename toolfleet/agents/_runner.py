@@ -216,12 +216,14 @@ class FleetRunner:
         remote: list[ResponseFunctionToolCall] = []
         for call in calls:
             name = _qualified(call)
-            if name in known or not call.call_id:
-                remote.append(call)  # an empty call_id is the planner's turn error
-            elif config.tool_not_found_behavior == "return_error_to_model":
-                local.setdefault(call.call_id, f"Tool '{name}' not found.")
-            else:
+            if name in known:
+                remote.append(call)
+            elif config.tool_not_found_behavior != "return_error_to_model":
                 raise ModelBehaviorError(f"Tool {name} not found in agent {agent.name}")
+            elif not call.call_id:
+                remote.append(call)  # the planner fails the turn: empty call ids come first
+            else:
+                local.setdefault(call.call_id, f"Tool '{name}' not found.")
         event = None
         if remote:
             event = ModelResponseEvent(
