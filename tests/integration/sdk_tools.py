@@ -1,0 +1,269 @@
+"""OpenAI Agents SDK function tools, defined once: run in-process by the SDK and served by the
+fleet (``--tools tests.integration.sdk_tools:tools``) in tests/integration/test_sdk_differential.
+
+Names start with ``sdk_`` because the fleet's tool registry in Redis is shared by every fleet
+on the machine. Tools that count what ran record it in Redis under the side they ran on:
+``fleet`` when the SDK context carries toolfleet's ToolContext (on a worker), ``sdk`` when it
+does not (in-process), so one test can compare both runs of the same call ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from functools import cache
+from typing import Any
+
+import redis
+from agents import FunctionTool, RunContextWrapper, function_tool
+from agents.tool_guardrails import (
+    ToolGuardrailFunctionOutput,
+    ToolInputGuardrailData,
+    ToolOutputGuardrailData,
+    tool_input_guardrail,
+    tool_output_guardrail,
+)
+
+from executors import ToolContext, ToolRegistry
+
+
+@cache
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(os.environ["REDIS_URL"])
+
+
+def side(ctx: RunContextWrapper[Any]) -> str:
+    """Where a call runs: "fleet" (a worker) or "sdk" (the test process, in-process run)."""
+    return "fleet" if isinstance(ctx.context, ToolContext) else "sdk"
+
+
+def runs_key(where: str, call_id: str) -> str:
+    """Redis counter: how many times the body of ``call_id`` ran on ``where``."""
+    return f"test:sdk:{where}:runs:{call_id}"
+
+
+def peak_key(where: str, group: str) -> str:
+    """Redis counter: the most calls of ``group`` that were in flight at once on ``where``."""
+    return f"test:sdk:{where}:peak:{group}"
+
+
+def _count(ctx: RunContextWrapper[Any], call_id: str) -> None:
+    _redis().incr(runs_key(side(ctx), call_id))
+
+
+def _call_id(ctx: RunContextWrapper[Any]) -> str:
+    return str(getattr(ctx, "tool_call_id", ""))
+
+
+# --- plain tools -----------------------------------------------------------------------------
+@function_tool
+async def sdk_add(a: int, b: int) -> int:
+    """Adds two integers."""
+    return a + b
+
+
+@function_tool
+def sdk_shout(text: str) -> str:
+    """A sync tool: runs in a worker thread, in-process and on the fleet alike."""
+    return text.upper()
+
+
+@function_tool(timeout=30)
+async def sdk_echo_after(ctx: RunContextWrapper[Any], text: str, ms: int = 0) -> str:
+    """Waits ``ms`` milliseconds, then returns ``text``; counts its runs."""
+    _count(ctx, _call_id(ctx))
+    await asyncio.sleep(ms / 1000)
+    return text
+
+
+@function_tool(timeout=30)
+async def sdk_busy(ctx: RunContextWrapper[Any], group: str, ms: int) -> str:
+    """Holds ``ms`` milliseconds while counting how many calls of ``group`` are in flight."""
+    where = side(ctx)
+    in_flight = f"test:sdk:{where}:in-flight:{group}"
+    now = _redis().incr(in_flight)
+    _redis().eval(  # peak = max(peak, now), atomically
+        "local p = tonumber(redis.call('GET', KEYS[1]) or '0') "
+        "if tonumber(ARGV[1]) > p then redis.call('SET', KEYS[1], ARGV[1]) end return 0",
+        1,
+        peak_key(where, group),
+        now,
+    )
+    try:
+        await asyncio.sleep(ms / 1000)
+    finally:
+        _redis().decr(in_flight)
+    return f"{group} done"
+
+
+# --- failures --------------------------------------------------------------------------------
+class Fatal(BaseException):
+    """Not an Exception: no failure handler can word it."""
+
+
+def show_error(ctx: RunContextWrapper[Any], error: Exception) -> str:
+    """A custom failure_error_function that shows the model the error's class and text."""
+    return f"sdk tool failed: {type(error).__name__}: {error}"
+
+
+@function_tool(timeout=30)
+async def sdk_fail(message: str, ms: int = 0) -> str:
+    """Raises ValueError(message) after ``ms``; default failure handler."""
+    await asyncio.sleep(ms / 1000)
+    raise ValueError(message)
+
+
+@function_tool(timeout=30, failure_error_function=show_error)
+async def sdk_fail_shown(message: str) -> str:
+    """Raises ValueError(message); a custom handler shows it."""
+    raise ValueError(message)
+
+
+async def _fleet_delay(ctx: RunContextWrapper[Any], ms: int) -> None:
+    """Sleeps ``ms`` on the fleet only: the outcome reaches the aggregator that much later,
+    as worker scheduling or network latency can make it; in-process nothing changes."""
+    if ms and side(ctx) == "fleet":
+        await asyncio.sleep(ms / 1000)
+
+
+@function_tool(timeout=30, failure_error_function=None)
+async def sdk_fail_strict(
+    ctx: RunContextWrapper[Any], message: str, ms: int = 0, fleet_delay_ms: int = 0
+) -> str:
+    """Raises ValueError(message) after ``ms``; no failure handler: the run fails."""
+    await asyncio.sleep(ms / 1000)
+    await _fleet_delay(ctx, fleet_delay_ms)
+    _count(ctx, _call_id(ctx))
+    raise ValueError(message)
+
+
+@function_tool(failure_error_function=None)
+async def sdk_count_strict(n: int) -> int:
+    """Takes an integer; no failure handler (invalid arguments fail the run)."""
+    return n
+
+
+@function_tool(failure_error_function=show_error)
+async def sdk_count_shown(n: int) -> int:
+    """Takes an integer; a custom handler words invalid arguments."""
+    return n
+
+
+@function_tool(timeout=0.2)
+async def sdk_slow(ms: int) -> str:
+    """Times out (0.2 s) when ``ms`` is larger; default timeout text."""
+    await asyncio.sleep(ms / 1000)
+    return "in time"
+
+
+def late(ctx: RunContextWrapper[Any], error: Exception) -> str:
+    """A custom timeout_error_function."""
+    return f"sdk_slow_custom gave up: {error}"
+
+
+@function_tool(timeout=0.2, timeout_error_function=late)
+async def sdk_slow_custom(ms: int) -> str:
+    """Times out (0.2 s) when ``ms`` is larger; custom timeout text."""
+    await asyncio.sleep(ms / 1000)
+    return "in time"
+
+
+@function_tool(timeout=0.2, timeout_behavior="raise_exception")
+async def sdk_slow_strict(ms: int) -> str:
+    """Times out (0.2 s) when ``ms`` is larger; the timeout fails the run."""
+    await asyncio.sleep(ms / 1000)
+    return "in time"
+
+
+@function_tool(timeout=30)
+async def sdk_own_timeout(message: str) -> str:
+    """Raises a TimeoutError of its own: an ordinary tool error, not the SDK's timeout."""
+    raise TimeoutError(message)
+
+
+@function_tool(timeout=30, failure_error_function=None)
+async def sdk_own_timeout_strict(message: str) -> str:
+    """Raises a TimeoutError of its own, with no failure handler."""
+    raise TimeoutError(message)
+
+
+@function_tool(timeout=30)
+async def sdk_fatal(ctx: RunContextWrapper[Any], message: str, fleet_delay_ms: int = 0) -> str:
+    """Raises a BaseException-class error (after ``fleet_delay_ms`` on the fleet)."""
+    await asyncio.sleep(0)
+    await _fleet_delay(ctx, fleet_delay_ms)
+    raise Fatal(message)
+
+
+# --- guardrails ------------------------------------------------------------------------------
+@tool_input_guardrail
+def screen_input(data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
+    """ "secret" in the arguments is rejected with a message, "trip" trips the wire."""
+    arguments = data.context.tool_arguments
+    if "trip" in arguments:
+        return ToolGuardrailFunctionOutput.raise_exception(output_info="tripped")
+    if "secret" in arguments:
+        return ToolGuardrailFunctionOutput.reject_content("Refusing to handle secrets.")
+    return ToolGuardrailFunctionOutput.allow()
+
+
+@tool_output_guardrail
+def screen_output(data: ToolOutputGuardrailData) -> ToolGuardrailFunctionOutput:
+    """A "classified" output is replaced, an "explode" output trips the wire."""
+    if "explode" in str(data.output):
+        return ToolGuardrailFunctionOutput.raise_exception(output_info="exploded")
+    if "classified" in str(data.output):
+        return ToolGuardrailFunctionOutput.reject_content("Output withheld.")
+    return ToolGuardrailFunctionOutput.allow()
+
+
+@function_tool(tool_input_guardrails=[screen_input], tool_output_guardrails=[screen_output])
+async def sdk_screened(ctx: RunContextWrapper[Any], text: str) -> str:
+    """Echoes ``text`` through an input and an output guardrail; counts its runs."""
+    _count(ctx, _call_id(ctx))
+    return text
+
+
+# --- approvals -------------------------------------------------------------------------------
+@function_tool(needs_approval=True)
+async def sdk_delete(ctx: RunContextWrapper[Any], name: str) -> str:
+    """Needs approval every time; counts its runs."""
+    _count(ctx, _call_id(ctx))
+    return f"deleted {name}"
+
+
+async def large_amounts(ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
+    """Approval policy: amounts above 100 need a human."""
+    return int(params.get("amount", 0)) > 100
+
+
+@function_tool(needs_approval=large_amounts)
+async def sdk_pay(ctx: RunContextWrapper[Any], amount: int) -> str:
+    """Needs approval above 100; counts its runs."""
+    _count(ctx, _call_id(ctx))
+    return f"paid {amount}"
+
+
+@function_tool(needs_approval=True, tool_input_guardrails=[screen_input])
+async def sdk_screened_delete(ctx: RunContextWrapper[Any], text: str) -> str:
+    """Needs approval and has an input guardrail (for pre-approval guardrails)."""
+    _count(ctx, _call_id(ctx))
+    return f"deleted {text}"
+
+
+@function_tool(is_enabled=False)
+async def sdk_disabled() -> str:
+    """Switched off: the model is never shown it."""
+    return "never"
+
+
+SDK_TOOLS: list[FunctionTool] = [
+    sdk_add, sdk_shout, sdk_echo_after, sdk_busy, sdk_fail, sdk_fail_shown, sdk_fail_strict,
+    sdk_count_strict, sdk_count_shown, sdk_slow, sdk_slow_custom, sdk_slow_strict,
+    sdk_own_timeout, sdk_own_timeout_strict, sdk_fatal, sdk_screened, sdk_delete, sdk_pay,
+    sdk_screened_delete, sdk_disabled,
+]  # fmt: skip
+"""Every tool of this module, as an agent lists them."""
+
+tools = ToolRegistry.from_function_tools(SDK_TOOLS, effect="read_only")
+"""What the fleet's workers serve: the same objects, unchanged."""

@@ -1,0 +1,728 @@
+"""Differential: the OpenAI Agents SDK in-process vs the same agent on the fleet.
+
+For each rule of DESIGN.md "Semantics carried over from the OpenAI Agents SDK", a scenario
+scripts the model once (``agents.testing.ScriptedModel``), then runs the agent twice on the
+tools of tests/integration/sdk_tools.py: in-process with ``Runner.run``, and on a real fleet
+(planner, aggregator and two worker processes, real Kafka and Redis) with
+``toolfleet.agents.FleetRunner``. What the model sees must be equal: the input of every model
+call (so every tool output, in order), the interruptions, the run error (type and message) and
+the final output. Where toolfleet deliberately differs, the test says so and asserts the
+difference. Both runs use the same call ids, unique per scenario (the fleet's ledger is keyed
+by them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from agents import Agent, FunctionTool, RunConfig, Runner, ToolExecutionConfig
+from agents.items import ToolApprovalItem
+from agents.testing import ScriptedModel, assistant_message, function_call
+from agents.tracing import set_tracing_disabled
+from redis.asyncio import Redis
+
+from schemas import ModelResponseEvent
+from tests.integration import sdk_tools as t
+from toolfleet.agents import FleetRunner, FleetRunState, FleetTurnError
+from toolfleet.client import FleetClient
+from toolfleet.settings import Settings
+from toolfleet.testing import LocalFleet, connected_client
+
+pytestmark = pytest.mark.integration
+
+set_tracing_disabled(True)
+
+TOOLS = "tests.integration.sdk_tools:tools"
+TENANT = "sdk-diff"
+DEFAULT_ERROR = "An error occurred while running the tool. Please try again."
+NOT_APPROVED = "Tool execution was not approved."
+
+
+# --- fixtures --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fleet(settings: Settings, topics: list[str]) -> Iterator[LocalFleet]:
+    os.environ.setdefault("REDIS_URL", settings.redis_address())  # in-process tools count too
+    # Several scenarios fail tools on purpose: keep the circuit breaker (a fleet-wide error
+    # rate per tool version, shared through Redis) out of this module's way.
+    env = {"TOOLFLEET_CIRCUIT_MIN_CALLS": "1000000"}
+    with LocalFleet(settings, tools=TOOLS, workers=2, extra_env=env) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def client(fleet: LocalFleet, settings: Settings) -> AsyncIterator[FleetClient]:
+    async with connected_client(fleet, settings) as fleet_client:
+        yield fleet_client
+
+
+@pytest.fixture
+def runner(client: FleetClient) -> FleetRunner:
+    return FleetRunner(client, tenant_id=TENANT, turn_timeout=30)
+
+
+# --- one scenario, both ways -----------------------------------------------------------------
+class Script:
+    """A scripted model conversation with call ids unique to one scenario."""
+
+    def __init__(self) -> None:
+        self.prefix = uuid.uuid4().hex[:12]
+        self.turns: list[list[Any]] = []
+
+    def id(self, name: str) -> str:
+        """The full call id of the call named ``name`` in this scenario ("" stays empty)."""
+        return f"{self.prefix}-{name}" if name else ""
+
+    def call(self, name: str, tool: str, arguments: str | dict[str, Any]) -> Any:
+        return function_call(tool, arguments, call_id=self.id(name))
+
+    def turn(self, *items: Any) -> Script:
+        self.turns.append(list(items))
+        return self
+
+    def answer(self, text: str = "done") -> Script:
+        return self.turn(assistant_message(text))
+
+    def model(self) -> ScriptedModel:
+        return ScriptedModel(self.turns)
+
+
+Decide = Callable[[Any, Sequence[ToolApprovalItem]], None]
+"""Approves/rejects on a RunState or FleetRunState (same method names and arguments)."""
+
+
+@dataclass
+class Seen:
+    """Everything model-visible about one run."""
+
+    model_inputs: list[Any] = field(default_factory=list)
+    """The input of every model call: the conversation, every tool output included."""
+    interruptions: list[tuple[str, str, str]] = field(default_factory=list)
+    error: tuple[str, str] | None = None
+    final_output: Any = None
+    items: list[Any] = field(default_factory=list)
+    """The run's new items as input items (approval items as (tool, call_id))."""
+
+    def outputs(self) -> list[tuple[str, str]]:
+        """(call_id, output) of every function_call_output the model was last given."""
+        last = self.model_inputs[-1] if self.model_inputs else []
+        return [
+            (i["call_id"], i["output"])
+            for i in last
+            if isinstance(i, dict) and i.get("type") == "function_call_output"
+        ]
+
+
+def _normalised(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _items(items: Sequence[Any]) -> list[Any]:
+    return [
+        ("approval", i.tool_name, i.raw_item.call_id)
+        if isinstance(i, ToolApprovalItem)
+        else _normalised(i.to_input_item())
+        for i in items
+    ]
+
+
+async def _drive(
+    start: Callable[[Any], Awaitable[Any]], model: ScriptedModel, decisions: Sequence[Decide]
+) -> Seen:
+    seen = Seen()
+    try:
+        result = await start(None)
+        for decide in decisions:
+            if not result.interruptions:
+                break
+            state = result.to_state()
+            decide(state, result.interruptions)
+            result = await start(state)
+    except FleetTurnError as exc:  # a remote failure without an SDK class: its class name
+        seen.error = (exc.type, str(exc))
+    except Exception as exc:  # the run error is part of what is compared
+        seen.error = (type(exc).__name__, str(exc))
+    else:
+        seen.interruptions = [
+            (i.tool_name or "", i.raw_item.call_id, i.arguments or "") for i in result.interruptions
+        ]
+        seen.final_output = result.final_output
+        seen.items = _items(result.new_items)
+    seen.model_inputs = [_normalised(call.input) for call in model.calls]
+    return seen
+
+
+async def both(
+    runner: FleetRunner,
+    script: Script,
+    tools: Sequence[FunctionTool],
+    *,
+    run_config: RunConfig | None = None,
+    decisions: Sequence[Decide] = (),
+    max_turns: int = 10,
+    **agent_options: Any,
+) -> tuple[Seen, Seen]:
+    """Run the scripted agent in-process, then on the fleet; what each run showed the model."""
+
+    def agent(model: ScriptedModel) -> Agent[Any]:
+        return Agent(name="assistant", model=model, tools=list(tools), **agent_options)
+
+    sdk_model, fleet_model = script.model(), script.model()
+    sdk_agent, fleet_agent = agent(sdk_model), agent(fleet_model)
+
+    async def sdk_start(state: Any) -> Any:
+        return await Runner.run(
+            sdk_agent, state if state is not None else "go", run_config=run_config,
+            max_turns=max_turns,
+        )  # fmt: skip
+
+    async def fleet_start(state: FleetRunState | None) -> Any:
+        return await runner.run(
+            fleet_agent, state if state is not None else "go", run_config=run_config,
+            max_turns=max_turns,
+        )  # fmt: skip
+
+    sdk = await _drive(sdk_start, sdk_model, decisions)
+    on_fleet = await _drive(fleet_start, fleet_model, decisions)
+    return sdk, on_fleet
+
+
+def assert_same(sdk: Seen, on_fleet: Seen) -> None:
+    assert on_fleet.error == sdk.error
+    assert on_fleet.interruptions == sdk.interruptions
+    assert on_fleet.model_inputs == sdk.model_inputs
+    assert on_fleet.final_output == sdk.final_output
+
+
+def approve_all(always: bool = False) -> Decide:
+    def decide(state: Any, items: Sequence[ToolApprovalItem]) -> None:
+        for item in items:
+            state.approve(item, always_approve=always)
+
+    return decide
+
+
+def reject_all(message: str | None = None, always: bool = False) -> Decide:
+    def decide(state: Any, items: Sequence[ToolApprovalItem]) -> None:
+        for item in items:
+            state.reject(item, always_reject=always, rejection_message=message)
+
+    return decide
+
+
+async def runs(redis: Redis, where: str, call_id: str) -> int:
+    return int(await redis.get(t.runs_key(where, call_id)) or 0)
+
+
+# --- outputs in model order; concurrency ---------------------------------------------------
+async def test_outputs_in_model_order_whatever_the_finish_order(runner: FleetRunner) -> None:
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_echo_after", {"text": "first", "ms": 400}),
+        s.call("b", "sdk_echo_after", {"text": "second", "ms": 0}),
+        s.call("c", "sdk_echo_after", {"text": "third", "ms": 200}),
+    ).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.outputs() == [(s.id("a"), "first"), (s.id("b"), "second"), (s.id("c"), "third")]
+    assert_same(sdk, on_fleet)
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+async def test_concurrency_cap_starts_calls_in_model_order(
+    runner: FleetRunner, redis: Redis, cap: int
+) -> None:
+    s = Script()
+    group = f"g-{s.prefix}"
+    s.turn(*(s.call(f"c{i}", "sdk_busy", {"group": group, "ms": 300}) for i in range(4)))
+    s.answer()
+    config = RunConfig(tool_execution=ToolExecutionConfig(max_function_tool_concurrency=cap))
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS, run_config=config)
+    assert_same(sdk, on_fleet)
+    peaks = [int(await redis.get(t.peak_key(where, group)) or 0) for where in ("sdk", "fleet")]
+    assert peaks == [cap, cap]  # reached, never exceeded, on both sides
+
+
+# --- tool errors ------------------------------------------------------------------------------
+async def test_tool_errors_with_the_default_and_a_custom_handler(runner: FleetRunner) -> None:
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_fail", {"message": "database password is hunter2"}),
+        s.call("b", "sdk_fail_shown", {"message": "quota exceeded"}),
+        s.call("c", "sdk_add", {"a": 2, "b": 3}),
+    ).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.outputs() == [
+        (s.id("a"), DEFAULT_ERROR),  # the exception itself is never shown
+        (s.id("b"), "sdk tool failed: ValueError: quota exceeded"),
+        (s.id("c"), "5"),  # a failed sibling never discards an output
+    ]
+    assert_same(sdk, on_fleet)
+
+
+async def test_tool_error_without_a_handler_fails_the_run(
+    runner: FleetRunner, redis: Redis
+) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_fail_strict", {"message": "boom"})).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.error == ("UserError", "Error running tool sdk_fail_strict: boom")
+    assert_same(sdk, on_fleet)
+
+
+async def test_unparseable_and_invalid_arguments(runner: FleetRunner) -> None:
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_add", "{not json"),
+        s.call("b", "sdk_add", {"a": "two", "b": 3}),
+        s.call("c", "sdk_count_shown", {"n": "many"}),
+        s.call("d", "sdk_add", {"a": 1, "b": 2, "dry_run": True}),
+    ).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.outputs()[:3] == [
+        (s.id("a"), DEFAULT_ERROR),
+        (s.id("b"), DEFAULT_ERROR),
+        (s.id("c"), "sdk tool failed: ModelBehaviorError: Invalid JSON input for tool "
+                    "sdk_count_shown"),
+    ]  # fmt: skip
+    assert_same(sdk, on_fleet)
+
+
+@pytest.mark.parametrize("arguments", ["{not json", '{"n": "many"}'])
+async def test_bad_arguments_without_a_handler_fail_the_run(
+    runner: FleetRunner, arguments: str
+) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_count_strict", arguments)).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.error == ("ModelBehaviorError", "Invalid JSON input for tool sdk_count_strict")
+    assert_same(sdk, on_fleet)
+
+
+# --- timeouts ---------------------------------------------------------------------------------
+async def test_timeouts_as_results_default_and_custom_text(runner: FleetRunner) -> None:
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_slow", {"ms": 3000}),
+        s.call("b", "sdk_slow_custom", {"ms": 3000}),
+        s.call("c", "sdk_slow", {"ms": 0}),
+    ).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.outputs() == [
+        (s.id("a"), "Tool 'sdk_slow' timed out after 0.2 seconds."),
+        (s.id("b"), "sdk_slow_custom gave up: Tool 'sdk_slow_custom' timed out after 0.2 seconds."),
+        (s.id("c"), "in time"),
+    ]
+    assert_same(sdk, on_fleet)
+
+
+async def test_timeout_raise_exception_fails_the_run(runner: FleetRunner) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_slow_strict", {"ms": 3000})).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.error == ("ToolTimeoutError", "Tool 'sdk_slow_strict' timed out after 0.2 seconds.")
+    assert_same(sdk, on_fleet)
+
+
+async def test_a_tools_own_timeout_error_is_an_ordinary_tool_error(runner: FleetRunner) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_own_timeout", {"message": "upstream timed out"})).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.outputs() == [(s.id("a"), DEFAULT_ERROR)]  # not the SDK's timeout text
+    assert_same(sdk, on_fleet)
+    strict = Script()
+    strict.turn(strict.call("a", "sdk_own_timeout_strict", {"message": "upstream"})).answer()
+    sdk, on_fleet = await both(runner, strict, t.SDK_TOOLS)
+    assert sdk.error == ("UserError", "Error running tool sdk_own_timeout_strict: upstream")
+    assert_same(sdk, on_fleet)
+
+
+async def test_sync_tools(runner: FleetRunner) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_shout", {"text": "hi"}), s.call("b", "sdk_shout", {"text": "yo"}))
+    s.answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.outputs() == [(s.id("a"), "HI"), (s.id("b"), "YO")]
+    assert_same(sdk, on_fleet)
+
+
+# --- guardrails -------------------------------------------------------------------------------
+async def test_guardrails_allow_and_reject_content(runner: FleetRunner, redis: Redis) -> None:
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_screened", {"text": "hello"}),
+        s.call("b", "sdk_screened", {"text": "my secret"}),
+        s.call("c", "sdk_screened", {"text": "classified plans"}),
+    ).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.outputs() == [
+        (s.id("a"), "hello"),
+        (s.id("b"), "Refusing to handle secrets."),  # input guardrail: never ran
+        (s.id("c"), "Output withheld."),  # output guardrail: ran, output replaced
+    ]
+    assert_same(sdk, on_fleet)
+    counts = {n: [await runs(redis, w, s.id(n)) for w in ("sdk", "fleet")] for n in "abc"}
+    assert counts == {"a": [1, 1], "b": [0, 0], "c": [1, 1]}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("trip", ("ToolInputGuardrailTripwireTriggered",
+                  "Tool input guardrail ToolInputGuardrail triggered tripwire")),
+        ("explode", ("ToolOutputGuardrailTripwireTriggered",
+                     "Tool output guardrail ToolOutputGuardrail triggered tripwire")),
+    ],
+    ids=["input", "output"],
+)  # fmt: skip
+async def test_guardrail_tripwires_fail_the_run(
+    runner: FleetRunner, text: str, expected: tuple[str, str]
+) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_screened", {"text": text}), s.call("b", "sdk_add", {"a": 1, "b": 1}))
+    s.answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.error == expected
+    assert_same(sdk, on_fleet)
+
+
+async def test_pre_approval_input_guardrails(runner: FleetRunner, redis: Redis) -> None:
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_screened_delete", {"text": "a secret repo"}),
+        s.call("b", "sdk_screened_delete", {"text": "old repo"}),
+    ).answer()
+    config = RunConfig(tool_execution=ToolExecutionConfig(pre_approval_tool_input_guardrails=True))
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS, run_config=config)
+    # The rejected call is decided by the guardrail before anyone is asked; the other waits.
+    assert [i[1] for i in sdk.interruptions] == [s.id("b")]
+    assert [o for _, o in _outputs_of(sdk)] == ["Refusing to handle secrets."]
+    assert_same(sdk, on_fleet)
+    assert on_fleet.items == sdk.items
+
+
+def _outputs_of(seen: Seen) -> list[tuple[str, str]]:
+    return [
+        (i["call_id"], i["output"])
+        for i in seen.items
+        if isinstance(i, dict) and i.get("type") == "function_call_output"
+    ]
+
+
+# --- approvals ----------------------------------------------------------------------------------
+async def test_approval_pending(runner: FleetRunner, redis: Redis) -> None:
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_delete", {"name": "repo"}),
+        s.call("b", "sdk_add", {"a": 1, "b": 2}),
+        s.call("c", "sdk_pay", {"amount": 500}),
+        s.call("d", "sdk_pay", {"amount": 5}),
+    ).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert [i[:2] for i in sdk.interruptions] == [
+        ("sdk_delete", s.id("a")),
+        ("sdk_pay", s.id("c")),
+    ]
+    assert _outputs_of(sdk) == [(s.id("b"), "3"), (s.id("d"), "paid 5")]
+    assert_same(sdk, on_fleet)
+    assert on_fleet.items == sdk.items
+    for name in ("a", "c"):
+        assert [await runs(redis, w, s.id(name)) for w in ("sdk", "fleet")] == [0, 0]
+
+
+async def test_approved_calls_run_when_resumed(runner: FleetRunner, redis: Redis) -> None:
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_delete", {"name": "repo"}),
+        s.call("b", "sdk_add", {"a": 1, "b": 2}),
+        s.call("c", "sdk_pay", {"amount": 500}),
+    ).answer("deleted and paid")
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS, decisions=[approve_all()])
+    assert sdk.final_output == "deleted and paid"
+    assert sdk.outputs() == [(s.id("b"), "3"), (s.id("a"), "deleted repo"), (s.id("c"), "paid 500")]
+    assert_same(sdk, on_fleet)
+    assert on_fleet.items == sdk.items
+    for name in ("a", "c"):
+        assert [await runs(redis, w, s.id(name)) for w in ("sdk", "fleet")] == [1, 1]
+
+
+@pytest.mark.parametrize("message", [None, "Not on a Friday."])
+async def test_rejected_calls_get_the_rejection_text_and_never_run(
+    runner: FleetRunner, redis: Redis, message: str | None
+) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_delete", {"name": "repo"}), s.call("b", "sdk_add", {"a": 1, "b": 2}))
+    s.answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS, decisions=[reject_all(message)])
+    assert sdk.outputs() == [(s.id("b"), "3"), (s.id("a"), message or NOT_APPROVED)]
+    assert_same(sdk, on_fleet)
+    assert [await runs(redis, w, s.id("a")) for w in ("sdk", "fleet")] == [0, 0]
+
+
+@pytest.mark.parametrize("approve", [True, False], ids=["always_approve", "always_reject"])
+async def test_sticky_decisions_apply_to_later_calls_of_the_tool(
+    runner: FleetRunner, redis: Redis, approve: bool
+) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_delete", {"name": "one"}))
+    s.turn(s.call("b", "sdk_delete", {"name": "two"}), s.call("c", "sdk_pay", {"amount": 900}))
+    s.answer()
+    decide = approve_all(always=True) if approve else reject_all("Never.", always=True)
+    # One decision round: the later sdk_delete is decided by the sticky one, sdk_pay is not.
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS, decisions=[decide])
+    assert [i[:2] for i in sdk.interruptions] == [("sdk_pay", s.id("c"))]
+    assert _outputs_of(sdk) == [
+        (s.id("a"), "deleted one" if approve else "Never."),
+        (s.id("b"), "deleted two" if approve else "Never."),
+    ]
+    assert_same(sdk, on_fleet)
+    assert on_fleet.items == sdk.items
+    expected = [1, 1] if approve else [0, 0]
+    assert [await runs(redis, w, s.id("b")) for w in ("sdk", "fleet")] == expected
+
+
+# --- identity: duplicate and empty call ids -----------------------------------------------------
+async def test_identical_duplicate_call_ids_run_once(runner: FleetRunner, redis: Redis) -> None:
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_echo_after", {"text": "once", "ms": 50}),
+        s.call("a", "sdk_echo_after", {"text": "once", "ms": 50}),
+        s.call("b", "sdk_add", {"a": 1, "b": 2}),
+    ).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.outputs() == [(s.id("a"), "once"), (s.id("b"), "3")]
+    assert_same(sdk, on_fleet)
+    assert on_fleet.items == sdk.items
+    assert [await runs(redis, w, s.id("a")) for w in ("sdk", "fleet")] == [1, 1]
+
+
+async def test_conflicting_duplicate_call_ids_fail_before_anything_runs(
+    runner: FleetRunner, redis: Redis
+) -> None:
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_echo_after", {"text": "side effect"}),
+        s.call("b", "sdk_echo_after", {"text": "x"}),
+        s.call("b", "sdk_echo_after", {"text": "y"}),
+    ).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.error == (
+        "ModelBehaviorError",
+        "Model reused a tool call ID for a different invocation in one response. "
+        "Use a unique call ID for each tool invocation.",
+    )
+    assert_same(sdk, on_fleet)
+    assert [await runs(redis, w, s.id("a")) for w in ("sdk", "fleet")] == [0, 0]
+
+
+async def test_a_completed_call_id_reused_for_another_invocation(runner: FleetRunner) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_add", {"a": 1, "b": 2}))
+    s.turn(s.call("a", "sdk_add", {"a": 5, "b": 5})).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.error is not None and sdk.error[0] == "ModelBehaviorError"
+    assert_same(sdk, on_fleet)
+
+
+async def test_an_empty_call_id_fails_the_run(runner: FleetRunner) -> None:
+    s = Script()
+    s.turn(s.call("", "sdk_add", {"a": 1, "b": 2})).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.error == (
+        "ModelBehaviorError",
+        "Tool invocations require a non-empty string call ID before execution.",
+    )
+    assert_same(sdk, on_fleet)
+
+
+# --- unknown tools --------------------------------------------------------------------------------
+async def test_unknown_tool_under_raise_error(runner: FleetRunner) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_add", {"a": 1, "b": 2}), s.call("b", "sdk_nowhere", {})).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.error == ("ModelBehaviorError", "Tool sdk_nowhere not found in agent assistant")
+    assert_same(sdk, on_fleet)
+
+
+async def test_disabled_tool_is_not_found(runner: FleetRunner) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_disabled", {})).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    assert sdk.error == ("ModelBehaviorError", "Tool sdk_disabled not found in agent assistant")
+    assert_same(sdk, on_fleet)
+
+
+async def test_unknown_tool_under_return_error_to_model_keeps_model_order(
+    runner: FleetRunner, client: FleetClient
+) -> None:
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_nowhere", {}),
+        s.call("b", "sdk_add", {"a": 1, "b": 2}),
+        s.call("c", "sdk_shout", {"text": "x"}),
+    ).answer()
+    config = RunConfig(tool_not_found_behavior="return_error_to_model")
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS, run_config=config)
+    not_found = (s.id("a"), "Tool 'sdk_nowhere' not found.")
+    # Deliberate difference (DESIGN.md): the SDK lists not-found outputs after the others,
+    # toolfleet keeps plain model order. The same outputs, the same texts.
+    assert sdk.outputs() == [(s.id("b"), "3"), (s.id("c"), "X"), not_found]
+    assert on_fleet.outputs() == [not_found, (s.id("b"), "3"), (s.id("c"), "X")]
+    assert (on_fleet.error, on_fleet.final_output) == (sdk.error, sdk.final_output)
+    # The runner decides calls of tools the agent lacks; the planner does the same on its own.
+    event = ModelResponseEvent.model_validate(
+        {
+            "tenant_id": TENANT, "run_id": f"direct-{s.prefix}", "turn_id": 0,
+            "agent": {"name": "assistant"}, "response_id": "r",
+            "items": [{"type": "function_call", "call_id": f"direct-{s.prefix}-{n}",
+                       "name": tool, "arguments": args}
+                      for n, tool, args in (("a", "sdk_nowhere", "{}"),
+                                            ("b", "sdk_add", '{"a": 1, "b": 2}'))],
+            "config": {"tool_not_found": "return_error_to_model"},
+        }
+    )  # fmt: skip
+    result = await client.run_turn(event)
+    assert [o.output for o in result.outputs] == ["Tool 'sdk_nowhere' not found.", "3"]
+
+
+# --- several failures ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("calls", "expected"),
+    [
+        # Severity: a BaseException-class failure beats an ordinary error at a lower index.
+        (
+            [("a", "sdk_fail_strict", "ordinary", 0), ("b", "sdk_fatal", "fatal", 400)],
+            ("Fatal", "fatal"),
+        ),
+        # Ties (no failure handler: each fails the run): the lowest model index wins.
+        (
+            [("a", "sdk_fail_strict", "first", 400), ("b", "sdk_fail_strict", "second", 0)],
+            ("UserError", "Error running tool sdk_fail_strict: first"),
+        ),
+    ],
+    ids=["severity", "model-order-tie"],
+)
+async def test_failure_choice_between_simultaneous_failures(
+    runner: FleetRunner, calls: list[tuple[str, str, str, int]], expected: tuple[str, str]
+) -> None:
+    # Both calls fail at once. In-process they complete together and the SDK chooses; on the
+    # fleet the chosen one's outcome is made to arrive 0.4 s later (fleet_delay_ms), as load
+    # can make it: the choice must not depend on arrival order.
+    s = Script()
+    s.turn(
+        *(s.call(n, tool, {"message": m, "fleet_delay_ms": d}) for n, tool, m, d in calls)
+    ).answer()
+    try:
+        sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+        sdk_error = sdk.error
+    except t.Fatal as fatal:  # in-process, a BaseException leaves Runner.run as it is
+        sdk_error = (type(fatal).__name__, str(fatal))
+        on_fleet = await _fleet_only(runner, s)
+    assert sdk_error == expected
+    assert on_fleet.error == expected
+
+
+async def test_failures_apart_in_time_sdk_reports_the_first_fleet_chooses_among_all(
+    runner: FleetRunner, redis: Redis
+) -> None:
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_fail_strict", {"message": "late", "ms": 600}),
+        s.call("b", "sdk_fail_strict", {"message": "early"}),
+        s.call("c", "sdk_fail", {"message": "handled"}),
+    ).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS)
+    # Deliberate difference. The SDK fails the run with the first failure and cancels the
+    # siblings still running, so call a never fails: its failure is not a candidate. The
+    # fleet does not cancel running siblings; it waits for them and chooses among all the
+    # turn's failures, by severity then model order (DESIGN.md), whatever their timing.
+    assert sdk.error == ("UserError", "Error running tool sdk_fail_strict: early")
+    assert on_fleet.error == ("UserError", "Error running tool sdk_fail_strict: late")
+    assert [await runs(redis, w, s.id("a")) for w in ("sdk", "fleet")] == [0, 1]
+    assert on_fleet.model_inputs == sdk.model_inputs  # no tool output reached the model
+
+
+async def _fleet_only(runner: FleetRunner, s: Script) -> Seen:
+    model = s.model()
+    agent = Agent(name="assistant", model=model, tools=list(t.SDK_TOOLS))
+
+    async def start(state: Any) -> Any:
+        return await runner.run(agent, "go")
+
+    return await _drive(start, model, [])
+
+
+# --- several turns --------------------------------------------------------------------------------
+async def test_a_scripted_multi_turn_agent(runner: FleetRunner) -> None:
+    s = Script()
+    s.turn(
+        assistant_message("Let me look that up.", item_id="m1"),
+        s.call("t1a", "sdk_add", {"a": 20, "b": 1}),
+        s.call("t1b", "sdk_echo_after", {"text": "Lisbon", "ms": 100}),
+    )
+    s.turn(s.call("t2a", "sdk_shout", {"text": "twenty-one in lisbon"}))
+    s.turn(
+        s.call("t3a", "sdk_screened", {"text": "classified"}),
+        s.call("t3b", "sdk_fail", {"message": "nope"}),
+        s.call("t3c", "sdk_add", {"a": 1, "b": 1}),
+    )
+    s.answer("It is 21 degrees in Lisbon.")
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS, instructions="Be brief.")
+    assert sdk.final_output == "It is 21 degrees in Lisbon."
+    assert len(sdk.model_inputs) == 4
+    assert_same(sdk, on_fleet)
+    assert on_fleet.items == sdk.items
+
+
+async def test_max_turns(runner: FleetRunner) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_add", {"a": 1, "b": 1}))
+    s.turn(s.call("b", "sdk_add", {"a": 2, "b": 2})).answer()
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS, max_turns=2)
+    assert sdk.error == ("MaxTurnsExceeded", "Max turns (2) exceeded")
+    assert_same(sdk, on_fleet)
+
+
+async def test_stop_on_first_tool(runner: FleetRunner) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_shout", {"text": "stop"}), s.call("b", "sdk_add", {"a": 1, "b": 1}))
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS, tool_use_behavior="stop_on_first_tool")
+    assert sdk.final_output == "STOP"
+    assert_same(sdk, on_fleet)
+    assert on_fleet.items == sdk.items
+    typed = Script()
+    typed.turn(typed.call("a", "sdk_add", {"a": 1, "b": 1}))
+    sdk, on_fleet = await both(runner, typed, t.SDK_TOOLS, tool_use_behavior="stop_on_first_tool")
+    assert sdk.final_output == "2"  # a text agent's final output is str() of the tool's result
+    assert_same(sdk, on_fleet)
+
+
+async def test_parent_cancellation_cancels_the_run_on_the_fleet(
+    runner: FleetRunner, client: FleetClient, redis: Redis
+) -> None:
+    s = Script()
+    s.turn(*(s.call(f"c{i}", "sdk_echo_after", {"text": "x", "ms": 3000}) for i in range(2)))
+    s.answer()
+    agent = Agent(name="assistant", model=s.model(), tools=list(t.SDK_TOOLS))
+    run_id = f"cancel-{s.prefix}"
+    run = asyncio.create_task(runner.run(agent, "go", run_id=run_id))
+
+    async def started() -> bool:
+        return await runs(redis, "fleet", s.id("c0")) > 0
+
+    deadline = time.monotonic() + 30
+    while not await started():
+        assert time.monotonic() < deadline, "the call never started"
+        await asyncio.sleep(0.02)  # polling interval of a deadline-bounded wait
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    # The runner told the fleet: the turn ends cancelled, without tool output.
+    result = await client.result(run_id, 0, within=10)
+    assert (result.status, result.outputs) == ("cancelled", [])
