@@ -134,6 +134,8 @@ class KafkaBus:
             "enable_auto_commit": False,
             "auto_offset_reset": "earliest",
             "isolation_level": "read_committed",
+            "session_timeout_ms": self.settings.session_timeout_ms,
+            "heartbeat_interval_ms": max(1_000, self.settings.session_timeout_ms // 6),
         }
         return AIOKafkaConsumer(*(self.topic(t) for t in topics), **(config | options))
 

@@ -36,6 +36,11 @@ class Settings(BaseSettings):
     partitions: int = Field(default=6, ge=1)
     replication_factor: int = Field(default=1, ge=1)
     metrics_port: int = Field(default=0, ge=0, description="0 picks a free port")
+    session_timeout_ms: int = Field(
+        default=10_000,
+        ge=6_000,
+        description="Consumer group session: how soon a dead process's partitions move on",
+    )
 
     # Recovery (the reconciler's budgets; see reconciler/_policy.py).
     recovery_max_attempts: int = Field(default=2, ge=1)

@@ -100,3 +100,24 @@ async def flaky(fail: bool) -> str:
     if fail:
         raise RuntimeError("upstream 500")
     return "fine"
+
+
+def applies_key(idempotency_key: str) -> str:
+    """How many times ``charge_card`` really applied a charge (the upstream does not dedupe)."""
+    return f"test:upstream:charges:{idempotency_key}"
+
+
+@tools.tool(effect="non_idempotent", timeout=10)
+async def charge_card(ctx: ToolContext, amount: int, before_ms: int, after_ms: int) -> str:
+    """A non-idempotent charge: work, apply (no dedupe upstream), work, answer."""
+    await asyncio.sleep(before_ms / 1000)
+    _redis().incr(applies_key(ctx.idempotency_key))
+    await asyncio.sleep(after_ms / 1000)
+    return f"charged {amount}"
+
+
+@charge_card.probe
+async def _charged(ctx: ToolContext) -> ProbeResult:
+    if int(_redis().get(applies_key(ctx.idempotency_key)) or 0) > 0:
+        return ProbeResult.applied("charged")
+    return ProbeResult.not_applied(detail="no charge for the idempotency key")
