@@ -34,6 +34,7 @@ from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
 from toolfleet.metrics import CALL_LATENCY, COMMANDS, HUMAN_TASKS, IN_FLIGHT, OUTCOMES
 from toolfleet.offsets import OffsetTracker
+from toolfleet.outcomes import identity, lost
 from toolfleet.redis import connect_redis
 from toolfleet.registry import publish_tools
 from toolfleet.semaphore import FleetSemaphores
@@ -309,7 +310,7 @@ class Worker:
         effect = effects.get(result.state, "unknown")
         detail = CallError(type="ProbeResult", message=result.detail) if result.detail else None
         return CallOutcome(
-            **_identity(command, self.worker_id),
+            **identity(command, self.worker_id),
             kind="probe",
             status="succeeded",
             effect=effect,
@@ -325,7 +326,7 @@ class Worker:
         try:
             text = await run_compensate(tool, command, worker_id=self.worker_id)
             outcome = CallOutcome(
-                **_identity(command, self.worker_id),
+                **identity(command, self.worker_id),
                 kind="compensate",
                 status="succeeded",
                 effect="compensated",
@@ -333,7 +334,7 @@ class Worker:
             )
         except Exception as exc:
             outcome = CallOutcome(
-                **_identity(command, self.worker_id),
+                **identity(command, self.worker_id),
                 kind="compensate",
                 status="failed",
                 effect="unknown",
@@ -366,29 +367,14 @@ class Worker:
             )
             return entry.outcome if entry else None
         if verdict == "unknown":
-            return self._lost(command)
+            spec = self.registry.get(command.tool_name).spec(self.pool)
+            return lost(command, spec, worker_id=self.worker_id, source="executor")
         if verdict == "missing":
             raise InvalidMessageError(
                 "command for a call the ledger does not know",
                 reason="no ledger entry for this call: commands must come from the planner",
             )
         return None  # stale: a newer attempt of this call exists and will report
-
-    def _lost(self, command: ExecutionCommand) -> CallOutcome:
-        """A previous holder started the call and vanished: nobody knows whether it applied."""
-        spec = self.registry.get(command.tool_name).spec(self.pool)
-        read_only = spec.effect_class == "read_only"  # nothing it did can have applied
-        return CallOutcome(
-            **_identity(command, self.worker_id),
-            status="failed",
-            effect="not_executed" if read_only else "unknown",
-            resolved=read_only or spec.on_unknown == "report_now",
-            output=unknown_outcome_text(spec),
-            error=CallError(
-                type="WorkerLost",
-                message="the worker running this call stopped before reporting an outcome",
-            ),
-        )
 
     async def _publish(self, outcome: CallOutcome) -> None:
         await self.bus.publish_and_wait("outcomes", outcome.run_id, outcome)
@@ -440,27 +426,12 @@ class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("partitions assigned", extra={"partitions": partitions})
 
 
-def _identity(command: ExecutionCommand, worker_id: str) -> dict[str, object]:
-    return {
-        "tenant_id": command.tenant_id,
-        "run_id": command.run_id,
-        "turn_id": command.turn_id,
-        "call_id": command.call_id,
-        "tool_name": command.tool_name,
-        "index": command.index,
-        "attempt": command.attempt,
-        "fencing_token": command.fencing_token,
-        "worker_id": worker_id,
-        "finished_at": time.time(),
-    }
-
-
 def _ended(
     command: ExecutionCommand, worker_id: str, status: Literal["skipped", "cancelled"]
 ) -> CallOutcome:
     """A call of a cancelled run: skipped before it started, or cancelled while running."""
     return CallOutcome(
-        **_identity(command, worker_id),
+        **identity(command, worker_id),
         status=status,
         effect="not_executed" if status == "skipped" else "unknown",
         error=CallError(type="CancelledError", message="run cancelled", severity="cancellation"),
@@ -471,7 +442,7 @@ def _circuit_open(
     command: ExecutionCommand, worker_id: str, tool: Tool, reason: str
 ) -> CallOutcome:
     return CallOutcome(
-        **_identity(command, worker_id),
+        **identity(command, worker_id),
         status="failed",
         effect="not_executed",
         output=CIRCUIT_OPEN.format(name=tool.name, reason=reason),
@@ -481,7 +452,7 @@ def _circuit_open(
 
 def _not_served(command: ExecutionCommand, worker_id: str, text: str) -> CallOutcome:
     return CallOutcome(
-        **_identity(command, worker_id),
+        **identity(command, worker_id),
         status="failed",
         effect="not_executed",
         output=text,

@@ -32,7 +32,6 @@ from reconciler._policy import (
     decide_unknown,
 )
 from schemas import (
-    CallError,
     CallOutcome,
     ExecutionCommand,
     HumanTask,
@@ -44,6 +43,7 @@ from toolfleet.errors import ToolfleetError
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger, LedgerEntry, NewCall, lease_member
 from toolfleet.metrics import COMMANDS, HUMAN_TASKS, OUTCOMES
+from toolfleet.outcomes import lost
 from toolfleet.redis import connect_redis, text
 from toolfleet.registry import ToolDirectory
 from toolfleet.settings import Settings
@@ -377,7 +377,9 @@ class Reconciler:
             entry = (await self.ledger.read(tenant, [call_id])).get(call_id)
             if entry is not None and entry.state == "started":
                 spec = (await self.tools.specs(needed=[entry.tool_name])).get(entry.tool_name)
-                await self.bus.publish_and_wait("outcomes", entry.run_id, _lost(entry, spec))
+                lost_call = lost(_command(entry, "execute", entry.fencing_token), spec,
+                                 worker_id=entry.worker_id, source="reconciler")  # fmt: skip
+                await self.bus.publish_and_wait("outcomes", entry.run_id, lost_call)
             await self.redis.zrem(self.keys.leases, lease_member(tenant, call_id))
 
     # --- reading ----------------------------------------------------------------------------
@@ -401,7 +403,10 @@ class Reconciler:
         """The call's stored outcome (or, if its worker died first, a lost-worker one)."""
         if entry is None:
             raise ToolfleetError("reconciling a call that is not in the ledger")
-        return entry.outcome if entry.outcome is not None else _lost(entry, None)
+        if entry.outcome is not None:
+            return entry.outcome
+        return lost(_command(entry, "execute", entry.fencing_token), None,
+                    worker_id=entry.worker_id, source="reconciler")  # fmt: skip
 
     async def _idempotency_key(self, about: CallOutcome) -> str:
         entry = (await self.ledger.read(about.tenant_id, [about.call_id])).get(about.call_id)
@@ -428,27 +433,4 @@ def _command(
         fingerprint=entry.fingerprint,
         approved=True,
         issued_at=time.time(),
-    )
-
-
-def _lost(entry: LedgerEntry, spec: ToolSpec | None) -> CallOutcome:
-    """The outcome of a call whose worker stopped renewing its lease without reporting."""
-    read_only = spec is not None and spec.effect_class == "read_only"
-    return CallOutcome(
-        tenant_id=entry.tenant_id,
-        run_id=entry.run_id,
-        turn_id=entry.turn_id,
-        call_id=entry.call_id,
-        tool_name=entry.tool_name,
-        index=entry.index,
-        attempt=max(entry.attempts, 1),
-        fencing_token=entry.fencing_token,
-        status="failed",
-        effect="not_executed" if read_only else "unknown",
-        resolved=read_only or (spec is not None and spec.on_unknown == "report_now"),
-        output=unknown_outcome_text(spec) if spec else None,
-        error=CallError(type="WorkerLost", message="the call's worker stopped renewing its lease"),
-        source="reconciler",
-        worker_id=entry.worker_id,
-        finished_at=time.time(),
     )

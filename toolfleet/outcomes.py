@@ -1,0 +1,51 @@
+"""Outcomes toolfleet writes itself, when no tool body produced one."""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from schemas import CallError, CallOutcome, ExecutionCommand, ToolSpec
+from toolfleet.texts import unknown_outcome_text
+
+
+def identity(command: ExecutionCommand, worker_id: str | None) -> dict[str, object]:
+    """The fields that say which call and attempt an outcome belongs to."""
+    return {
+        "tenant_id": command.tenant_id,
+        "run_id": command.run_id,
+        "turn_id": command.turn_id,
+        "call_id": command.call_id,
+        "tool_name": command.tool_name,
+        "index": command.index,
+        "attempt": command.attempt,
+        "fencing_token": command.fencing_token,
+        "worker_id": worker_id,
+        "finished_at": time.time(),
+    }
+
+
+def lost(
+    command: ExecutionCommand,
+    spec: ToolSpec | None,
+    *,
+    worker_id: str | None,
+    source: Literal["executor", "reconciler"],
+) -> CallOutcome:
+    """A call whose worker vanished after it started: nobody knows whether it applied.
+
+    A read-only tool cannot have applied anything; every other tool's effect is unknown.
+    """
+    read_only = spec is not None and spec.effect_class == "read_only"
+    return CallOutcome(
+        **identity(command, worker_id),
+        status="failed",
+        effect="not_executed" if read_only else "unknown",
+        resolved=read_only or (spec is not None and spec.on_unknown == "report_now"),
+        output=unknown_outcome_text(spec) if spec else None,
+        error=CallError(
+            type="WorkerLost",
+            message="the worker running this call stopped before reporting an outcome",
+        ),
+        source=source,
+    )
