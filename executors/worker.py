@@ -44,6 +44,7 @@ from toolfleet.texts import CIRCUIT_OPEN, unknown_outcome_text
 from toolfleet.topics import command_topic
 
 log = logging.getLogger(__name__)
+spans = logging.getLogger("toolfleet.spans")
 
 
 @dataclass(frozen=True)
@@ -289,6 +290,8 @@ class Worker:
             IN_FLIGHT.labels(self.pool).dec()
             self._running.pop(key, None)
         CALL_LATENCY.labels(self.pool, command.tool_name).observe(time.monotonic() - began)
+        if outcome.started_at is not None:
+            _span(command, outcome)
         if outcome.status == "pending_approval":
             await self.ledger.set_pending_approval(command.tenant_id, command.call_id)
             return outcome
@@ -424,6 +427,25 @@ class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
         """Positions come from the committed offsets; log the assignment for operators."""
         partitions = sorted(tp.partition for tp in assigned)
         log.info("partitions assigned", extra={"partitions": partitions})
+
+
+def _span(command: ExecutionCommand, outcome: CallOutcome) -> None:
+    """One span per started call attempt, as a structured log record (tracing backends
+    ingest these; the SDK likewise opens one function span per invoked tool)."""
+    spans.info(
+        "span",
+        extra={
+            "span": "tool_call",
+            "trace_id": command.run_id,
+            "call_id": command.call_id,
+            "tool": command.tool_name,
+            "attempt": command.attempt,
+            "status": outcome.status,
+            "effect": outcome.effect,
+            "start": outcome.started_at,
+            "end": outcome.finished_at,
+        },
+    )
 
 
 def _ended(

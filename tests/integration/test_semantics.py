@@ -476,7 +476,9 @@ async def test_pre_approval_guardrails_run_input_guardrails_before_the_interrupt
 
 
 # --- hooks ---------------------------------------------------------------------------------
-async def test_hooks_run_exactly_once_per_call(client: FleetClient, store: Store) -> None:
+async def test_hooks_and_spans_run_exactly_once_per_call(
+    fleet: LocalFleet, client: FleetClient, store: Store
+) -> None:
     event = turn(
         ("a", "timed_work", {"text": "ok", "ms": 50}),
         ("a", "timed_work", {"text": "ok", "ms": 50}),  # merged duplicate: still one call
@@ -503,6 +505,18 @@ async def test_hooks_run_exactly_once_per_call(client: FleetClient, store: Store
     assert await hooks("b") == (1, 1)  # a handled failure's text is the accepted output
     assert await hooks("c") == (0, 0)
     assert await hooks("d") == (1, 1)  # once, after approval; none while pending
+
+    def spans(suffix: str) -> int:
+        call_id = cid(event, suffix)
+        return sum(
+            1
+            for n in range(2)
+            for line in fleet.logs(f"worker-{n}").splitlines()
+            if '"msg": "span"' in line and json.loads(line)["call_id"] == call_id
+        )
+
+    # One span per call that started (a guardrail rejection happens after the start).
+    assert [spans(s) for s in "abcd"] == [1, 1, 1, 1]
 
 
 # --- order and concurrency -----------------------------------------------------------------
