@@ -87,10 +87,13 @@ class Aggregator:
         batches: dict[TopicPartition, list[Record]],
     ) -> None:
         try:
-            emitted: list[Emission] = []
+            # One run's records in order, different runs concurrently (all keyed by run_id).
+            by_key: dict[bytes | None, list[Record]] = {}
             for records in batches.values():
                 for record in records:
-                    emitted += await self._handle(record)
+                    by_key.setdefault(record.key, []).append(record)
+            per_key = await asyncio.gather(*(self._handle_in_order(rs) for rs in by_key.values()))
+            emitted = [e for results in per_key for e in results]
             async with producer.transaction():
                 topic = self.settings.topic("turn-results")
                 for result, _ in emitted:
@@ -106,6 +109,12 @@ class Aggregator:
             return
         for result, planned_at in emitted:
             TURN_LATENCY.labels(result.status).observe(time.time() - planned_at)
+
+    async def _handle_in_order(self, records: list[Record]) -> list[Emission]:
+        emitted: list[Emission] = []
+        for record in records:
+            emitted += await self._handle(record)
+        return emitted
 
     async def _handle(self, record: Record) -> list[Emission]:
         topic = record.topic.removeprefix(self.settings.topic_prefix)

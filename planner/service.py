@@ -108,13 +108,17 @@ class Planner:
         )
         if not result.failed:
             await self._record(event, result.ledger_updates)
-        await self.bus.publish_and_wait("plans", event.run_id, result.plan)
+        # The ledger is written; plan and commands may now travel together (the aggregator
+        # keeps outcomes that overtake their plan). All acks are awaited before the offset
+        # of the response is committed.
+        plan_sent = await self.bus.publish("plans", event.run_id, result.plan)
         dispatches = {d.call.call_id: d for d in result.dispatch}
         if event.config.max_concurrency is None:
             release = list(dispatches)
         else:
             release = await self.gate.open(result.plan, list(dispatches))
         await self._send(event, [dispatches[cid] for cid in release])
+        await plan_sent
         PLAN_LATENCY.observe(time.perf_counter() - began)
 
     async def on_outcome(self, outcome: CallOutcome) -> None:
@@ -225,8 +229,10 @@ class Planner:
 
     async def _send(self, event: ModelResponseEvent, dispatches: list[Dispatch]) -> None:
         commands = []
-        for d in dispatches:
-            issued = await self.ledger.dispatch(event.tenant_id, d.call.call_id)
+        attempts = await self.ledger.dispatch_many(
+            event.tenant_id, [d.call.call_id for d in dispatches]
+        )
+        for d, issued in zip(dispatches, attempts, strict=True):
             if issued is None:
                 continue  # already running or finished: its outcome is (or will be) on its way
             commands.append(

@@ -277,6 +277,23 @@ class Ledger:
             return None
         return int(attempt), int(token)
 
+    async def dispatch_many(
+        self, tenant_id: str, call_ids: list[str], reason: str = "planned"
+    ) -> list[tuple[int, int] | None]:
+        """``dispatch`` (idempotent) for several calls in one round trip."""
+        if not call_ids:
+            return []
+        now = time.time()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for call_id in call_ids:
+                await self._dispatch(
+                    keys=[self.keys.call(tenant_id, call_id), self.keys.audit(tenant_id, call_id)],
+                    args=[now, reason, "0"],
+                    client=pipe,
+                )
+            replies = await pipe.execute()
+        return [None if int(a) < 0 else (int(a), int(t)) for a, t in replies]
+
     async def begin(
         self, tenant_id: str, call_id: str, token: int, worker_id: str, lease_s: float
     ) -> tuple[BeginVerdict, CallOutcome | None]:
