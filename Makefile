@@ -36,9 +36,12 @@ unit: $(STAMP)
 demo: setup
 	$(BIN)/toolfleet demo
 
-## bench: the benchmarks (prints a table, writes bench/results/latest.md)
+## bench: the benchmarks (prints a table, writes bench/results/latest.md; BENCH_ARGS=--readme
+## also refreshes the README's numbers, BENCH_ARGS=--quick is a 3-minute smoke run)
 bench: setup
-	$(BIN)/python -m bench
+	test $(VENV)/.bench-installed -nt pyproject.toml || \
+	  { $(BIN)/python -m pip install -q -e '.[dev,bench]' && touch $(VENV)/.bench-installed; }
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 infra-up: setup
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import psutil
 
@@ -99,7 +99,7 @@ async def wait_until(
     check: Callable[[], None] | None = None,
     poll_s: float = 0.1,
 ) -> None:
-    """Poll an observable condition until it holds; TimeoutError naming ``what`` after ``within``."""
+    """Poll an observable condition until it holds; TimeoutError after ``within`` s."""
     deadline = time.monotonic() + within
     while not condition():
         if check is not None:
@@ -123,9 +123,7 @@ class BenchFleet(LocalFleet):
     def env(self) -> dict[str, str]:
         """LocalFleet's environment plus the repo on PYTHONPATH (for ``bench.tools``)."""
         env = super().env()
-        env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
-        )
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
         return env
 
     def start(self, name: str, args: list[str]) -> None:
@@ -209,7 +207,7 @@ class CpuMeter:
     def __init__(self, pids: Mapping[str, int]) -> None:
         self.pids = dict(pids)
         self._began: dict[str, float] = {}
-        self._machine: psutil._common.scputimes | None = None
+        self._machine: Any = None
         self.used: dict[str, float] = {}
         self.machine_busy = 0.0
         """Share of all cores that were busy (0..1) over the window."""

@@ -44,6 +44,14 @@ class Turn:
     payload: bytes
 
 
+class Window(Protocol):
+    """Something measured over exactly the measurement window (a CPU meter)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> object: ...
+
+
 class Target(Protocol):
     """A system under test."""
 
@@ -173,7 +181,7 @@ class _Tracker:
 
     def window(self, t0: float, t1: float, keep_latency: bool) -> LoadResult:
         result = LoadResult(seconds=t1 - t0)
-        for at, latency, calls, ok in self.done:
+        for at, _latency, calls, ok in self.done:
             if t0 <= at < t1:
                 result.turns += 1
                 result.calls += calls
@@ -212,8 +220,12 @@ async def closed_loop(
     measure_s: float,
     drain_s: float = 90.0,
     check: Callable[[], None] | None = None,
+    meter: Window | None = None,
 ) -> LoadResult:
-    """Keep ``window`` turns outstanding; throughput counted over ``measure_s`` after warm-up."""
+    """Keep ``window`` turns outstanding; throughput counted over ``measure_s`` after warm-up.
+
+    ``meter`` is started when the measurement window opens and stopped when it closes.
+    """
     tracker = _Tracker(target)
     tokens: asyncio.Queue[None] = asyncio.Queue()
     tracker.on_done = lambda: tokens.put_nowait(None)
@@ -228,13 +240,23 @@ async def closed_loop(
     began = time.perf_counter()
     t0, t1 = began + warmup_s, began + warmup_s + measure_s
     task = asyncio.create_task(sender())
+    opened = False
     try:
-        while time.perf_counter() < t1:  # the measurement window itself, watching health
+        while True:  # the warm-up and measurement windows themselves, watching health
+            now = time.perf_counter()
+            if not opened and now >= t0:
+                opened = True
+                if meter is not None:
+                    meter.start()
+            if now >= t1:
+                break
             if check is not None:
                 check()
             if task.done():
                 task.result()
-            await asyncio.sleep(min(0.5, max(0.0, t1 - time.perf_counter())))
+            await asyncio.sleep(min(0.5, max(0.0, (t1 if opened else t0) - now)))
+        if meter is not None:
+            meter.stop()
     finally:
         task.cancel()
         tracker.on_done = None

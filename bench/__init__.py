@@ -1,0 +1,4 @@
+"""Benchmarks: toolfleet against the raw Kafka relay, in-process asyncio and Celery.
+
+Run ``make bench`` (or ``python -m bench`` with Kafka and Redis up); see ``bench/__main__.py``.
+"""

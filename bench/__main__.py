@@ -1,0 +1,165 @@
+"""``python -m bench`` (``make bench``): every scenario, every baseline, one markdown report.
+
+Starts the local Kafka and Redis (``toolfleet infra up``, idempotent), runs toolfleet, the raw
+relay, Celery and the in-process baseline one after another, prints the report on stdout,
+writes it to ``bench/results/latest.md``, and with ``--readme`` refreshes the summary in the
+README. Progress goes to stderr. Every process it starts is stopped on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from bench.procs import REPO, progress
+from bench.report import Results, readme_block, render, targets, update_readme
+from bench.scenarios import Bench, Durations
+from bench.systems import RunContext
+from toolfleet import infra
+from toolfleet.settings import Settings
+
+RESULTS = REPO / "bench" / "results"
+SCENARIOS = ("a", "b", "c", "d", "profile")
+SYSTEMS = ("toolfleet", "relay", "celery", "inprocess")
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument(
+        "--quick", action="store_true", help="short windows and 10,000 calls for (d): a smoke run"
+    )
+    parser.add_argument(
+        "--only",
+        default=",".join(SCENARIOS),
+        help="comma-separated scenarios among a,b,c,d,profile (default: all)",
+    )
+    parser.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help="comma-separated systems among toolfleet,relay,celery,inprocess (default: all)",
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="SERVICE",
+        help="profile this service (planner, aggregator, worker-0) instead of the busiest",
+    )
+    parser.add_argument(
+        "--readme", action="store_true", help="also refresh the numbers in README.md"
+    )
+    parser.add_argument(
+        "--output", type=Path, default=RESULTS / "latest.md", help="where the report goes"
+    )
+    return parser.parse_args(argv)
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return out.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
+
+
+async def _run(bench: Bench, scenarios: set[str], systems: set[str]) -> None:
+    sections = [
+        ("toolfleet", bench.run_toolfleet),
+        ("relay", bench.run_relay),
+        ("celery", bench.run_celery),
+        ("inprocess", bench.run_inprocess),
+    ]
+    try:
+        for system, run in sections:
+            if system not in systems:
+                continue
+            progress(f"--- {system}")
+            try:
+                await run(scenarios)
+            except Exception as exc:
+                bench.results.errors.append(f"{system}: {type(exc).__name__}: {exc}")
+                progress(f"{system} FAILED: {type(exc).__name__}: {exc}")
+        if "d" in scenarios and "toolfleet" in systems:
+            progress("--- (d) scale")
+            try:
+                await bench.run_scale()
+            except Exception as exc:
+                bench.results.errors.append(f"scale: {type(exc).__name__}: {exc}")
+                progress(f"scale FAILED: {type(exc).__name__}: {exc}")
+    finally:
+        progress("cleaning up this run's topics and Redis keys")
+        await bench.ctx.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmarks; exit status 1 if any part failed."""
+    args = _args(sys.argv[1:] if argv is None else argv)
+    scenarios = set(args.only.split(","))
+    systems = set(args.systems.split(","))
+    began = time.monotonic()
+    settings = Settings()
+    progress("starting Kafka and Redis if they are not running (toolfleet infra up)")
+    status = infra.up(settings)
+    load = os.getloadavg()
+    results = Results(started=dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"))
+    results.meta.update(
+        cores=str(psutil.cpu_count()),
+        memory=f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
+        load_before=f"{load[0]:.2f}",
+        commit=_commit(),
+        mode="quick" if args.quick else "full",
+        infra=f"Kafka {status.bootstrap_servers}, Redis {status.redis_url}",
+    )
+    if load[0] > 0.5:
+        results.meta["noise"] = (
+            f"Other work was running when the run started (load average {load[0]:.2f}): "
+            "absolute numbers are noisy; ratios less so."
+        )
+    ctx = RunContext(settings, RESULTS)
+    progress(f"run {ctx.run_id}: logs in {ctx.log_root}")
+    bench = Bench(ctx, Durations.quick() if args.quick else Durations(), results)
+    bench.profile_service = args.profile
+    try:
+        asyncio.run(_run(bench, scenarios, systems))
+    except KeyboardInterrupt:
+        progress("interrupted: every child process has been stopped")
+        return 130
+    elapsed = time.monotonic() - began
+    results.meta["runtime"] = f"{elapsed / 60:.1f} min"
+    report = render(results)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(report + "\n")
+    print(report)
+    if args.readme:
+        path = args.output.relative_to(REPO) if args.output.is_relative_to(REPO) else args.output
+        update_readme(REPO / "README.md", readme_block(results, str(path)))
+        progress("README.md: Benchmarks numbers refreshed")
+    verdicts = ", ".join(
+        f"{'held' if t.held else 'missed' if t.held is not None else 'n/a'}"
+        for t in targets(results)
+    )
+    progress(f"done in {elapsed / 60:.1f} min; targets: {verdicts}; report: {args.output}")
+    return 1 if results.errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,606 @@
+"""What a bench run measured, the targets, and the markdown report of it all."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SYSTEMS = ("toolfleet", "relay", "celery", "inprocess")
+LABELS = {
+    "toolfleet": "toolfleet",
+    "relay": "raw relay",
+    "celery": "Celery chord",
+    "inprocess": "in-process",
+}
+SERVICES = ("planner", "aggregator", "reconciler", "workers", "kafka", "redis", "driver")
+
+
+@dataclass
+class Throughput:
+    """Scenario (a): one closed-loop run."""
+
+    system: str
+    calls_per_turn: int
+    workers: int
+    calls_per_s: float
+    turns_per_s: float
+    failed: int
+    seconds: float
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    machine_busy: float = 0.0
+
+    def cpu_us_per_call(self, service: str) -> float:
+        calls = self.calls_per_s * self.seconds
+        if not calls:
+            return math.nan
+        if service == "workers":
+            used = sum(v for k, v in self.cpu_s.items() if k.startswith("worker"))
+        else:
+            used = self.cpu_s.get(service, math.nan)
+        return used / calls * 1e6
+
+
+@dataclass
+class Latency:
+    """Scenario (b): one open-loop run."""
+
+    system: str
+    calls_per_turn: int
+    workers: int
+    rate: float
+    turns: int
+    failed: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    note: str = ""
+
+
+@dataclass
+class IoBound:
+    """Scenario (c): one concurrency setting."""
+
+    system: str
+    concurrency: int
+    calls_per_s: float
+    machine_busy: float
+    own_cpu: float
+    """Share of the machine's cores the bench's own processes (and Kafka, Redis) used."""
+
+    @property
+    def ideal(self) -> float:
+        return self.concurrency / 0.05
+
+
+@dataclass
+class Scale:
+    """Scenario (d): calls in flight at once."""
+
+    target_calls: int
+    reached: int
+    seconds: float
+    rss_base: dict[str, int]
+    rss_at_peak: dict[str, int]
+    rss_hwm: dict[str, int]
+    rss_slope: dict[str, float]
+    """Bytes of RSS per call in flight (least squares over the samples), per service."""
+    redis_delta: int
+    redis_keys_per_call: float
+    """Bytes per call from MEMORY USAGE of a sample of the calls' keys (ledger, audit, turn)."""
+    note: str = ""
+
+    @property
+    def extrapolated(self) -> bool:
+        return self.reached < self.target_calls
+
+    def at_target(self, service: str) -> float:
+        """RSS at ``target_calls`` in flight: measured, or extrapolated from the slope."""
+        if not self.extrapolated:
+            return float(self.rss_at_peak.get(service, 0))
+        return self.rss_base.get(service, 0) + self.rss_slope.get(service, 0.0) * self.target_calls
+
+
+@dataclass
+class Profile:
+    """The busiest service during (a), profiled under the same load."""
+
+    service: str
+    config: str
+    mode: str
+    html: str
+    summary: dict[str, Any]
+    calls_per_s: float
+    cpu_share: float
+    tree: list[str] = field(default_factory=list)
+    """The top of pyinstrument's call tree (percent of samples)."""
+
+
+@dataclass
+class Results:
+    """Everything one run measured."""
+
+    started: str
+    meta: dict[str, str] = field(default_factory=dict)
+    throughput: list[Throughput] = field(default_factory=list)
+    latency: list[Latency] = field(default_factory=list)
+    io: list[IoBound] = field(default_factory=list)
+    scale: Scale | None = None
+    profile: Profile | None = None
+    retained_per_call: float | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def tp(self, system: str, calls: int, workers: int) -> Throughput | None:
+        for t in self.throughput:
+            if (t.system, t.calls_per_turn, t.workers) == (system, calls, workers):
+                return t
+        return None
+
+    def lat(self, system: str) -> Latency | None:
+        return next((x for x in self.latency if x.system == system), None)
+
+
+# ----------------------------------------------------------------------------------- targets
+
+
+@dataclass
+class Target:
+    name: str
+    held: bool | None
+    detail: str
+
+
+def _ratios(results: Results, other: str) -> list[tuple[str, float]]:
+    rows = []
+    for t in results.throughput:
+        if t.system != "toolfleet":
+            continue
+        base = results.tp(other, t.calls_per_turn, t.workers)
+        if base is not None and base.calls_per_s > 0:
+            rows.append((f"{t.calls_per_turn}x{t.workers}w", t.calls_per_s / base.calls_per_s))
+    return rows
+
+
+def targets(results: Results) -> list[Target]:
+    """The issue's four targets, each held, missed, or not measured (None)."""
+    out = []
+    relay = _ratios(results, "relay")
+    if relay:
+        worst = min(relay, key=lambda r: r[1])
+        out.append(
+            Target(
+                "calls/s ≥ 50% of the raw relay's (every turn size and worker count)",
+                worst[1] >= 0.5,
+                f"lowest {worst[1]:.1%} at {worst[0]}",
+            )
+        )
+    else:
+        out.append(Target("calls/s ≥ 50% of the raw relay's", None, "not measured"))
+    celery = _ratios(results, "celery")
+    if celery:
+        worst = min(celery, key=lambda r: r[1])
+        out.append(
+            Target(
+                "calls/s ≥ 3x Celery's (every turn size and worker count)",
+                worst[1] >= 3.0,
+                f"lowest {worst[1]:.2f}x at {worst[0]}",
+            )
+        )
+    else:
+        out.append(Target("calls/s ≥ 3x Celery's", None, "not measured"))
+    tf, rl = results.lat("toolfleet"), results.lat("relay")
+    if tf and rl and rl.p99_ms > 0:
+        ratio = tf.p99_ms / rl.p99_ms
+        out.append(
+            Target(
+                "p99 turn latency ≤ 3x the raw relay's p99 (same offered load)",
+                ratio <= 3.0,
+                f"{tf.p99_ms:.0f} ms vs {rl.p99_ms:.0f} ms = {ratio:.1f}x at {tf.rate:.1f} turns/s",
+            )
+        )
+    else:
+        out.append(Target("p99 turn latency ≤ 3x the raw relay's p99", None, "not measured"))
+    io = [x for x in results.io if x.system == "toolfleet"]
+    if io:
+        bad = [x for x in io if not (x.calls_per_s >= 0.8 * x.ideal or x.machine_busy >= 0.9)]
+        detail = "; ".join(
+            f"c={x.concurrency}: {x.calls_per_s / x.ideal:.0%} of linear, CPU {x.machine_busy:.0%}"
+            for x in io
+        )
+        out.append(
+            Target(
+                "I/O-bound calls/s linear in concurrency until the CPU saturates "
+                "(≥ 80% of concurrency/50 ms, or CPU ≥ 90% busy)",
+                not bad,
+                detail,
+            )
+        )
+    else:
+        out.append(Target("I/O-bound throughput linear until the CPU saturates", None, "-"))
+    return out
+
+
+# ------------------------------------------------------------------------------------ render
+
+
+def _f(value: float | None, digits: int = 0) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def _ratio(a: float | None, b: float | None, digits: int = 2) -> str:
+    if a is None or b is None or not b:
+        return "-"
+    return f"{a / b:.{digits}f}x"
+
+
+def _mib(value: float) -> str:
+    return f"{value / 2**20:,.0f}"
+
+
+def render(results: Results) -> str:
+    """The whole report as markdown."""
+    lines: list[str] = []
+    add = lines.append
+    m = results.meta
+    add(f"# toolfleet benchmarks — {results.started}")
+    add("")
+    add(
+        f"Machine: {m.get('cores', '?')} cores, {m.get('memory', '?')} RAM, load average "
+        f"{m.get('load_before', '?')} at start; commit {m.get('commit', '?')}; "
+        f"run time {m.get('runtime', '?')}; {m.get('mode', 'full')} run."
+    )
+    add(
+        "Every comparison ran side by side in this run, on the same Kafka broker and Redis "
+        f"server ({m.get('infra', '?')}). {m.get('noise', '')}"
+    )
+    add("")
+    _render_targets(results, add)
+    _render_throughput(results, add)
+    _render_latency(results, add)
+    _render_io(results, add)
+    _render_scale(results, add)
+    _render_cpu(results, add)
+    _render_profile(results, add)
+    add("## How it was measured")
+    add("")
+    for line in METHOD:
+        add(line)
+    add("")
+    if results.errors:
+        add("## Errors")
+        add("")
+        for e in results.errors:
+            add(f"- {e}")
+        add("")
+    return "\n".join(lines)
+
+
+def _render_targets(results: Results, add: Any) -> None:
+    add("## Targets")
+    add("")
+    add("| target | verdict | measured |")
+    add("|---|---|---|")
+    for t in targets(results):
+        verdict = "not measured" if t.held is None else ("**held**" if t.held else "**missed**")
+        add(f"| {t.name} | {verdict} | {t.detail} |")
+    add("")
+
+
+def _render_throughput(results: Results, add: Any) -> None:
+    if not results.throughput:
+        return
+    add("## (a) Throughput: no-op calls, end to end (model response in → turn result out)")
+    add("")
+    add(
+        "| calls/turn | workers | toolfleet calls/s | toolfleet turns/s | raw relay calls/s "
+        "| Celery calls/s | in-process calls/s | toolfleet / relay | toolfleet / Celery "
+        "| toolfleet / in-process |"
+    )
+    add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    keys = sorted({(t.calls_per_turn, t.workers) for t in results.throughput if t.workers})
+    for calls, workers in keys:
+        tf = results.tp("toolfleet", calls, workers)
+        rl = results.tp("relay", calls, workers)
+        ce = results.tp("celery", calls, workers)
+        ip = results.tp("inprocess", calls, 0)
+        found = zip(SYSTEMS, (tf, rl, ce, ip), strict=True)
+        v = {k: (x.calls_per_s if x else None) for k, x in found}
+        add(
+            f"| {calls} | {workers} | {_f(v['toolfleet'])} | "
+            f"{_f(tf.turns_per_s if tf else None, 1)} | {_f(v['relay'])} | {_f(v['celery'])} | "
+            f"{_f(v['inprocess'])} | {_ratio(v['toolfleet'], v['relay'], 3)} | "
+            f"{_ratio(v['toolfleet'], v['celery'])} | {_ratio(v['toolfleet'], v['inprocess'], 4)} |"
+        )
+    failed = sum(t.failed for t in results.throughput)
+    add("")
+    add(
+        f"Turns that did not complete with every output `ok`: {failed}. In-process has no "
+        "worker processes: its one figure per turn size is repeated on both rows."
+    )
+    add("")
+
+
+def _render_latency(results: Results, add: Any) -> None:
+    if not results.latency:
+        return
+    tf = results.lat("toolfleet")
+    add("## (b) Latency: end-to-end turn latency at about half of toolfleet's maximum throughput")
+    add("")
+    if tf:
+        add(
+            f"Open loop, {tf.calls_per_turn} no-op calls per turn, {tf.workers} workers, "
+            f"{tf.rate:.1f} turns/s offered to every system (half of toolfleet's maximum)."
+        )
+        add("")
+    add("| system | offered turns/s | turns | p50 ms | p95 ms | p99 ms | p99 / relay p99 | note |")
+    add("|---|---:|---:|---:|---:|---:|---:|---|")
+    rl = results.lat("relay")
+    for x in results.latency:
+        add(
+            f"| {LABELS[x.system]} | {x.rate:.1f} | {x.turns} | {_f(x.p50_ms, 1)} | "
+            f"{_f(x.p95_ms, 1)} | {_f(x.p99_ms, 1)} | "
+            f"{_ratio(x.p99_ms, rl.p99_ms if rl else None, 1)} | {x.note} |"
+        )
+    add("")
+
+
+def _render_io(results: Results, add: Any) -> None:
+    if not results.io:
+        return
+    add("## (c) I/O-bound tools (each sleeps 50 ms): calls/s by worker concurrency")
+    add("")
+    add(
+        "One worker process with `--concurrency N`, 20 calls per turn; linear = N / 50 ms. "
+        "In-process: the same calls under an asyncio.Semaphore(N)."
+    )
+    add("")
+    add("| concurrency | linear calls/s | toolfleet calls/s | of linear | machine CPU busy "
+        "| bench processes' CPU | in-process calls/s |")  # fmt: skip
+    add("|---:|---:|---:|---:|---:|---:|---:|")
+    for x in results.io:
+        if x.system != "toolfleet":
+            continue
+        ip = next(
+            (y for y in results.io if y.system == "inprocess" and y.concurrency == x.concurrency),
+            None,
+        )
+        add(
+            f"| {x.concurrency:,} | {x.ideal:,.0f} | {x.calls_per_s:,.0f} | "
+            f"{x.calls_per_s / x.ideal:.0%} | {x.machine_busy:.0%} | {x.own_cpu:.0%} | "
+            f"{_f(ip.calls_per_s if ip else None)} |"
+        )
+    add("")
+
+
+def _render_scale(results: Results, add: Any) -> None:
+    s = results.scale
+    if s is None:
+        return
+    add(f"## (d) Scale: {s.target_calls:,} calls in flight")
+    add("")
+    if s.extrapolated:
+        add(
+            f"**Reached {s.reached:,} calls in flight in {s.seconds:.0f} s, not "
+            f"{s.target_calls:,}**: the planner dispatches too slowly to get there within the "
+            "time budget. The columns marked *extrapolated* are the measured baseline plus "
+            f"the measured per-call slope x {s.target_calls:,}; they are estimates, not "
+            "measurements."
+        )
+    else:
+        add(f"Reached {s.reached:,} calls in flight in {s.seconds:.0f} s.")
+    if s.note:
+        add("")
+        add(s.note)
+    add("")
+    head = "extrapolated" if s.extrapolated else "measured"
+    add(
+        f"| service | RSS idle MiB | RSS at {s.reached:,} MiB | peak RSS (HWM) MiB "
+        f"| RSS per call in flight, bytes | RSS at {s.target_calls:,} MiB ({head}) |"
+    )
+    add("|---|---:|---:|---:|---:|---:|")
+    for name in sorted(s.rss_at_peak):
+        add(
+            f"| {name} | {_mib(s.rss_base.get(name, 0))} | {_mib(s.rss_at_peak[name])} | "
+            f"{_mib(s.rss_hwm.get(name, 0))} | {_f(s.rss_slope.get(name), 0)} | "
+            f"{_mib(s.at_target(name))} |"
+        )
+    add("")
+    per_call = s.redis_delta / s.reached if s.reached else math.nan
+    add(
+        f"Redis: used_memory grew by {_mib(s.redis_delta)} MiB for {s.reached:,} calls in "
+        f"flight = **{_f(per_call)} bytes per call** (INFO memory delta; the server is shared "
+        f"with other users, so this is noisy); a sample of the calls' own keys (ledger hash, "
+        f"audit list, 1/20 of the turn's state) gives {_f(s.redis_keys_per_call)} bytes per call "
+        f"(MEMORY USAGE). At {s.target_calls:,} calls: "
+        f"{_mib(s.redis_keys_per_call * s.target_calls)} MiB."
+    )
+    if results.retained_per_call is not None:
+        add("")
+        add(
+            f"Retained after completion: {_f(results.retained_per_call)} bytes per finished "
+            "call stay in Redis (ledger hash and audit list, sampled with MEMORY USAGE after "
+            "(a)); the ledger sets no TTL, so this grows with every call ever made."
+        )
+    add("")
+
+
+def _render_cpu(results: Results, add: Any) -> None:
+    rows = [t for t in results.throughput if t.system in ("toolfleet", "relay") and t.cpu_s]
+    if not rows:
+        return
+    add("## Where the CPU goes during (a): CPU µs per call, by process")
+    add("")
+    add(
+        "| system | calls/turn | workers | calls/s | planner | workers | aggregator | reconciler "
+        "| Kafka | Redis | load generator | machine busy |"
+    )
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for t in rows:
+        cells = [_f(t.cpu_us_per_call(s)) for s in SERVICES]
+        add(
+            f"| {LABELS[t.system]} | {t.calls_per_turn} | {t.workers} | {_f(t.calls_per_s)} | "
+            + " | ".join(cells)
+            + f" | {t.machine_busy:.0%} |"
+        )
+    add("")
+    add(
+        "Kafka and Redis are shared with anything else running on the machine, so their "
+        "figures include that load."
+    )
+    add("")
+
+
+def _render_profile(results: Results, add: Any) -> None:
+    p = results.profile
+    if p is None:
+        return
+    s = p.summary
+    total = s.get("total_s") or 1.0
+    add(f"## Profile: {p.service} during (a), {p.config}")
+    add("")
+    add(
+        f"pyinstrument ({p.mode}), {total:.1f} s sampled at {p.calls_per_s:,.0f} calls/s "
+        f"(profiling slows the service down); the {p.service} used {p.cpu_share:.0%} of a core "
+        f"during (a). Full call tree: `{p.html}` (not in git)."
+    )
+    add("")
+    if p.tree:
+        add("```")
+        for line in p.tree:
+            add(line)
+        add("```")
+        add("")
+    add(
+        "Self time by package: "
+        + ", ".join(
+            f"{name} {share:.0%}" for name, share in list(s.get("packages", {}).items())[:8]
+        )
+    )
+    add("")
+    add("| function (self time) | where | share of samples |")
+    add("|---|---|---:|")
+    for row in s.get("self", [])[:12]:
+        add(f"| `{row['function']}` | {row['where']} | {row['share']:.1%} |")
+    add("")
+
+
+def tree_excerpt(text: str, limit: int = 45, threshold: float = 1.0) -> list[str]:
+    """The lines of pyinstrument's text tree at or above ``threshold`` percent."""
+    lines = []
+    started = False
+    for line in text.splitlines():
+        match = re.search(r"(\d+\.\d+)%", line)
+        if match is None:
+            if started and "frames hidden" in line:
+                lines.append(line.rstrip())
+            continue
+        started = True
+        if float(match.group(1)) >= threshold:
+            lines.append(line.rstrip())
+        if len(lines) >= limit:
+            break
+    return lines
+
+
+METHOD = [
+    "- **toolfleet**: `LocalFleet` — planner, aggregator, reconciler and N workers as separate "
+    "processes (`toolfleet worker --tools bench.tools:tools --concurrency 100`), a fresh topic "
+    "prefix per run, 6 partitions per topic.",
+    "- **raw relay** (`bench/relay.py`): the same hops, topics, keys, partitions, producer "
+    "settings (idempotent, acks=all, linger 2 ms), read_committed consumers, manual commits and "
+    "the same pydantic messages, in separate planner / worker / aggregator processes — but no "
+    "Redis, no Kafka transactions, and one ack wait and one commit per polled batch.",
+    "- **in-process**: the calls of a turn run concurrently in the load generator's process "
+    "through the OpenAI Agents SDK's `invoke_function_tool` on `function_tool`s.",
+    "- **Celery**: Celery 5 with Redis (database 3 of the same server) as broker and result "
+    "backend, one solo-pool worker process per worker, one chord per turn (the calls as the "
+    "header, a collector as the body that pushes the turn result to a Redis list).",
+    "- **Load**: (a) closed loop, 400 calls outstanding (max(4, 400 / calls per turn) turns), "
+    "results counted over the measurement window after a warm-up; (b) open loop at a fixed "
+    "rate; latency = from handing the model response to the producer to reading the turn "
+    "result. Every 16th toolfleet / relay result is decoded and checked (completed, one `ok` "
+    "output per call, in model order); every Celery and in-process result is checked.",
+    "- **CPU**: user + system CPU time of each process over the measurement window (psutil); "
+    "machine busy = 1 - idle share of all cores (includes anything else running).",
+    "- **(d)**: a tool that parks until released (`bench_hold`), 2 workers with "
+    "`--concurrency 60000`, 20 calls per turn; RSS from /proc (current and VmHWM), Redis from "
+    "INFO memory and MEMORY USAGE.",
+]
+
+
+README_BEGIN = "<!-- bench:begin -->"
+README_END = "<!-- bench:end -->"
+
+
+def readme_block(results: Results, report_path: str) -> str:
+    """The README's summary of the latest run (between the bench markers)."""
+    lines = [
+        README_BEGIN,
+        f"Latest run: {results.started} ({results.meta.get('cores', '?')} cores, "
+        f"load average {results.meta.get('load_before', '?')} at start, run time "
+        f"{results.meta.get('runtime', '?')}). Full report: `{report_path}`.",
+        "",
+        "| target | verdict | measured |",
+        "|---|---|---|",
+    ]
+    for t in targets(results):
+        verdict = "not measured" if t.held is None else ("held" if t.held else "**missed**")
+        lines.append(f"| {t.name} | {verdict} | {t.detail} |")
+    lines += [
+        "",
+        "| calls/turn | workers | toolfleet calls/s | raw relay | Celery | in-process "
+        "| toolfleet / relay | toolfleet / Celery |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    keys = sorted({(t.calls_per_turn, t.workers) for t in results.throughput if t.workers})
+    for calls, workers in keys:
+        v = [
+            results.tp("toolfleet", calls, workers),
+            results.tp("relay", calls, workers),
+            results.tp("celery", calls, workers),
+            results.tp("inprocess", calls, 0),
+        ]
+        c = [x.calls_per_s if x else None for x in v]
+        lines.append(
+            f"| {calls} | {workers} | {_f(c[0])} | {_f(c[1])} | {_f(c[2])} | {_f(c[3])} | "
+            f"{_ratio(c[0], c[1], 3)} | {_ratio(c[0], c[2])} |"
+        )
+    tf, rl = results.lat("toolfleet"), results.lat("relay")
+    if tf:
+        lines += [
+            "",
+            f"Turn latency at {tf.rate:.1f} turns/s ({tf.calls_per_turn} calls per turn): "
+            f"toolfleet p50 / p95 / p99 = {_f(tf.p50_ms)} / {_f(tf.p95_ms)} / {_f(tf.p99_ms)} ms"
+            + (
+                f"; raw relay {_f(rl.p50_ms)} / {_f(rl.p95_ms)} / {_f(rl.p99_ms)} ms."
+                if rl
+                else "."
+            ),
+        ]
+    if results.scale:
+        s = results.scale
+        est = " (extrapolated)" if s.extrapolated else ""
+        fleet_rss = sum(s.at_target(n) for n in s.rss_at_peak if n.startswith("worker"))
+        lines += [
+            "",
+            f"Scale: {s.reached:,} calls in flight reached; at {s.target_calls:,}{est} the "
+            f"workers would hold {_mib(fleet_rss)} MiB RSS in total and Redis "
+            f"{_f(s.redis_keys_per_call)} bytes per call.",
+        ]
+    lines.append(README_END)
+    return "\n".join(lines)
+
+
+def update_readme(readme: Path, block: str) -> None:
+    """Replace the marked block of the README's Benchmarks section (append it if missing)."""
+    text = readme.read_text()
+    pattern = re.compile(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _m: block, text)
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    readme.write_text(text)

@@ -1,0 +1,519 @@
+"""The scenarios, system by system: (a) throughput, (b) latency, (c) I/O-bound, (d) scale.
+
+Systems run one after another (two cores cannot host two systems at once without each
+skewing the other), and every figure of one run is measured on the same machine, broker and
+Redis within minutes of the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+from redis.asyncio import Redis
+
+from bench import tools as bench_tools
+from bench.procs import CpuMeter, infra_pids, peak_rss_bytes, progress, rss_bytes
+from bench.report import IoBound, Latency, Profile, Results, Scale, Throughput, tree_excerpt
+from bench.systems import RunContext, celery, relay, toolfleet
+from bench.targets import InProcessTarget
+from bench.workload import (
+    LoadResult,
+    Target,
+    TurnFactory,
+    closed_loop,
+    open_loop,
+    prime,
+    query_args,
+)
+from toolfleet.keys import Keys
+from toolfleet.settings import Settings
+
+TURN_SIZES = (1, 5, 20)
+WORKERS = (1, 2)
+LATENCY_CALLS = 5
+LATENCY_WORKERS = 2
+IO_CONCURRENCY = (10, 100, 1000)
+WINDOW_CALLS = 400
+
+
+@dataclass(frozen=True)
+class Durations:
+    """How long each measurement runs (seconds); ``quick`` for trying the harness out."""
+
+    warmup: float = 1.5
+    measure: float = 4.0
+    latency: float = 10.0
+    io: float = 4.0
+    profile: float = 6.0
+    scale_budget: float = 75.0
+    scale_calls: int = 100_000
+
+    @classmethod
+    def quick(cls) -> Durations:
+        return cls(1.0, 2.0, 4.0, 2.0, 4.0, 30.0, 10_000)
+
+    def short(self) -> Durations:
+        """For the in-process baseline, whose figures settle within a second."""
+        return dataclasses.replace(
+            self, warmup=min(self.warmup, 1.0), measure=min(self.measure, 2.0),
+            latency=min(self.latency, 6.0), io=min(self.io, 2.0),
+        )  # fmt: skip
+
+
+def window(calls_per_turn: int) -> int:
+    """Turns kept outstanding in the closed loop: about WINDOW_CALLS calls."""
+    return max(4, WINDOW_CALLS // calls_per_turn)
+
+
+class Bench:
+    """One bench run: the context, durations, and the results filled in as it goes."""
+
+    def __init__(self, ctx: RunContext, durations: Durations, results: Results) -> None:
+        self.ctx = ctx
+        self.d = durations
+        self.results = results
+        self.infra = infra_pids(ctx.base)
+        self.tf_busiest: tuple[str, float, int, int] | None = None
+        self.profile_service: str | None = None
+        """Profile this service instead of the busiest one (``--profile NAME``)."""
+
+    def meter(self, pids: dict[str, int]) -> CpuMeter:
+        return CpuMeter({**pids, **self.infra, "driver": os.getpid()})
+
+    async def throughput(  # noqa: PLR0917 - one row of the table, one argument per column
+        self,
+        system: str,
+        target: Target,
+        pids: dict[str, int],
+        calls: int,
+        workers: int,
+        check: Callable[[], None] | None,
+        tenant: str | None = None,
+    ) -> Throughput:
+        factory = TurnFactory(tenant or self.ctx.tenant, "bench_noop", calls, query_args)
+        await prime(target, factory, check=check)
+        meter = self.meter(pids)
+        result = await closed_loop(
+            target,
+            factory,
+            window=window(calls),
+            warmup_s=self.d.warmup,
+            measure_s=self.d.measure,
+            check=check,
+            meter=meter,
+        )
+        row = Throughput(
+            system,
+            calls,
+            workers,
+            result.calls_per_s,
+            result.turns_per_s,
+            result.failed,
+            result.seconds,
+            meter.used,
+            meter.machine_busy,
+        )
+        self.results.throughput.append(row)
+        progress(
+            f"(a) {system:<9} {calls:>2} calls/turn {workers} worker(s): "
+            f"{result.calls_per_s:,.0f} calls/s, {result.turns_per_s:,.1f} turns/s"
+            + (f", {result.failed} FAILED" if result.failed else "")
+        )
+        return row
+
+    async def latency(
+        self,
+        system: str,
+        target: Target,
+        rate: float,
+        check: Callable[[], None] | None,
+        note: str = "",
+    ) -> Latency:
+        factory = TurnFactory(self.ctx.tenant, "bench_noop", LATENCY_CALLS, query_args)
+        result = await open_loop(
+            target,
+            factory,
+            rate=rate,
+            warmup_s=self.d.warmup,
+            measure_s=self.d.latency,
+            check=check,
+        )
+        row = _latency_row(system, rate, result, note)
+        self.results.latency.append(row)
+        progress(
+            f"(b) {system:<9} at {rate:.1f} turns/s: p50 {row.p50_ms:.1f} ms, "
+            f"p95 {row.p95_ms:.1f} ms, p99 {row.p99_ms:.1f} ms ({row.turns} turns)"
+        )
+        return row
+
+    # ------------------------------------------------------------------------- toolfleet
+
+    async def run_toolfleet(self, scenarios: set[str]) -> None:
+        async with toolfleet(self.ctx, "tf", workers=1) as tf:
+            redis_before = await _used_memory(self.ctx)
+            if "a" in scenarios or "b" in scenarios:
+                for workers in WORKERS:
+                    await tf.set_workers(workers)
+                    for calls in TURN_SIZES:
+                        row = await self.throughput(
+                            "toolfleet", tf.target, tf.pids(), calls, workers, tf.check
+                        )
+                        self._note_busiest(row)
+                self.results.retained_per_call = await _retained_per_call(self.ctx, tf.settings)
+                grown = (await _used_memory(self.ctx) - redis_before) / 2**20
+                progress(
+                    f"redis: used_memory +{grown:.0f} MiB over (a); "
+                    f"{self.results.retained_per_call:,.0f} bytes kept per finished call"
+                )
+            if "b" in scenarios:
+                top = self.results.tp("toolfleet", LATENCY_CALLS, LATENCY_WORKERS)
+                if top is not None:
+                    await tf.set_workers(LATENCY_WORKERS)
+                    await self.latency("toolfleet", tf.target, top.turns_per_s / 2, tf.check)
+            if "profile" in scenarios and self.tf_busiest is not None:
+                await self.profile(tf)
+            if "c" in scenarios:
+                await self.io_bound(tf)
+
+    def _note_busiest(self, row: Throughput) -> None:
+        span = self.d.measure
+        for name, used in row.cpu_s.items():
+            if name in ("kafka", "redis", "driver", "reconciler"):
+                continue
+            if self.profile_service is not None and name != self.profile_service:
+                continue
+            share = used / span
+            if self.tf_busiest is None or share > self.tf_busiest[1]:
+                self.tf_busiest = (name, share, row.calls_per_turn, row.workers)
+
+    async def profile(self, tf: object) -> None:
+        from bench.systems import Toolfleet
+
+        assert isinstance(tf, Toolfleet) and self.tf_busiest is not None
+        name, share, calls, workers = self.tf_busiest
+        await tf.set_workers(workers)
+        stem = self.ctx.results / f"profile-{name}"
+        mode = "disabled" if name.startswith("worker") else "enabled"
+        progress(f"profile: {name} ({share:.0%} of a core in (a)) under pyinstrument, {calls} "
+                 f"calls/turn, {workers} worker(s)")  # fmt: skip
+        fleet = tf.fleet
+        fleet.terminate(name)
+        fleet.profile[name] = stem
+        fleet.extra_env["BENCH_PROFILE_ASYNC"] = mode
+        self._start(tf, name)
+        try:
+            factory = TurnFactory(self.ctx.tenant, "bench_noop", calls, query_args)
+            if name.startswith("worker"):
+                await fleet.ready(within=120)
+            await prime(tf.target, factory, check=tf.check)
+            result = await closed_loop(
+                tf.target,
+                factory,
+                window=window(calls),
+                warmup_s=1.0,
+                measure_s=self.d.profile,
+                check=tf.check,
+            )
+        finally:
+            fleet.terminate(name, grace_s=60)  # SIGTERM: the profiler writes its reports
+            del fleet.profile[name]
+            fleet.extra_env.pop("BENCH_PROFILE_ASYNC", None)
+            self._start(tf, name)
+        summary_path = Path(f"{stem}.top.json")
+        if not await asyncio.to_thread(summary_path.exists):
+            self.results.errors.append(f"the profile of {name} was not written")
+            return
+        summary = json.loads(await asyncio.to_thread(summary_path.read_text))
+        tree_text = await asyncio.to_thread(Path(f"{stem}.txt").read_text)
+        self.results.profile = Profile(
+            service=name,
+            config=f"{calls} calls/turn, {workers} worker(s)",
+            mode="wall clock, async-aware" if mode == "enabled" else "CPU samples",
+            html=str(Path(f"{stem}.html").relative_to(self.ctx.results.parent.parent)),
+            summary=summary,
+            calls_per_s=result.calls_per_s,
+            cpu_share=share,
+            tree=tree_excerpt(tree_text),
+        )
+        progress(f"profile: {stem}.html")
+        if name.startswith("worker"):
+            await fleet.ready(within=120)
+
+    @staticmethod
+    def _start(tf: object, name: str) -> None:
+        from bench.systems import Toolfleet
+
+        assert isinstance(tf, Toolfleet)
+        if name.startswith("worker-"):
+            tf.fleet.start_worker(int(name.removeprefix("worker-")))
+        else:
+            tf.fleet.start(name, [name])
+
+    async def io_bound(self, tf: object) -> None:
+        from bench.systems import Toolfleet
+
+        assert isinstance(tf, Toolfleet)
+        for concurrency in IO_CONCURRENCY:
+            await tf.set_workers(1, concurrency)
+            row = await self._io_run("toolfleet", tf.target, tf.pids(), concurrency, tf.check)
+            progress(
+                f"(c) toolfleet concurrency {concurrency:>4}: {row.calls_per_s:,.0f} calls/s "
+                f"({row.calls_per_s / row.ideal:.0%} of linear), machine CPU "
+                f"{row.machine_busy:.0%}"
+            )
+
+    async def _io_run(
+        self,
+        system: str,
+        target: Target,
+        pids: dict[str, int],
+        concurrency: int,
+        check: Callable[[], None] | None,
+    ) -> IoBound:
+        calls = 20
+        factory = TurnFactory(self.ctx.tenant, "bench_sleep50", calls, query_args)
+        await prime(target, factory, check=check)
+        meter = self.meter(pids)
+        # 2x the concurrency outstanding, so the workers never run dry.
+        result = await closed_loop(
+            target,
+            factory,
+            window=max(2, math.ceil(2 * concurrency / calls)),
+            warmup_s=self.d.warmup,
+            measure_s=self.d.io,
+            check=check,
+            meter=meter,
+        )
+        cores = psutil.cpu_count() or 1
+        own = sum(meter.used.values()) / (self.d.io * cores)
+        row = IoBound(system, concurrency, result.calls_per_s, meter.machine_busy, own)
+        self.results.io.append(row)
+        return row
+
+    # ----------------------------------------------------------------------------- relay
+
+    async def run_relay(self, scenarios: set[str]) -> None:
+        async with relay(self.ctx, workers=1) as rl:
+            if "a" in scenarios:
+                for workers in WORKERS:
+                    await rl.set_workers(workers)
+                    for calls in TURN_SIZES:
+                        await self.throughput(
+                            "relay", rl.target, rl.pids(), calls, workers, rl.check
+                        )
+            rate = self._latency_rate()
+            if "b" in scenarios and rate:
+                await rl.set_workers(LATENCY_WORKERS)
+                await self.latency("relay", rl.target, rate, rl.check)
+
+    def _latency_rate(self) -> float | None:
+        tf = self.results.lat("toolfleet")
+        return tf.rate if tf else None
+
+    # ---------------------------------------------------------------------------- Celery
+
+    async def run_celery(self, scenarios: set[str]) -> None:
+        async with celery(self.ctx, workers=1) as ce:
+            if "a" in scenarios:
+                for workers in WORKERS:
+                    await ce.set_workers(workers)
+                    for calls in TURN_SIZES:
+                        await self.throughput(
+                            "celery", ce.target, ce.pids(), calls, workers, ce.check
+                        )
+            rate = self._latency_rate()
+            if "b" in scenarios and rate:
+                await ce.set_workers(LATENCY_WORKERS)
+                top = self.results.tp("celery", LATENCY_CALLS, LATENCY_WORKERS)
+                note = ""
+                if top is not None and top.turns_per_s < rate * 1.1:
+                    rate, note = top.turns_per_s / 2, "above Celery's maximum: at half of Celery's"
+                await self.latency("celery", ce.target, rate, ce.check, note)
+
+    # ------------------------------------------------------------------------ in-process
+
+    async def run_inprocess(self, scenarios: set[str]) -> None:
+        full, self.d = self.d, self.d.short()
+        try:
+            await self._run_inprocess(scenarios)
+        finally:
+            self.d = full
+
+    async def _run_inprocess(self, scenarios: set[str]) -> None:
+        target = InProcessTarget()
+        if "a" in scenarios:
+            for calls in TURN_SIZES:
+                await self.throughput("inprocess", target, {}, calls, 0, None)
+        rate = self._latency_rate()
+        if "b" in scenarios and rate:
+            await self.latency("inprocess", target, rate, None)
+        if "c" in scenarios:
+            for concurrency in IO_CONCURRENCY:
+                target.limit = asyncio.Semaphore(concurrency)
+                row = await self._io_run("inprocess", target, {}, concurrency, None)
+                progress(
+                    f"(c) in-process concurrency {concurrency:>4}: {row.calls_per_s:,.0f} calls/s"
+                )
+            target.limit = None
+
+    # ----------------------------------------------------------------------------- scale
+
+    async def run_scale(self) -> None:
+        target_calls = self.d.scale_calls
+        calls_per_turn = 20
+        tenant = f"{self.ctx.tenant}-d"
+        hold = f"{self.ctx.run_id}-d"
+        per_worker = target_calls // 2 + target_calls // 5  # hash spread is never perfect
+        async with toolfleet(self.ctx, "scale", workers=2, concurrency=per_worker) as tf:
+            await prime(tf.target, TurnFactory(tenant, "bench_noop", 1, query_args), check=tf.check)
+            pids = tf.pids()
+            services = [n for n in pids if n != "reconciler"] + ["reconciler"]
+            redis = Redis.from_url(self.ctx.base.redis_address())
+            try:
+                base_memory = await _used_memory(self.ctx)
+                rss_base = {n: rss_bytes(pids[n]) for n in services}
+                factory = TurnFactory(
+                    tenant, "bench_hold", calls_per_turn, lambda i: {"key": hold, "i": i}
+                )
+                began = time.monotonic()
+                for _ in range(target_calls // calls_per_turn):
+                    await tf.target.send(factory.make())
+                samples: list[tuple[int, dict[str, int]]] = []
+                parked, last_progress, last_growth, last_parked = 0, began, began, 0
+                while True:
+                    tf.check()
+                    raw = await redis.hgetall(bench_tools.parked_key(hold))
+                    parked = sum(int(v) for v in raw.values())
+                    now = time.monotonic()
+                    samples.append((parked, {n: rss_bytes(pids[n]) for n in services}))
+                    if parked > last_parked:
+                        last_growth, last_parked = now, parked
+                    if now - last_progress >= 10:
+                        rate = parked / (now - began)
+                        progress(f"(d) {parked:,} calls in flight after {now - began:.0f} s "
+                                 f"({rate:,.0f}/s)")  # fmt: skip
+                        last_progress = now
+                    if parked >= target_calls:
+                        break
+                    if now - began > self.d.scale_budget or now - last_growth > 30:
+                        break
+                    await asyncio.sleep(1.0)  # sampling period of the measurement
+                seconds = time.monotonic() - began
+                rss_at = {n: rss_bytes(pids[n]) for n in services}
+                hwm = {n: peak_rss_bytes(pids[n]) for n in services}
+                memory = await _used_memory(self.ctx) - base_memory
+                per_call_keys = await _in_flight_per_call(
+                    self.ctx, Keys.of(tf.settings), tenant, calls_per_turn
+                )
+                slope = {n: _slope([(p, r[n]) for p, r in samples if p > 0]) for n in services}
+                await redis.set(bench_tools.release_key(hold), "1", ex=3600)
+            finally:
+                await redis.aclose()
+                tf.fleet.stop_now()  # parked calls are not worth draining: the bench is done
+        self.results.scale = Scale(
+            target_calls=target_calls,
+            reached=parked,
+            seconds=seconds,
+            rss_base=rss_base,
+            rss_at_peak=rss_at,
+            rss_hwm=hwm,
+            rss_slope=slope,
+            redis_delta=memory,
+            redis_keys_per_call=per_call_keys,
+        )
+        progress(
+            f"(d) {parked:,} calls in flight after {seconds:.0f} s; "
+            + ", ".join(f"{n} {v / 2**20:,.0f} MiB" for n, v in rss_at.items())
+            + f"; Redis +{memory / 2**20:,.0f} MiB ({per_call_keys:,.0f} B/call by key sample)"
+        )
+
+
+def _latency_row(system: str, rate: float, result: LoadResult, note: str) -> Latency:
+    return Latency(
+        system=system,
+        calls_per_turn=LATENCY_CALLS,
+        workers=LATENCY_WORKERS,
+        rate=rate,
+        turns=result.turns,
+        failed=result.failed,
+        p50_ms=result.percentile_ms(50),
+        p95_ms=result.percentile_ms(95),
+        p99_ms=result.percentile_ms(99),
+        note=note,
+    )
+
+
+def _slope(points: list[tuple[int, int]]) -> float:
+    """Least-squares slope of RSS against calls in flight (bytes per call)."""
+    if len(points) < 2:
+        return math.nan
+    n = len(points)
+    mx = sum(p for p, _ in points) / n
+    my = sum(r for _, r in points) / n
+    var = sum((p - mx) ** 2 for p, _ in points)
+    if var == 0:
+        return math.nan
+    return sum((p - mx) * (r - my) for p, r in points) / var
+
+
+async def _used_memory(ctx: RunContext) -> int:
+    redis = Redis.from_url(ctx.base.redis_address())
+    try:
+        info = await redis.info("memory")
+        return int(info["used_memory"])
+    finally:
+        await redis.aclose()
+
+
+async def _memory_usage(redis: Redis, pattern: str, sample: int) -> list[int]:
+    """MEMORY USAGE of up to ``sample`` keys matching ``pattern``."""
+    sizes = []
+    async for key in redis.scan_iter(match=pattern, count=1000):
+        size = await redis.memory_usage(key, samples=0)
+        if size:
+            sizes.append(int(size))
+        if len(sizes) >= sample:
+            break
+    return sizes
+
+
+async def _retained_per_call(ctx: RunContext, settings: Settings) -> float:
+    """Bytes a finished call keeps in Redis: its ledger hash and its audit list."""
+    keys = Keys.of(settings)
+    redis = Redis.from_url(ctx.base.redis_address())
+    try:
+        calls = await _memory_usage(redis, keys.call(ctx.tenant, "*"), 200)
+        audits = await _memory_usage(redis, keys.audit(ctx.tenant, "*"), 200)
+    finally:
+        await redis.aclose()
+    if not calls:
+        return math.nan
+    return sum(calls) / len(calls) + (sum(audits) / len(audits) if audits else 0.0)
+
+
+async def _in_flight_per_call(
+    ctx: RunContext, keys: Keys, tenant: str, calls_per_turn: int
+) -> float:
+    """Bytes per call in flight: ledger hash + audit list + its share of the turn's state."""
+    redis = Redis.from_url(ctx.base.redis_address())
+    try:
+        calls = await _memory_usage(redis, keys.call(tenant, "*"), 200)
+        audits = await _memory_usage(redis, keys.audit(tenant, "*"), 200)
+        turns = await _memory_usage(redis, keys.turn(tenant, "*", 0), 50)
+        runs = await _memory_usage(redis, keys.turns(tenant, "*"), 50)
+    finally:
+        await redis.aclose()
+
+    def mean(xs: list[int]) -> float:
+        return sum(xs) / len(xs) if xs else 0.0
+
+    return mean(calls) + mean(audits) + (mean(turns) + mean(runs)) / calls_per_turn

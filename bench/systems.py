@@ -1,0 +1,396 @@
+"""Starting and stopping the systems under test: toolfleet, the raw relay, Celery.
+
+Each is an async context manager that gives a running system with its load target, and stops
+every process it started on the way out, whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+from urllib.parse import urlsplit, urlunsplit
+
+from aiokafka.admin import AIOKafkaAdminClient
+from redis.asyncio import Redis
+
+from bench.procs import (
+    BenchFleet,
+    child_env,
+    latest_assignment,
+    progress,
+    spawn,
+    terminate,
+    wait_until,
+)
+from bench.targets import CeleryTarget, KafkaTarget
+from toolfleet.keys import Keys
+from toolfleet.settings import Settings
+from toolfleet.topics import ensure_topics
+
+PARTITIONS = 6
+"""Partitions of every bench topic (toolfleet's default)."""
+
+
+@dataclass
+class RunContext:
+    """One bench run: its id, where its logs and results go, what it must clean up."""
+
+    base: Settings
+    results: Path
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    prefixes: list[str] = field(default_factory=list)
+    namespaces: list[str] = field(default_factory=list)
+    log_root: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log_root = self.results / "logs" / self.run_id
+        self.log_root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def tenant(self) -> str:
+        """The tenant of every bench call: all its Redis keys share the ``tf:{tenant}`` tag."""
+        return f"bench-{self.run_id}"
+
+    def settings(self, name: str) -> Settings:
+        """Settings with a fresh topic prefix for one system of this run."""
+        prefix = f"bench-{self.run_id}-{name}."
+        settings = self.base.model_copy(update={"topic_prefix": prefix, "partitions": PARTITIONS})
+        self.prefixes.append(prefix)
+        self.namespaces.append(Keys.of(settings).namespace)
+        return settings
+
+    def celery_url(self) -> str:
+        """Celery's broker and backend: the same Redis server, database 3 (kept apart)."""
+        parts = urlsplit(self.base.redis_address())
+        return urlunsplit(parts._replace(path="/3"))
+
+    async def cleanup(self) -> None:
+        """Delete this run's topics and its Redis keys (every key of its namespaces, holds)."""
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.base.kafka_servers())
+        await admin.start()
+        try:
+            topics = [t for t in await admin.list_topics() if t.startswith(tuple(self.prefixes))]
+            if topics:
+                await admin.delete_topics(topics)
+        finally:
+            await admin.close()
+        redis = Redis.from_url(self.base.redis_address())
+        try:
+            for namespace in self.namespaces:
+                await delete_keys(redis, f"{namespace}:*")
+            await delete_keys(redis, f"bench:hold:{self.run_id}*")
+        finally:
+            await redis.aclose()
+
+
+async def delete_keys(redis: Redis, pattern: str) -> int:
+    """UNLINK every key matching ``pattern`` (SCAN, so Redis is never blocked)."""
+    deleted = 0
+    batch: list[bytes] = []
+    async for key in redis.scan_iter(match=pattern, count=5000):
+        batch.append(key)
+        if len(batch) >= 5000:
+            deleted += await redis.unlink(*batch)
+            batch = []
+    if batch:
+        deleted += await redis.unlink(*batch)
+    return deleted
+
+
+# --------------------------------------------------------------------------------- toolfleet
+
+
+@dataclass
+class Toolfleet:
+    """A LocalFleet of this run with its load target."""
+
+    settings: Settings
+    fleet: BenchFleet
+    target: KafkaTarget
+    concurrency: int
+
+    def check(self) -> None:
+        """Raise (with the log's tail) if a service died."""
+        self.fleet.check()
+
+    def pids(self) -> dict[str, int]:
+        return self.fleet.pids()
+
+    async def set_workers(self, count: int, concurrency: int | None = None) -> None:
+        """Run ``count`` workers with ``--concurrency``; wait until they own every partition."""
+        concurrency = concurrency or self.concurrency
+        fleet = self.fleet
+        running = [n for n in range(max(fleet.workers, count)) if f"worker-{n}" in fleet.pids()]
+        restart = concurrency != self.concurrency
+        for n in running:
+            if restart or n >= count:
+                fleet.terminate(f"worker-{n}")
+        self.concurrency = concurrency
+        fleet.worker_args = ["--concurrency", str(concurrency)]
+        fleet.workers = count
+        for n in range(count):
+            if f"worker-{n}" not in fleet.pids():
+                fleet.start_worker(n)
+        await fleet.ready(within=120)
+
+    async def restart(self, name: str, profile: Path | None = None) -> None:
+        """Restart one service (optionally under the profiler) and wait until it serves."""
+        fleet = self.fleet
+        fleet.terminate(name)
+        if profile is not None:
+            fleet.profile[name] = profile
+        else:
+            fleet.profile.pop(name, None)
+        if name.startswith("worker-"):
+            fleet.start_worker(int(name.removeprefix("worker-")))
+            await fleet.ready(within=120)
+        else:
+            fleet.start(name, [name])
+
+
+@asynccontextmanager
+async def toolfleet(
+    ctx: RunContext, name: str, workers: int, concurrency: int = 100
+) -> AsyncIterator[Toolfleet]:
+    """Planner, aggregator and ``workers`` workers of this run, serving ``bench.tools``."""
+    settings = ctx.settings(name)
+    await ensure_topics(settings)
+    log_dir = ctx.log_root / name
+    log_dir.mkdir(parents=True, exist_ok=True)
+    fleet = BenchFleet(
+        settings,
+        tools="bench.tools:tools",
+        workers=workers,
+        worker_args=["--concurrency", str(concurrency)],
+        log_dir=log_dir,
+    )
+    target = KafkaTarget(settings, "toolfleet")
+    try:
+        fleet.__enter__()
+        await target.start()
+        await fleet.ready(within=120)
+        yield Toolfleet(settings, fleet, target, concurrency)
+    finally:
+        try:
+            await target.stop()
+        finally:
+            if _failing():
+                fleet.stop_now()
+            else:
+                fleet.stop(timeout=20)
+
+
+def _failing() -> bool:
+    return sys.exc_info()[0] is not None
+
+
+# ------------------------------------------------------------------------------------ relay
+
+
+@dataclass
+class Relay:
+    """The raw relay's processes (planner, aggregator, N workers) and its load target."""
+
+    settings: Settings
+    log_dir: Path
+    target: KafkaTarget
+    procs: dict[str, tuple[subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=dict)
+
+    def start(self, name: str, role: str) -> None:
+        path = self.log_dir / f"{name}.log"
+        if path.exists():
+            path.rename(self.log_dir / f"{name}.{time.monotonic_ns()}.log")
+        log = path.open("ab")
+        argv = [sys.executable, "-m", "bench.relay", role]
+        self.procs[name] = (spawn(argv, child_env(self.settings), log), log)
+
+    def stop(self, name: str) -> None:
+        popen, log = self.procs.pop(name)
+        terminate(popen)
+        log.close()
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.stop(name)
+
+    def check(self) -> None:
+        for name, (popen, _log) in self.procs.items():
+            if popen.poll() is not None:
+                tail = "\n".join(self._log(name).splitlines()[-15:])
+                raise RuntimeError(f"relay {name} exited with {popen.returncode}:\n{tail}")
+
+    def pids(self) -> dict[str, int]:
+        return {name: popen.pid for name, (popen, _l) in self.procs.items()}
+
+    def _log(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text(errors="replace")
+
+    def _ready(self) -> bool:
+        for name in ("planner", "aggregator"):
+            if latest_assignment(self._log(name)) is None:
+                return False
+        workers = [n for n in self.procs if n.startswith("worker-")]
+        owned = [latest_assignment(self._log(n)) for n in workers]
+        if any(o is None for o in owned):
+            return False
+        return sorted(p for o in owned for p in o or []) == list(range(self.settings.partitions))
+
+    async def ready(self) -> None:
+        await wait_until(self._ready, within=120, what="relay consumer groups", check=self.check)
+
+    async def set_workers(self, count: int) -> None:
+        current = sorted(n for n in self.procs if n.startswith("worker-"))
+        for name in current[count:]:
+            self.stop(name)
+        for n in range(count):
+            if f"worker-{n}" not in self.procs:
+                self.start(f"worker-{n}", "worker")
+        await self.ready()
+
+
+@asynccontextmanager
+async def relay(ctx: RunContext, workers: int) -> AsyncIterator[Relay]:
+    """The raw aiokafka relay over the same hops, in separate processes."""
+    settings = ctx.settings("relay")
+    await ensure_topics(settings)
+    log_dir = ctx.log_root / "relay"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    system = Relay(settings, log_dir, KafkaTarget(settings, "raw relay"))
+    try:
+        system.start("planner", "planner")
+        system.start("aggregator", "aggregator")
+        for n in range(workers):
+            system.start(f"worker-{n}", "worker")
+        await system.target.start()
+        await system.ready()
+        yield system
+    finally:
+        try:
+            await system.target.stop()
+        finally:
+            system.stop_all()
+
+
+# ----------------------------------------------------------------------------------- Celery
+
+
+@dataclass
+class CelerySystem:
+    """Celery worker processes (solo pool) and the chord-per-turn target."""
+
+    url: str
+    queue: str
+    log_dir: Path
+    target: CeleryTarget
+    procs: dict[str, tuple[subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=dict)
+
+    def start(self, n: int) -> None:
+        name = f"worker-{n}"
+        log = (self.log_dir / f"{name}.log").open("ab")
+        argv = [
+            sys.executable, "-m", "celery", "-A", "bench.celery_app", "worker",
+            "--pool", "solo", "--queues", self.queue, "--hostname", f"{self.queue}-{n}@%h",
+            "--without-heartbeat", "--without-gossip", "--without-mingle",
+            "--loglevel", "WARNING",
+        ]  # fmt: skip
+        env = {
+            **os.environ,
+            "BENCH_CELERY_URL": self.url,
+            "BENCH_CELERY_QUEUE": self.queue,
+            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+        }
+        self.procs[name] = (spawn(argv, env, log), log)
+
+    def stop(self, name: str) -> None:
+        popen, log = self.procs.pop(name)
+        terminate(popen, grace_s=15)
+        log.close()
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.stop(name)
+
+    def check(self) -> None:
+        self.target.check()
+        for name, (popen, log) in self.procs.items():
+            if popen.poll() is not None:
+                text = Path(log.name).read_text(errors="replace")
+                tail = "\n".join(text.splitlines()[-15:])
+                raise RuntimeError(f"celery {name} exited with {popen.returncode}:\n{tail}")
+
+    def pids(self) -> dict[str, int]:
+        return {name: popen.pid for name, (popen, _l) in self.procs.items()}
+
+    async def set_workers(self, count: int) -> None:
+        current = sorted(n for n in self.procs if n.startswith("worker-"))
+        for name in current[count:]:
+            self.stop(name)
+        for n in range(count):
+            if f"worker-{n}" not in self.procs:
+                self.start(n)
+        await self.ready(count)
+
+    async def ready(self, count: int) -> None:
+        """Wait until ``count`` workers have announced ``worker_ready`` (see celery_app)."""
+        from bench.celery_app import ready_key
+
+        redis = Redis.from_url(self.url)
+        try:
+            hosts: set[bytes | str] = set()
+
+            async def poll() -> None:
+                hosts.update(await redis.smembers(ready_key(self.queue)))
+
+            alive = {f"{self.queue}-{n}" for n in range(count)}
+            deadline = time.monotonic() + 120
+            while not alive <= {_text(h).split("@")[0] for h in hosts}:
+                self.check()
+                if time.monotonic() > deadline:
+                    raise TimeoutError("celery workers not ready within 120 s")
+                await poll()
+                await asyncio.sleep(0.1)  # polling interval of a deadline-bounded wait
+        finally:
+            await redis.aclose()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@asynccontextmanager
+async def celery(ctx: RunContext, workers: int) -> AsyncIterator[CelerySystem]:
+    """``workers`` Celery worker processes on their own queue of this run."""
+    url = ctx.celery_url()
+    queue = f"bench-{ctx.run_id}"
+    results_key = f"bench:celery:{ctx.run_id}:results"
+    log_dir = ctx.log_root / "celery"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    target = CeleryTarget(url, queue, results_key, "Celery chord")
+    system = CelerySystem(url, queue, log_dir, target)
+    try:
+        for n in range(workers):
+            system.start(n)
+        await target.start()
+        await system.ready(workers)
+        yield system
+    finally:
+        try:
+            await target.stop()
+        finally:
+            system.stop_all()
+            redis = Redis.from_url(url)
+            try:
+                await redis.delete(queue, results_key, f"bench:celery:ready:{queue}")
+                removed = await delete_keys(redis, "celery-task-meta-*")
+                progress(f"celery: removed {removed} stored task results")
+            finally:
+                await redis.aclose()
