@@ -26,7 +26,7 @@ from toolfleet.errors import InvalidMessageError
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
 from toolfleet.metrics import MESSAGES, TURN_LATENCY
-from toolfleet.redis import JsonState, connect_redis, update_json
+from toolfleet.redis import JsonState, connect_redis, text, update_json
 from toolfleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -156,6 +156,14 @@ class Aggregator:
         return await self._update(plan.tenant_id, plan.run_id, plan.turn_id, change)
 
     async def on_outcome(self, outcome: CallOutcome, trigger: str) -> list[Emission]:
+        """Record an outcome (for its turn, and for turns attached to its call)."""
+        emitted = await self._record(outcome, trigger)
+        if outcome.kind == "execute":
+            for copy in await self._copies_for_attached(outcome):
+                emitted += await self._record(copy, trigger)
+        return emitted
+
+    async def _record(self, outcome: CallOutcome, trigger: str) -> list[Emission]:
         """Record an outcome; emit the turn's result if it is now settled."""
 
         def change(blob: JsonState | None) -> tuple[JsonState | None, Emission | None]:
@@ -204,14 +212,40 @@ class Aggregator:
         return [result] if result is not None else []
 
     async def _stored_outcomes(self, plan: TurnPlan) -> list[CallOutcome]:
-        """Outcomes of attached calls that finished before this plan arrived."""
+        """Outcomes of attached calls that finished before this plan arrived.
+
+        An attached call still running for another turn reports to that turn: this turn
+        registers to get a copy (``on_outcome``), then reads again, so an outcome that
+        lands in between is not missed.
+        """
         attached = [c.call_id for c in plan.calls if c.disposition == "attach"]
+        if not attached:
+            return []
         entries = await self.ledger.read(plan.tenant_id, attached)
+        me = f"{plan.run_id}\x1f{plan.turn_id}"
+        running_elsewhere = [
+            e.call_id
+            for e in entries.values()
+            if e.outcome is None and (e.run_id, e.turn_id) != (plan.run_id, plan.turn_id)
+        ]
+        for call_id in running_elsewhere:
+            await self.redis.sadd(self.keys.attached(plan.tenant_id, call_id), me)
+        if running_elsewhere:
+            entries |= await self.ledger.read(plan.tenant_id, running_elsewhere)
         return [
             e.outcome.model_copy(update={"run_id": plan.run_id, "turn_id": plan.turn_id})
             for e in entries.values()
             if e.outcome is not None
         ]
+
+    async def _copies_for_attached(self, outcome: CallOutcome) -> list[CallOutcome]:
+        """The outcome again for every other turn that attached to this call."""
+        members = await self.redis.smembers(self.keys.attached(outcome.tenant_id, outcome.call_id))
+        copies = []
+        for member in members:
+            run_id, _, turn_id = text(member).partition("\x1f")
+            copies.append(outcome.model_copy(update={"run_id": run_id, "turn_id": int(turn_id)}))
+        return copies
 
 
 def _maybe_emit(

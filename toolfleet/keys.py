@@ -67,6 +67,10 @@ class Keys:
         """Set: the turns of a run the aggregator has seen."""
         return self._tenant(tenant_id, "turns", run_id)
 
+    def attached(self, tenant_id: str, call_id: str) -> str:
+        """Set: other turns waiting on a call that runs for its first turn."""
+        return self._tenant(tenant_id, "attached", call_id)
+
     # reconciler and operators
     def recon(self, tenant_id: str, call_id: str) -> str:
         """Hash: the reconciler's state for one call."""

@@ -226,6 +226,20 @@ async def test_completed_id_same_identity_reuses_the_committed_output(
     assert await store.count(effects_key(cid(first, "b"))) == 1
 
 
+async def test_an_identical_call_still_running_for_an_earlier_turn_is_attached_not_rerun(
+    client: FleetClient, store: Store
+) -> None:
+    first = turn(("a", "hold", {"ms": 800}))
+    await client.submit(first)
+    await wait_for(lambda: store.redis.exists(starts_key(cid(first, "a"))), within=30)
+    second = later_turn(first, 1, ("a", "hold", {"ms": 800}), ("b", "add", {"a": 1, "b": 1}))
+    later = await client.run_turn(second)
+    earlier = await client.result(first.run_id, 0)
+    assert outputs(earlier) == [("a", "held")]
+    assert outputs(later) == [("a", "held"), ("b", "2")]
+    assert await store.count(effects_key(cid(first, "a"))) == 1
+
+
 async def test_completed_id_different_identity_fails_the_turn(
     client: FleetClient, store: Store
 ) -> None:
