@@ -49,6 +49,7 @@ class Aggregator:
         self.ledger = Ledger(self.redis, self.keys)
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
         self._stopping = asyncio.Event()
+        self._slots = asyncio.Semaphore(64)  # runs handled at once (each holds a connection)
 
     def stop(self) -> None:
         """Finish the current batch and return from ``run``."""
@@ -112,8 +113,9 @@ class Aggregator:
 
     async def _handle_in_order(self, records: list[Record]) -> list[Emission]:
         emitted: list[Emission] = []
-        for record in records:
-            emitted += await self._handle(record)
+        async with self._slots:
+            for record in records:
+                emitted += await self._handle(record)
         return emitted
 
     async def _handle(self, record: Record) -> list[Emission]:

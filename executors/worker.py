@@ -219,9 +219,13 @@ class Worker:
             outcome = await self._execute(tool, command)
         if outcome is None:
             return
-        await self._publish(outcome)
+        await self.bus.publish_and_wait("outcomes", outcome.run_id, outcome)
+        # Bookkeeping after the outcome is out: its round trips at once.
+        bookkeeping = [self._mark_published(outcome)]
         if outcome.status != "pending_approval" and outcome.started_at is not None:
-            await self._record_for_circuit(ref, tool, outcome, trial=circuit.state == "trial")
+            trial = circuit.state == "trial"
+            bookkeeping.append(self._record_for_circuit(ref, tool, outcome, trial=trial))
+        await asyncio.gather(*bookkeeping)
 
     async def _record_for_circuit(
         self, ref: str, tool: Tool, outcome: CallOutcome, *, trial: bool
@@ -381,6 +385,10 @@ class Worker:
 
     async def _publish(self, outcome: CallOutcome) -> None:
         await self.bus.publish_and_wait("outcomes", outcome.run_id, outcome)
+        await self._mark_published(outcome)
+
+    async def _mark_published(self, outcome: CallOutcome) -> None:
+        """``committed`` in the ledger: the outcome is on Kafka."""
         if outcome.status != "pending_approval":
             await self.ledger.commit(outcome.tenant_id, outcome.call_id)
         OUTCOMES.labels(self.service, outcome.tool_name, outcome.status, outcome.effect).inc()

@@ -71,6 +71,8 @@ class Gate:
     async def on_outcome(self, outcome: CallOutcome) -> Released:
         """Account for a finished call of a capped turn: which calls to send, which to skip."""
         key = self.keys.gate(outcome.tenant_id, outcome.run_id, outcome.turn_id)
+        if outcome.kind != "execute" or not await self.redis.exists(key):
+            return Released(TurnConfig(), send=[], never_started=[])  # not a capped turn
 
         def finish(state: JsonState | None) -> tuple[JsonState | None, list[str]]:
             if (

@@ -1,6 +1,7 @@
 """Circuit breakers per tool version: stop dispatching a version whose error rate spiked.
 
-Workers record every executed call's result in a sliding window per tool version (Redis);
+Workers record every executed call's result in a sliding window per tool version (Redis,
+counted in buckets);
 when the error rate over the window passes the threshold, the circuit opens: later calls of
 that version end ``not_executed`` with a clear message, an alert metric is raised and the
 opener files a human task listing the calls that ran while the version was failing. It
@@ -22,23 +23,38 @@ from toolfleet.metrics import CIRCUIT_OPEN
 from toolfleet.redis import text
 from toolfleet.settings import Settings
 
-# KEYS: window zset, state key; ARGV: now, member, failed(0/1), window_s, min_calls, rate.
-# Returns the call ids of the window when this record opened the circuit, else {}.
+_BUCKETS = 12
+"""The window is counted in this many buckets, so recording a call is O(1)."""
+
+# KEYS: bucket counts (hash), state, recent calls (list); ARGV: now, call_id, failed (0/1),
+# window_s, min_calls, rate, buckets. Returns the window's call ids when this call opened
+# the circuit, else {}.
 _RECORD = """
-local now, window = tonumber(ARGV[1]), tonumber(ARGV[4])
-redis.call('ZADD', KEYS[1], now, ARGV[2] .. '|' .. ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
-redis.call('EXPIRE', KEYS[1], math.ceil(window) + 60)
+local now, window, nb = tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[7])
+local b = math.floor(now / (window / nb))
+local ttl = math.ceil(window) + 60
+redis.call('HINCRBY', KEYS[1], b .. ':n', 1)
+if ARGV[3] == '1' then redis.call('HINCRBY', KEYS[1], b .. ':f', 1) end
+redis.call('HDEL', KEYS[1], (b - nb) .. ':n', (b - nb) .. ':f')
+redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('LPUSH', KEYS[3], now .. '|' .. ARGV[2])
+redis.call('LTRIM', KEYS[3], 0, 999)
+redis.call('EXPIRE', KEYS[3], ttl)
 if redis.call('EXISTS', KEYS[2]) == 1 then return {} end
-local members = redis.call('ZRANGE', KEYS[1], 0, -1)
-local failed = 0
-for _, m in ipairs(members) do
-  if string.sub(m, -1) == '1' then failed = failed + 1 end
+local n, f = 0, 0
+for i = 0, nb - 1 do
+  n = n + tonumber(redis.call('HGET', KEYS[1], (b - i) .. ':n') or '0')
+  f = f + tonumber(redis.call('HGET', KEYS[1], (b - i) .. ':f') or '0')
 end
-if #members < tonumber(ARGV[5]) or failed / #members < tonumber(ARGV[6]) then return {} end
-redis.call('SET', KEYS[2], cjson.encode({opened_at=now, failed=failed, calls=#members}))
+if n < tonumber(ARGV[5]) or f / n < tonumber(ARGV[6]) then return {} end
+redis.call('SET', KEYS[2], cjson.encode({opened_at=now, failed=f, calls=n}))
 local ids = {}
-for _, m in ipairs(members) do ids[#ids + 1] = string.sub(m, 1, -3) end
+for _, entry in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
+  local sep = string.find(entry, '|', 1, true)
+  if tonumber(string.sub(entry, 1, sep - 1)) >= now - window then
+    ids[#ids + 1] = string.sub(entry, sep + 1)
+  end
+end
 return ids
 """
 
@@ -71,9 +87,9 @@ class CircuitBreaker:
         """Add one executed call; the window's call ids when this call opened the circuit."""
         s = self.settings
         opened = await self._record(
-            keys=[self.keys.circuit("window", ref), self.keys.circuit("state", ref)],
+            keys=[self.keys.circuit(part, ref) for part in ("window", "state", "calls")],
             args=[time.time(), call_id, int(failed), s.circuit_window_s, s.circuit_min_calls,
-                  s.circuit_error_rate],
+                  s.circuit_error_rate, _BUCKETS],
         )  # fmt: skip
         if opened:
             self._cache.pop(ref, None)
@@ -116,7 +132,7 @@ class CircuitBreaker:
     async def close(self, ref: str) -> bool:
         """Operator action: close the circuit and forget the failures that opened it."""
         removed = await self.redis.delete(
-            *(self.keys.circuit(part, ref) for part in ("window", "state", "trial"))
+            *(self.keys.circuit(part, ref) for part in ("window", "state", "trial", "calls"))
         )
         self._cache.pop(ref, None)
         CIRCUIT_OPEN.labels(ref).set(0)

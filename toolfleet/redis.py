@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import WatchError
 
 from toolfleet.settings import Settings
@@ -20,8 +20,15 @@ HashFields = dict[bytes | bytearray | memoryview | str | int | float, str]
 
 
 def connect_redis(settings: Settings) -> Redis:
-    """A Redis client for the configured URL; replies stay bytes (Lua scripts return bytes)."""
-    return Redis.from_url(settings.redis_address(), decode_responses=False)
+    """A Redis client for the configured URL; replies stay bytes (Lua scripts return bytes).
+
+    The pool blocks when all its connections are busy: concurrent handlers wait their turn
+    instead of failing with "too many connections".
+    """
+    pool = BlockingConnectionPool.from_url(
+        settings.redis_address(), max_connections=settings.redis_max_connections, timeout=60
+    )
+    return Redis(connection_pool=pool, decode_responses=False)
 
 
 def text(value: bytes | str) -> str:

@@ -73,6 +73,9 @@ class FleetSemaphores:
         self, holder: str, limits: Sequence[tuple[str, int]], *, poll_s: float = 0.02
     ) -> AsyncIterator[None]:
         """Wait for the slots, hold them (renewing the lease) for the block, then release."""
+        if not limits:
+            yield  # nothing to hold: no round trip, no renewer
+            return
         delay = poll_s
         while not await self.try_acquire(holder, limits):
             # Jitter spreads waiting workers out so they do not retry in lockstep.

@@ -32,6 +32,7 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         default=None, validation_alias=AliasChoices("REDIS_URL", "TOOLFLEET_REDIS_URL")
     )
+    redis_max_connections: int = Field(default=128, ge=4, description="Per process")
     topic_prefix: str = "toolfleet."
     partitions: int = Field(default=6, ge=1)
     replication_factor: int = Field(default=1, ge=1)
