@@ -396,6 +396,7 @@ class _CallRun:
             index=command.index,
             attempt=command.attempt,
             fencing_token=command.fencing_token,
+            capped=command.capped,
             status=status,
             effect=effect,
             output=output,

@@ -87,7 +87,9 @@ class Planner:
             await self.on_approval(ApprovalDecision.decode(raw))
         elif topic == "cancellations":
             await self.on_cancel(CancelRequest.decode(raw))
-        elif topic == "outcomes":
+        elif topic == "outcomes" and _CAPPED in raw:
+            # Only capped turns' outcomes matter here; the rest are skipped before decoding
+            # (the aggregator, which reads every outcome, dead-letters invalid ones).
             await self.on_outcome(CallOutcome.decode(raw))
 
     async def on_response(self, event: ModelResponseEvent, record: Record) -> None:
@@ -257,6 +259,10 @@ class Planner:
             COMMANDS.labels("planner", command.pool, command.kind).inc()
 
 
+_CAPPED = b'"capped":true'
+"""How a capped turn's outcome reads on the wire (compact JSON, as Message.encode writes it)."""
+
+
 def _lookup(namespace: str | None, name: str) -> str:
     return f"{namespace}.{name}" if namespace else name
 
@@ -307,6 +313,7 @@ def _command(
         pre_approval_guardrails=config.pre_approval_guardrails,
         deadline_at=time.time() + config.deadline_s if config.deadline_s else None,
         issued_at=time.time(),
+        capped=config.max_concurrency is not None,
     )
 
 

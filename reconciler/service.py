@@ -80,6 +80,10 @@ return redis.call('HINCRBY', KEYS[1], 'probes', 1)
 """
 
 
+_MINE = (b'"effect":"unknown"', b'"kind":"probe"', b'"kind":"compensate"')
+"""How the outcomes the reconciler acts on read on the wire (compact JSON, Message.encode)."""
+
+
 class Reconciler:
     """Consumes outcomes and task resolutions; runs the schedule and the lease scan."""
 
@@ -131,7 +135,9 @@ class Reconciler:
         raw = record.value or b""
         if record.topic.endswith("task-resolutions"):
             await self.on_resolution(TaskResolution.decode(raw))
-        else:
+        elif any(marker in raw for marker in _MINE):
+            # Most outcomes are settled; only these are decoded (the aggregator, which reads
+            # every outcome, dead-letters invalid ones).
             await self.on_outcome(CallOutcome.decode(raw))
 
     # --- inputs -----------------------------------------------------------------------------

@@ -103,6 +103,10 @@ class ExecutionCommand(Message):
     original_output: str | None = Field(
         default=None, description="For compensate: the output of the call being compensated."
     )
+    capped: bool = Field(
+        default=False,
+        description="The turn has max_concurrency: its outcome frees a slot at the planner.",
+    )
     issued_at: float
 
 
@@ -130,6 +134,9 @@ class CallOutcome(Message):
         description="False while the reconciler still has to resolve an unknown effect.",
     )
     source: Literal["executor", "reconciler", "human", "planner"] = "executor"
+    capped: bool = Field(
+        default=False, description="Copied from the command: the planner must see this one."
+    )
     kind: Literal["execute", "probe", "compensate"] = Field(
         default="execute",
         description="The command this answers; probe and compensate outcomes are the "

@@ -20,6 +20,7 @@ def identity(command: ExecutionCommand, worker_id: str | None) -> dict[str, obje
         "index": command.index,
         "attempt": command.attempt,
         "fencing_token": command.fencing_token,
+        "capped": command.capped,
         "worker_id": worker_id,
         "finished_at": time.time(),
     }
