@@ -15,9 +15,9 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
@@ -43,6 +43,7 @@ from toolfleet.tasks import TaskStore, new_task_id
 from toolfleet.texts import CIRCUIT_OPEN, unknown_outcome_text
 from toolfleet.topics import command_topic
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 spans = logging.getLogger("toolfleet.spans")
 
@@ -219,13 +220,17 @@ class Worker:
             outcome = await self._execute(tool, command)
         if outcome is None:
             return
-        await self.bus.publish_and_wait("outcomes", outcome.run_id, outcome)
+        await _persist(lambda: self.bus.publish_and_wait("outcomes", outcome.run_id, outcome))
+
         # Bookkeeping after the outcome is out: its round trips at once.
-        bookkeeping = [self._mark_published(outcome)]
-        if outcome.status != "pending_approval" and outcome.started_at is not None:
-            trial = circuit.state == "trial"
-            bookkeeping.append(self._record_for_circuit(ref, tool, outcome, trial=trial))
-        await asyncio.gather(*bookkeeping)
+        async def bookkeeping() -> None:
+            steps = [self._mark_published(outcome)]
+            if outcome.status != "pending_approval" and outcome.started_at is not None:
+                trial = circuit.state == "trial"
+                steps.append(self._record_for_circuit(ref, tool, outcome, trial=trial))
+            await asyncio.gather(*steps)
+
+        await _persist(bookkeeping)
 
     async def _record_for_circuit(
         self, ref: str, tool: Tool, outcome: CallOutcome, *, trial: bool
@@ -297,13 +302,16 @@ class Worker:
         if outcome.started_at is not None:
             _span(command, outcome)
         if outcome.status == "pending_approval":
-            await self.ledger.set_pending_approval(command.tenant_id, command.call_id)
+            await _persist(
+                lambda: self.ledger.set_pending_approval(command.tenant_id, command.call_id)
+            )
             return outcome
         if outcome.effect == "unknown" and tool.on_unknown == "reconcile_then_report":
             outcome = outcome.model_copy(
                 update={"output": unknown_outcome_text(tool.spec(self.pool)), "resolved": False}
             )
-        if await self.ledger.finish(outcome) == "stale":
+        final = outcome
+        if await _persist(lambda: self.ledger.finish(final)) == "stale":
             log.info("dropping a fenced-off attempt's outcome", extra={"call": command.call_id})
             return None
         return outcome
@@ -435,6 +443,22 @@ class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
         """Positions come from the committed offsets; log the assignment for operators."""
         partitions = sorted(tp.partition for tp in assigned)
         log.info("partitions assigned", extra={"partitions": partitions})
+
+
+async def _persist(step: Callable[[], Awaitable[T]]) -> T:
+    """Retry one step after the tool ran, on Kafka or Redis errors, until it succeeds.
+
+    Re-running the command would find this worker's own lease and end as an unknown effect;
+    the call did finish, so only the failed step is repeated, with the same outcome.
+    """
+    delay = 0.1
+    while True:
+        try:
+            return await step()
+        except TRANSIENT_ERRORS as exc:
+            log.warning("dependency unavailable after the call ran", extra={"error": repr(exc)})
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 def _span(command: ExecutionCommand, outcome: CallOutcome) -> None:
