@@ -52,6 +52,13 @@ def _args(argv: list[str]) -> argparse.Namespace:
         help="profile this service (planner, aggregator, worker-0) instead of the busiest",
     )
     parser.add_argument(
+        "--redis-max-connections",
+        type=int,
+        metavar="N",
+        help="give toolfleet's services a Redis pool of N connections (REDIS_URL "
+        "?max_connections=N) instead of redis-py's default",
+    )
+    parser.add_argument(
         "--readme", action="store_true", help="also refresh the numbers in README.md"
     )
     parser.add_argument(
@@ -134,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
             f"Other work was running when the run started (load average {load[0]:.2f}): "
             "absolute numbers are noisy; ratios less so."
         )
-    ctx = RunContext(settings, RESULTS)
+    ctx = RunContext(settings, RESULTS, redis_max_connections=args.redis_max_connections)
+    if args.redis_max_connections is not None:
+        results.meta["config"] = (
+            f"toolfleet's services ran with a Redis pool of {args.redis_max_connections} "
+            "connections (REDIS_URL ?max_connections), not redis-py's default of 100."
+        )
     progress(f"run {ctx.run_id}: logs in {ctx.log_root}")
     bench = Bench(ctx, Durations.quick() if args.quick else Durations(), results)
     bench.profile_service = args.profile

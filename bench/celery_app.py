@@ -5,8 +5,8 @@ The calls of a turn are the chord's header (one ``bench.noop`` task each); its b
 ``function_call_output`` items) onto a Redis list the load generator reads. This is what
 many teams would build instead of toolfleet.
 
-Workers: ``celery -A bench.celery_app worker --pool solo ...``, one process each (the solo
-pool runs tasks in the worker process itself: for no-op tasks the fastest of Celery's pools).
+Workers: ``celery -A bench.celery_app worker --pool threads --concurrency 8 ...``, one process
+each (see ``bench.systems.CELERY_POOL``).
 Configured by ``BENCH_CELERY_URL`` (broker and backend) and ``BENCH_CELERY_QUEUE``.
 """
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import psutil
+import redis
 
 from toolfleet import infra
 from toolfleet.settings import Settings
@@ -202,21 +203,32 @@ def peak_rss_bytes(pid: int) -> int:
 
 
 class CpuMeter:
-    """CPU seconds each named process used between ``start`` and ``stop``, and the machine's."""
+    """Over one window: CPU seconds of each named process, the machine's busy share, and (given
+    a Redis URL) how many calls and microseconds each Redis command took (INFO commandstats,
+    which counts the commands Lua scripts run too)."""
 
-    def __init__(self, pids: Mapping[str, int]) -> None:
+    def __init__(self, pids: Mapping[str, int], redis_url: str | None = None) -> None:
         self.pids = dict(pids)
+        self.redis_url = redis_url
         self._began: dict[str, float] = {}
         self._machine: Any = None
+        self._commands: dict[str, tuple[int, float]] = {}
+        self._t0 = 0.0
+        self.seconds = 0.0
         self.used: dict[str, float] = {}
         self.machine_busy = 0.0
         """Share of all cores that were busy (0..1) over the window."""
+        self.redis_commands: dict[str, tuple[int, float]] = {}
+        """Redis command -> (calls, microseconds) over the window."""
 
     def start(self) -> None:
         self._began = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         self._machine = psutil.cpu_times()
+        self._commands = self._command_stats()
+        self._t0 = time.monotonic()
 
     def stop(self) -> dict[str, float]:
+        self.seconds = time.monotonic() - self._t0
         self.used = {
             name: max(0.0, cpu_seconds(pid) - self._began.get(name, 0.0))
             for name, pid in self.pids.items()
@@ -228,4 +240,27 @@ class CpuMeter:
                 self._machine.idle + getattr(self._machine, "iowait", 0.0)
             )
             self.machine_busy = 1.0 - idle / total if total > 0 else 0.0
+        after = self._command_stats()
+        self.redis_commands = {
+            name: (calls - self._commands.get(name, (0, 0.0))[0],
+                   usec - self._commands.get(name, (0, 0.0))[1])
+            for name, (calls, usec) in after.items()
+            if calls > self._commands.get(name, (0, 0.0))[0]
+        }  # fmt: skip
         return self.used
+
+    def _command_stats(self) -> dict[str, tuple[int, float]]:
+        if self.redis_url is None:
+            return {}
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            stats = client.info("commandstats")
+        except redis.RedisError:
+            return {}
+        finally:
+            client.close()
+        return {
+            str(name).removeprefix("cmdstat_"): (int(v["calls"]), float(v["usec"]))
+            for name, v in stats.items()
+            if isinstance(v, dict)
+        }

@@ -22,7 +22,7 @@ from pyinstrument.frame import Frame
 
 T = TypeVar("T")
 
-IDLE_FUNCTIONS = frozenset({"select", "poll", "epoll", "_run_once"})
+IDLE_FUNCTIONS = frozenset({"select", "poll", "epoll.poll", "select.select", "_run_once"})
 """Self time in these is the event loop waiting for I/O, not work."""
 
 
@@ -43,6 +43,8 @@ def top_frames(root: Frame | None, limit: int = 25) -> dict[str, Any]:
             if frame.total_self_time > 0:
                 selfs[key] += frame.total_self_time
                 package = (frame.file_path_short or "?").split("/")[0].removesuffix(".py")
+                if frame.function in IDLE_FUNCTIONS:
+                    package = "(idle)"
                 packages[package] += frame.total_self_time
             path = frame.file_path_short or ""
             if path.startswith(APP_PACKAGES) and key not in active:

@@ -15,7 +15,7 @@ LABELS = {
     "celery": "Celery chord",
     "inprocess": "in-process",
 }
-SERVICES = ("planner", "aggregator", "reconciler", "workers", "kafka", "redis", "driver")
+SERVICES = ("planner", "workers", "aggregator", "reconciler", "kafka", "redis", "driver")
 
 
 @dataclass
@@ -31,16 +31,24 @@ class Throughput:
     seconds: float
     cpu_s: dict[str, float] = field(default_factory=dict)
     machine_busy: float = 0.0
+    redis_commands: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Redis command -> (calls, microseconds) during the window (the server is shared)."""
 
-    def cpu_us_per_call(self, service: str) -> float:
-        calls = self.calls_per_s * self.seconds
-        if not calls:
-            return math.nan
+    def cpu(self, service: str) -> float:
+        """CPU seconds of a service (``workers``: all of them) over the window."""
         if service == "workers":
-            used = sum(v for k, v in self.cpu_s.items() if k.startswith("worker"))
-        else:
-            used = self.cpu_s.get(service, math.nan)
-        return used / calls * 1e6
+            found = [v for k, v in self.cpu_s.items() if k.startswith("worker")]
+            return sum(found) if found else math.nan
+        return self.cpu_s.get(service, math.nan)
+
+    def cores(self, service: str) -> float:
+        """Share of one core a service used over the window."""
+        return self.cpu(service) / self.seconds if self.seconds else math.nan
+
+    def cpu_us_per_call(self) -> float:
+        """CPU of every process of the system (and Kafka, Redis, the load generator) per call."""
+        calls = self.calls_per_s * self.seconds
+        return sum(self.cpu_s.values()) / calls * 1e6 if calls else math.nan
 
 
 @dataclass
@@ -57,6 +65,7 @@ class Latency:
     p95_ms: float
     p99_ms: float
     note: str = ""
+    phases_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,6 +78,8 @@ class IoBound:
     machine_busy: float
     own_cpu: float
     """Share of the machine's cores the bench's own processes (and Kafka, Redis) used."""
+    cores: dict[str, float] = field(default_factory=dict)
+    """Share of one core each process used."""
 
     @property
     def ideal(self) -> float:
@@ -90,6 +101,8 @@ class Scale:
     redis_delta: int
     redis_keys_per_call: float
     """Bytes per call from MEMORY USAGE of a sample of the calls' keys (ledger, audit, turn)."""
+    cpu_cores: dict[str, float] = field(default_factory=dict)
+    """Share of a core each process used while the calls were being put in flight."""
     note: str = ""
 
     @property
@@ -105,17 +118,22 @@ class Scale:
 
 @dataclass
 class Profile:
-    """The busiest service during (a), profiled under the same load."""
+    """One service profiled (CPU samples) under the load of the busiest one's (a) run."""
 
     service: str
-    config: str
-    mode: str
     html: str
     summary: dict[str, Any]
-    calls_per_s: float
     cpu_share: float
+    """Share of a core the service used in that (a) run (without the profiler)."""
     tree: list[str] = field(default_factory=list)
     """The top of pyinstrument's call tree (percent of samples)."""
+    busiest: bool = False
+
+    @property
+    def busy(self) -> float:
+        """Share of the sampled time not spent idle in the event loop's poll."""
+        total = self.summary.get("total_s") or 0.0
+        return 1.0 - self.summary.get("idle_s", 0.0) / total if total else math.nan
 
 
 @dataclass
@@ -128,7 +146,9 @@ class Results:
     latency: list[Latency] = field(default_factory=list)
     io: list[IoBound] = field(default_factory=list)
     scale: Scale | None = None
-    profile: Profile | None = None
+    profiles: list[Profile] = field(default_factory=list)
+    profile_config: str = ""
+    profile_calls_per_s: float = 0.0
     retained_per_call: float | None = None
     errors: list[str] = field(default_factory=list)
 
@@ -204,15 +224,16 @@ def targets(results: Results) -> list[Target]:
         out.append(Target("p99 turn latency ≤ 3x the raw relay's p99", None, "not measured"))
     io = [x for x in results.io if x.system == "toolfleet"]
     if io:
-        bad = [x for x in io if not (x.calls_per_s >= 0.8 * x.ideal or x.machine_busy >= 0.9)]
+        bad = [x for x in io if not (x.calls_per_s >= 0.8 * x.ideal or x.own_cpu >= 0.85)]
         detail = "; ".join(
-            f"c={x.concurrency}: {x.calls_per_s / x.ideal:.0%} of linear, CPU {x.machine_busy:.0%}"
+            f"c={x.concurrency}: {x.calls_per_s / x.ideal:.0%} of linear, "
+            f"toolfleet+Kafka+Redis CPU {x.own_cpu:.0%} of the machine"
             for x in io
         )
         out.append(
             Target(
                 "I/O-bound calls/s linear in concurrency until the CPU saturates "
-                "(≥ 80% of concurrency/50 ms, or CPU ≥ 90% busy)",
+                "(≥ 80% of concurrency/50 ms, or its processes ≥ 85% of all cores)",
                 not bad,
                 detail,
             )
@@ -255,7 +276,7 @@ def render(results: Results) -> str:
     )
     add(
         "Every comparison ran side by side in this run, on the same Kafka broker and Redis "
-        f"server ({m.get('infra', '?')}). {m.get('noise', '')}"
+        f"server ({m.get('infra', '?')}). {m.get('noise', '')} {m.get('config', '')}"
     )
     add("")
     _render_targets(results, add)
@@ -346,6 +367,24 @@ def _render_latency(results: Results, add: Any) -> None:
             f"{_ratio(x.p99_ms, rl.p99_ms if rl else None, 1)} | {x.note} |"
         )
     add("")
+    split = [x for x in results.latency if x.phases_ms]
+    if split:
+        add(
+            "Where the time goes (medians, from the calls' started / finished times in the "
+            "turn results; wall clocks of one machine):"
+        )
+        add("")
+        add("| system | model response → first call started | calls running "
+            "| last call finished → turn result read |")  # fmt: skip
+        add("|---|---:|---:|---:|")
+        for x in split:
+            p = x.phases_ms
+            add(
+                f"| {LABELS[x.system]} | {_f(p.get('to first call start'), 1)} ms | "
+                f"{_f(p.get('calls running'), 1)} ms | "
+                f"{_f(p.get('last call end to result'), 1)} ms |"
+            )
+        add("")
 
 
 def _render_io(results: Results, add: Any) -> None:
@@ -358,9 +397,11 @@ def _render_io(results: Results, add: Any) -> None:
         "In-process: the same calls under an asyncio.Semaphore(N)."
     )
     add("")
-    add("| concurrency | linear calls/s | toolfleet calls/s | of linear | machine CPU busy "
-        "| bench processes' CPU | in-process calls/s |")  # fmt: skip
-    add("|---:|---:|---:|---:|---:|---:|---:|")
+    add(
+        "| concurrency | linear calls/s | toolfleet calls/s | of linear | machine CPU busy "
+        "| bench processes' CPU | busiest processes (share of a core) | in-process calls/s |"
+    )
+    add("|---:|---:|---:|---:|---:|---:|---|---:|")
     for x in results.io:
         if x.system != "toolfleet":
             continue
@@ -368,10 +409,12 @@ def _render_io(results: Results, add: Any) -> None:
             (y for y in results.io if y.system == "inprocess" and y.concurrency == x.concurrency),
             None,
         )
+        busiest = sorted(x.cores.items(), key=lambda kv: kv[1], reverse=True)[:3]
         add(
             f"| {x.concurrency:,} | {x.ideal:,.0f} | {x.calls_per_s:,.0f} | "
             f"{x.calls_per_s / x.ideal:.0%} | {x.machine_busy:.0%} | {x.own_cpu:.0%} | "
-            f"{_f(ip.calls_per_s if ip else None)} |"
+            + ", ".join(f"{n} {c:.0%}" for n, c in busiest)
+            + f" | {_f(ip.calls_per_s if ip else None)} |"
         )
     add("")
 
@@ -385,10 +428,10 @@ def _render_scale(results: Results, add: Any) -> None:
     if s.extrapolated:
         add(
             f"**Reached {s.reached:,} calls in flight in {s.seconds:.0f} s, not "
-            f"{s.target_calls:,}**: the planner dispatches too slowly to get there within the "
-            "time budget. The columns marked *extrapolated* are the measured baseline plus "
-            f"the measured per-call slope x {s.target_calls:,}; they are estimates, not "
-            "measurements."
+            f"{s.target_calls:,}**: calls were not put in flight fast enough to get there "
+            "within the time budget (see the CPU shares below). The columns marked "
+            "*extrapolated* are the measured baseline plus the measured per-call slope x "
+            f"{s.target_calls:,}; they are estimates, not measurements."
         )
     else:
         add(f"Reached {s.reached:,} calls in flight in {s.seconds:.0f} s.")
@@ -418,6 +461,13 @@ def _render_scale(results: Results, add: Any) -> None:
         f"(MEMORY USAGE). At {s.target_calls:,} calls: "
         f"{_mib(s.redis_keys_per_call * s.target_calls)} MiB."
     )
+    if s.cpu_cores:
+        add("")
+        add(
+            "CPU while the calls were being put in flight (share of one core): "
+            + ", ".join(f"{name} {share:.0%}" for name, share in s.cpu_cores.items())
+            + "."
+        )
     if results.retained_per_call is not None:
         add("")
         add(
@@ -429,63 +479,99 @@ def _render_scale(results: Results, add: Any) -> None:
 
 
 def _render_cpu(results: Results, add: Any) -> None:
-    rows = [t for t in results.throughput if t.system in ("toolfleet", "relay") and t.cpu_s]
+    rows = [t for t in results.throughput if t.cpu_s]
     if not rows:
         return
-    add("## Where the CPU goes during (a): CPU µs per call, by process")
+    add("## Where the CPU goes during (a): share of one core, by process")
     add("")
     add(
         "| system | calls/turn | workers | calls/s | planner | workers | aggregator | reconciler "
-        "| Kafka | Redis | load generator | machine busy |"
+        "| Kafka | Redis | load generator | CPU µs per call, all processes | machine busy |"
     )
-    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in rows:
-        cells = [_f(t.cpu_us_per_call(s)) for s in SERVICES]
+        cells = [_pct(t.cores(s)) for s in SERVICES]
         add(
             f"| {LABELS[t.system]} | {t.calls_per_turn} | {t.workers} | {_f(t.calls_per_s)} | "
             + " | ".join(cells)
-            + f" | {t.machine_busy:.0%} |"
+            + f" | {_f(t.cpu_us_per_call())} | {t.machine_busy:.0%} |"
         )
     add("")
     add(
-        "Kafka and Redis are shared with anything else running on the machine, so their "
-        "figures include that load."
+        "Celery's worker processes are under *workers*; in-process runs in the load generator. "
+        "Kafka and Redis serve anything else running on the machine too, so their figures "
+        "include that load; so does *machine busy*."
     )
     add("")
+    tf = [t for t in rows if t.system == "toolfleet" and t.redis_commands]
+    if not tf:
+        return
+    add("### Redis commands per toolfleet call during (a)")
+    add("")
+    add(
+        "INFO commandstats over the window (commands run by Lua scripts are counted too; the "
+        "server is shared, so other users' commands are in it): calls per toolfleet call and "
+        "Redis CPU µs per toolfleet call, the top commands by time."
+    )
+    add("")
+    add("| calls/turn | workers | Redis µs per call | top commands (calls per call, µs per call) |")
+    add("|---:|---:|---:|---|")
+    for t in tf:
+        calls = t.calls_per_s * t.seconds
+        if not calls:
+            continue
+        total = sum(u for _c, u in t.redis_commands.values()) / calls
+        top = sorted(t.redis_commands.items(), key=lambda kv: kv[1][1], reverse=True)[:6]
+        listed = ", ".join(f"`{name}` {c / calls:.1f} / {u / calls:,.0f}" for name, (c, u) in top)
+        add(f"| {t.calls_per_turn} | {t.workers} | {total:,.0f} | {listed} |")
+    add("")
+
+
+def _pct(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0%}"
 
 
 def _render_profile(results: Results, add: Any) -> None:
-    p = results.profile
-    if p is None:
+    if not results.profiles:
         return
-    s = p.summary
-    total = s.get("total_s") or 1.0
-    add(f"## Profile: {p.service} during (a), {p.config}")
+    add(f"## Profiles: every toolfleet service under the load of {results.profile_config}")
     add("")
     add(
-        f"pyinstrument ({p.mode}), {total:.1f} s sampled at {p.calls_per_s:,.0f} calls/s "
-        f"(profiling slows the service down); the {p.service} used {p.cpu_share:.0%} of a core "
-        f"during (a). Full call tree: `{p.html}` (not in git)."
+        "pyinstrument, CPU samples every 1 ms in each service (a fleet of its own, "
+        f"{results.profile_calls_per_s:,.0f} calls/s under the profilers). *busy* is the share "
+        "of samples not idle in the event loop's poll; *core in (a)* is what the service used "
+        "in the same (a) run without the profiler. HTML call trees are kept out of git."
     )
     add("")
-    if p.tree:
-        add("```")
-        for line in p.tree:
-            add(line)
-        add("```")
-        add("")
-    add(
-        "Self time by package: "
-        + ", ".join(
-            f"{name} {share:.0%}" for name, share in list(s.get("packages", {}).items())[:8]
+    add("| service | core in (a) | busy | top functions by self time | call tree |")
+    add("|---|---:|---:|---|---|")
+    for p in results.profiles:
+        top = ", ".join(
+            f"`{r['function']}` {r['share']:.0%}"
+            for r in p.summary.get("self", [])
+            if r["function"] not in ("epoll.poll", "select", "poll")
         )
-    )
+        top = ", ".join(top.split(", ")[:5])
+        name = f"**{p.service}** (busiest)" if p.busiest else p.service
+        add(f"| {name} | {_pct(p.cpu_share)} | {_pct(p.busy)} | {top} | `{p.html}` |")
     add("")
-    add("| function (self time) | where | share of samples |")
-    add("|---|---|---:|")
-    for row in s.get("self", [])[:12]:
-        add(f"| `{row['function']}` | {row['where']} | {row['share']:.1%} |")
-    add("")
+    for p in results.profiles:
+        s = p.summary
+        add(f"### {p.service}")
+        add("")
+        add(
+            "Self time by package: "
+            + ", ".join(
+                f"{name} {share:.0%}" for name, share in list(s.get("packages", {}).items())[:8]
+            )
+        )
+        add("")
+        if p.tree:
+            add("```")
+            for line in p.tree:
+                add(line)
+            add("```")
+            add("")
 
 
 def tree_excerpt(text: str, limit: int = 45, threshold: float = 1.0) -> list[str]:
@@ -517,8 +603,9 @@ METHOD = [
     "- **in-process**: the calls of a turn run concurrently in the load generator's process "
     "through the OpenAI Agents SDK's `invoke_function_tool` on `function_tool`s.",
     "- **Celery**: Celery 5 with Redis (database 3 of the same server) as broker and result "
-    "backend, one solo-pool worker process per worker, one chord per turn (the calls as the "
-    "header, a collector as the body that pushes the turn result to a Redis list).",
+    "backend, one worker process (threads pool, 8 threads) per worker, one chord per turn (the "
+    "calls as the header, a collector as the body that pushes the turn result to a Redis "
+    "list); chords are sent from 2 client threads.",
     "- **Load**: (a) closed loop, 400 calls outstanding (max(4, 400 / calls per turn) turns), "
     "results counted over the measurement window after a warm-up; (b) open loop at a fixed "
     "rate; latency = from handing the model response to the producer to reading the turn "
@@ -542,7 +629,8 @@ def readme_block(results: Results, report_path: str) -> str:
         README_BEGIN,
         f"Latest run: {results.started} ({results.meta.get('cores', '?')} cores, "
         f"load average {results.meta.get('load_before', '?')} at start, run time "
-        f"{results.meta.get('runtime', '?')}). Full report: `{report_path}`.",
+        f"{results.meta.get('runtime', '?')}). Full report: `{report_path}`."
+        + (f" {results.meta['config']}" if results.meta.get("config") else ""),
         "",
         "| target | verdict | measured |",
         "|---|---|---|",

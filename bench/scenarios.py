@@ -21,9 +21,9 @@ import psutil
 from redis.asyncio import Redis
 
 from bench import tools as bench_tools
-from bench.procs import CpuMeter, infra_pids, peak_rss_bytes, progress, rss_bytes
+from bench.procs import REPO, CpuMeter, infra_pids, peak_rss_bytes, progress, rss_bytes
 from bench.report import IoBound, Latency, Profile, Results, Scale, Throughput, tree_excerpt
-from bench.systems import RunContext, celery, relay, toolfleet
+from bench.systems import RunContext, Toolfleet, celery, relay, toolfleet
 from bench.targets import InProcessTarget
 from bench.workload import (
     LoadResult,
@@ -54,7 +54,7 @@ class Durations:
     latency: float = 10.0
     io: float = 4.0
     profile: float = 6.0
-    scale_budget: float = 75.0
+    scale_budget: float = 120.0
     scale_calls: int = 100_000
 
     @classmethod
@@ -87,7 +87,8 @@ class Bench:
         """Profile this service instead of the busiest one (``--profile NAME``)."""
 
     def meter(self, pids: dict[str, int]) -> CpuMeter:
-        return CpuMeter({**pids, **self.infra, "driver": os.getpid()})
+        pids = {**pids, **self.infra, "driver": os.getpid()}
+        return CpuMeter(pids, redis_url=self.ctx.base.redis_address())
 
     async def throughput(  # noqa: PLR0917 - one row of the table, one argument per column
         self,
@@ -118,9 +119,10 @@ class Bench:
             result.calls_per_s,
             result.turns_per_s,
             result.failed,
-            result.seconds,
+            meter.seconds,
             meter.used,
             meter.machine_busy,
+            meter.redis_commands,
         )
         self.results.throughput.append(row)
         progress(
@@ -179,15 +181,15 @@ class Bench:
                 if top is not None:
                     await tf.set_workers(LATENCY_WORKERS)
                     await self.latency("toolfleet", tf.target, top.turns_per_s / 2, tf.check)
-            if "profile" in scenarios and self.tf_busiest is not None:
-                await self.profile(tf)
             if "c" in scenarios:
                 await self.io_bound(tf)
+        if "profile" in scenarios and self.tf_busiest is not None:
+            await self.profile()
 
     def _note_busiest(self, row: Throughput) -> None:
-        span = self.d.measure
+        span = row.seconds or self.d.measure
         for name, used in row.cpu_s.items():
-            if name in ("kafka", "redis", "driver", "reconciler"):
+            if name in ("kafka", "redis", "driver"):
                 continue
             if self.profile_service is not None and name != self.profile_service:
                 continue
@@ -195,25 +197,24 @@ class Bench:
             if self.tf_busiest is None or share > self.tf_busiest[1]:
                 self.tf_busiest = (name, share, row.calls_per_turn, row.workers)
 
-    async def profile(self, tf: object) -> None:
-        from bench.systems import Toolfleet
+    async def profile(self) -> None:
+        """Every toolfleet service under pyinstrument, under the load the busiest one had.
 
-        assert isinstance(tf, Toolfleet) and self.tf_busiest is not None
-        name, share, calls, workers = self.tf_busiest
-        await tf.set_workers(workers)
-        stem = self.ctx.results / f"profile-{name}"
-        mode = "disabled" if name.startswith("worker") else "enabled"
-        progress(f"profile: {name} ({share:.0%} of a core in (a)) under pyinstrument, {calls} "
-                 f"calls/turn, {workers} worker(s)")  # fmt: skip
-        fleet = tf.fleet
-        fleet.terminate(name)
-        fleet.profile[name] = stem
-        fleet.extra_env["BENCH_PROFILE_ASYNC"] = mode
-        self._start(tf, name)
-        try:
-            factory = TurnFactory(self.ctx.tenant, "bench_noop", calls, query_args)
-            if name.startswith("worker"):
-                await fleet.ready(within=120)
+        A fleet of its own (each service started under the profiler, CPU samples); the run
+        is as long as ``Durations.profile``, and the profiles are written when it stops.
+        """
+        assert self.tf_busiest is not None
+        busiest, share, calls, workers = self.tf_busiest
+        names = ["planner", "aggregator", "reconciler", *(f"worker-{n}" for n in range(workers))]
+        stems = {name: self.ctx.results / f"profile-{name}" for name in names}
+        progress(
+            f"profile: every service under pyinstrument, {calls} calls/turn, {workers} "
+            f"worker(s); the busiest in (a) was the {busiest} ({share:.0%} of a core)"
+        )
+        for stale in self.ctx.results.glob("profile-*"):  # an earlier run's, maybe other services
+            stale.unlink()
+        factory = TurnFactory(self.ctx.tenant, "bench_noop", calls, query_args)
+        async with toolfleet(self.ctx, "prof", workers=workers, profile=stems) as tf:
             await prime(tf.target, factory, check=tf.check)
             result = await closed_loop(
                 tf.target,
@@ -223,45 +224,39 @@ class Bench:
                 measure_s=self.d.profile,
                 check=tf.check,
             )
-        finally:
-            fleet.terminate(name, grace_s=60)  # SIGTERM: the profiler writes its reports
-            del fleet.profile[name]
-            fleet.extra_env.pop("BENCH_PROFILE_ASYNC", None)
-            self._start(tf, name)
-        summary_path = Path(f"{stem}.top.json")
-        if not await asyncio.to_thread(summary_path.exists):
-            self.results.errors.append(f"the profile of {name} was not written")
-            return
-        summary = json.loads(await asyncio.to_thread(summary_path.read_text))
-        tree_text = await asyncio.to_thread(Path(f"{stem}.txt").read_text)
-        self.results.profile = Profile(
-            service=name,
-            config=f"{calls} calls/turn, {workers} worker(s)",
-            mode="wall clock, async-aware" if mode == "enabled" else "CPU samples",
-            html=str(Path(f"{stem}.html").relative_to(self.ctx.results.parent.parent)),
-            summary=summary,
-            calls_per_s=result.calls_per_s,
-            cpu_share=share,
-            tree=tree_excerpt(tree_text),
-        )
-        progress(f"profile: {stem}.html")
-        if name.startswith("worker"):
-            await fleet.ready(within=120)
+        # Leaving the block stopped every service with SIGTERM: the profiles are written.
+        self.results.profile_config = f"{calls} calls/turn, {workers} worker(s)"
+        self.results.profile_calls_per_s = result.calls_per_s
+        for name in sorted(names, key=lambda n: n != busiest):
+            stem = stems[name]
+            summary_path = Path(f"{stem}.top.json")
+            if not await asyncio.to_thread(summary_path.exists):
+                self.results.errors.append(f"the profile of the {name} was not written")
+                continue
+            summary = json.loads(await asyncio.to_thread(summary_path.read_text))
+            tree_text = await asyncio.to_thread(Path(f"{stem}.txt").read_text)
+            html = Path(f"{stem}.html")
+            profile = Profile(
+                service=name,
+                html=str(html.relative_to(REPO) if html.is_relative_to(REPO) else html),
+                summary=summary,
+                cpu_share=self._cpu_share(name, calls, workers),
+                tree=tree_excerpt(tree_text),
+                busiest=name == busiest,
+            )
+            self.results.profiles.append(profile)
+            progress(
+                f"profile: {name} busy {profile.busy:.0%} of the sampled time; top: "
+                + ", ".join(f"{r['function']} {r['share']:.0%}" for r in summary["self"][:3])
+            )
 
-    @staticmethod
-    def _start(tf: object, name: str) -> None:
-        from bench.systems import Toolfleet
+    def _cpu_share(self, name: str, calls: int, workers: int) -> float:
+        row = self.results.tp("toolfleet", calls, workers)
+        if row is None or not row.seconds:
+            return math.nan
+        return row.cpu_s.get(name, 0.0) / row.seconds
 
-        assert isinstance(tf, Toolfleet)
-        if name.startswith("worker-"):
-            tf.fleet.start_worker(int(name.removeprefix("worker-")))
-        else:
-            tf.fleet.start(name, [name])
-
-    async def io_bound(self, tf: object) -> None:
-        from bench.systems import Toolfleet
-
-        assert isinstance(tf, Toolfleet)
+    async def io_bound(self, tf: Toolfleet) -> None:
         for concurrency in IO_CONCURRENCY:
             await tf.set_workers(1, concurrency)
             row = await self._io_run("toolfleet", tf.target, tf.pids(), concurrency, tf.check)
@@ -293,9 +288,10 @@ class Bench:
             check=check,
             meter=meter,
         )
-        cores = psutil.cpu_count() or 1
-        own = sum(meter.used.values()) / (self.d.io * cores)
-        row = IoBound(system, concurrency, result.calls_per_s, meter.machine_busy, own)
+        ncpu = psutil.cpu_count() or 1
+        own = sum(meter.used.values()) / (self.d.io * ncpu)
+        cores = {n: used / meter.seconds for n, used in meter.used.items()} if meter.seconds else {}
+        row = IoBound(system, concurrency, result.calls_per_s, meter.machine_busy, own, cores)
         self.results.io.append(row)
         return row
 
@@ -376,7 +372,7 @@ class Bench:
         async with toolfleet(self.ctx, "scale", workers=2, concurrency=per_worker) as tf:
             await prime(tf.target, TurnFactory(tenant, "bench_noop", 1, query_args), check=tf.check)
             pids = tf.pids()
-            services = [n for n in pids if n != "reconciler"] + ["reconciler"]
+            services = list(pids)
             redis = Redis.from_url(self.ctx.base.redis_address())
             try:
                 base_memory = await _used_memory(self.ctx)
@@ -384,30 +380,14 @@ class Bench:
                 factory = TurnFactory(
                     tenant, "bench_hold", calls_per_turn, lambda i: {"key": hold, "i": i}
                 )
+                meter = self.meter(pids)
+                meter.start()
                 began = time.monotonic()
                 for _ in range(target_calls // calls_per_turn):
                     await tf.target.send(factory.make())
-                samples: list[tuple[int, dict[str, int]]] = []
-                parked, last_progress, last_growth, last_parked = 0, began, began, 0
-                while True:
-                    tf.check()
-                    raw = await redis.hgetall(bench_tools.parked_key(hold))
-                    parked = sum(int(v) for v in raw.values())
-                    now = time.monotonic()
-                    samples.append((parked, {n: rss_bytes(pids[n]) for n in services}))
-                    if parked > last_parked:
-                        last_growth, last_parked = now, parked
-                    if now - last_progress >= 10:
-                        rate = parked / (now - began)
-                        progress(f"(d) {parked:,} calls in flight after {now - began:.0f} s "
-                                 f"({rate:,.0f}/s)")  # fmt: skip
-                        last_progress = now
-                    if parked >= target_calls:
-                        break
-                    if now - began > self.d.scale_budget or now - last_growth > 30:
-                        break
-                    await asyncio.sleep(1.0)  # sampling period of the measurement
+                parked, samples = await self._fill(tf, redis, hold, pids, began)
                 seconds = time.monotonic() - began
+                meter.stop()
                 rss_at = {n: rss_bytes(pids[n]) for n in services}
                 hwm = {n: peak_rss_bytes(pids[n]) for n in services}
                 memory = await _used_memory(self.ctx) - base_memory
@@ -429,12 +409,43 @@ class Bench:
             rss_slope=slope,
             redis_delta=memory,
             redis_keys_per_call=per_call_keys,
+            cpu_cores={n: used / meter.seconds for n, used in meter.used.items()},
         )
         progress(
             f"(d) {parked:,} calls in flight after {seconds:.0f} s; "
             + ", ".join(f"{n} {v / 2**20:,.0f} MiB" for n, v in rss_at.items())
             + f"; Redis +{memory / 2**20:,.0f} MiB ({per_call_keys:,.0f} B/call by key sample)"
         )
+
+    async def _fill(
+        self, tf: Toolfleet, redis: Redis, hold: str, pids: dict[str, int], began: float
+    ) -> tuple[int, Samples]:
+        """Sample calls in flight and RSS every second until the target, the budget or a stall."""
+        target_calls = self.d.scale_calls
+        samples: Samples = []
+        parked, last_progress, last_growth, last_parked = 0, began, began, 0
+        while True:
+            tf.check()
+            raw = await redis.hgetall(bench_tools.parked_key(hold))
+            parked = sum(int(v) for v in raw.values())
+            now = time.monotonic()
+            samples.append((parked, {n: rss_bytes(pid) for n, pid in pids.items()}))
+            if parked > last_parked:
+                last_growth, last_parked = now, parked
+            if now - last_progress >= 10:
+                rate = parked / (now - began)
+                progress(
+                    f"(d) {parked:,} calls in flight after {now - began:.0f} s ({rate:,.0f}/s)"
+                )
+                last_progress = now
+            if parked >= target_calls:
+                return parked, samples
+            if now - began > self.d.scale_budget or now - last_growth > 30:
+                return parked, samples
+            await asyncio.sleep(1.0)  # sampling period of the measurement
+
+
+Samples = list[tuple[int, dict[str, int]]]
 
 
 def _latency_row(system: str, rate: float, result: LoadResult, note: str) -> Latency:
@@ -449,6 +460,7 @@ def _latency_row(system: str, rate: float, result: LoadResult, note: str) -> Lat
         p95_ms=result.percentile_ms(95),
         p99_ms=result.percentile_ms(99),
         note=note,
+        phases_ms=result.phases_ms,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -39,6 +40,9 @@ from toolfleet.topics import ensure_topics
 PARTITIONS = 6
 """Partitions of every bench topic (toolfleet's default)."""
 
+KEEP_LOGS = 5
+"""Runs whose service logs stay in bench/results/logs/."""
+
 
 @dataclass
 class RunContext:
@@ -47,6 +51,8 @@ class RunContext:
     base: Settings
     results: Path
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    redis_max_connections: int | None = None
+    """Passed to toolfleet's services in REDIS_URL (``?max_connections=N``) when set."""
     prefixes: list[str] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
     log_root: Path = field(init=False)
@@ -54,6 +60,9 @@ class RunContext:
     def __post_init__(self) -> None:
         self.log_root = self.results / "logs" / self.run_id
         self.log_root.mkdir(parents=True, exist_ok=True)
+        runs = sorted((self.results / "logs").iterdir(), key=lambda p: p.stat().st_mtime)
+        for old in runs[:-KEEP_LOGS]:  # the logs of the last few runs are kept (not in git)
+            shutil.rmtree(old, ignore_errors=True)
 
     @property
     def tenant(self) -> str:
@@ -63,7 +72,12 @@ class RunContext:
     def settings(self, name: str) -> Settings:
         """Settings with a fresh topic prefix for one system of this run."""
         prefix = f"bench-{self.run_id}-{name}."
-        settings = self.base.model_copy(update={"topic_prefix": prefix, "partitions": PARTITIONS})
+        update: dict[str, object] = {"topic_prefix": prefix, "partitions": PARTITIONS}
+        if self.redis_max_connections is not None:
+            parts = urlsplit(self.base.redis_address())
+            query = f"max_connections={self.redis_max_connections}"
+            update["redis_url"] = urlunsplit(parts._replace(query=query))
+        settings = self.base.model_copy(update=update)
         self.prefixes.append(prefix)
         self.namespaces.append(Keys.of(settings).namespace)
         return settings
@@ -142,26 +156,19 @@ class Toolfleet:
                 fleet.start_worker(n)
         await fleet.ready(within=120)
 
-    async def restart(self, name: str, profile: Path | None = None) -> None:
-        """Restart one service (optionally under the profiler) and wait until it serves."""
-        fleet = self.fleet
-        fleet.terminate(name)
-        if profile is not None:
-            fleet.profile[name] = profile
-        else:
-            fleet.profile.pop(name, None)
-        if name.startswith("worker-"):
-            fleet.start_worker(int(name.removeprefix("worker-")))
-            await fleet.ready(within=120)
-        else:
-            fleet.start(name, [name])
-
 
 @asynccontextmanager
 async def toolfleet(
-    ctx: RunContext, name: str, workers: int, concurrency: int = 100
+    ctx: RunContext,
+    name: str,
+    workers: int,
+    concurrency: int = 100,
+    profile: dict[str, Path] | None = None,
 ) -> AsyncIterator[Toolfleet]:
-    """Planner, aggregator and ``workers`` workers of this run, serving ``bench.tools``."""
+    """Planner, aggregator, reconciler and ``workers`` workers serving ``bench.tools``.
+
+    ``profile`` runs the named services under pyinstrument (see ``bench.profiled``).
+    """
     settings = ctx.settings(name)
     await ensure_topics(settings)
     log_dir = ctx.log_root / name
@@ -172,6 +179,7 @@ async def toolfleet(
         workers=workers,
         worker_args=["--concurrency", str(concurrency)],
         log_dir=log_dir,
+        profile=dict(profile or {}),
     )
     target = KafkaTarget(settings, "toolfleet")
     try:
@@ -186,7 +194,7 @@ async def toolfleet(
             if _failing():
                 fleet.stop_now()
             else:
-                fleet.stop(timeout=20)
+                fleet.stop(timeout=60 if profile else 20)  # profilers write on the way out
 
 
 def _failing() -> bool:
@@ -282,10 +290,16 @@ async def relay(ctx: RunContext, workers: int) -> AsyncIterator[Relay]:
 
 # ----------------------------------------------------------------------------------- Celery
 
+CELERY_POOL = os.environ.get("BENCH_CELERY_POOL", "threads")
+CELERY_CONCURRENCY = int(os.environ.get("BENCH_CELERY_CONCURRENCY", "8"))
+"""Each Celery worker process runs 8 threads: a no-op task waits on Redis round trips (the
+broker, the result backend, the chord counter), and threads overlap those waits. Override with
+BENCH_CELERY_POOL / BENCH_CELERY_CONCURRENCY (e.g. ``solo`` / 1, or ``prefork`` / 2)."""
+
 
 @dataclass
 class CelerySystem:
-    """Celery worker processes (solo pool) and the chord-per-turn target."""
+    """Celery worker processes (threads pool) and the chord-per-turn target."""
 
     url: str
     queue: str
@@ -298,7 +312,8 @@ class CelerySystem:
         log = (self.log_dir / f"{name}.log").open("ab")
         argv = [
             sys.executable, "-m", "celery", "-A", "bench.celery_app", "worker",
-            "--pool", "solo", "--queues", self.queue, "--hostname", f"{self.queue}-{n}@%h",
+            "--pool", CELERY_POOL, "--concurrency", str(CELERY_CONCURRENCY),
+            "--queues", self.queue, "--hostname", f"{self.queue}-{n}@%h",
             "--without-heartbeat", "--without-gossip", "--without-mingle",
             "--loglevel", "WARNING",
         ]  # fmt: skip
@@ -390,6 +405,8 @@ async def celery(ctx: RunContext, workers: int) -> AsyncIterator[CelerySystem]:
             redis = Redis.from_url(url)
             try:
                 await redis.delete(queue, results_key, f"bench:celery:ready:{queue}")
+                await delete_keys(redis, f"_kombu.binding*.{queue}")
+                await delete_keys(redis, "celery-taskset-meta-*")
                 removed = await delete_keys(redis, "celery-task-meta-*")
                 progress(f"celery: removed {removed} stored task results")
             finally:

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -42,6 +43,10 @@ class KafkaTarget:
         self.label = label
         self.listener: Listener | None = None
         self.checked = 0
+        self.check_every = 16
+        """Decode and check every n-th result in full (1: all, for the latency breakdown)."""
+        self.spans: dict[str, tuple[float, float, float]] = {}
+        """run_id -> (first call started, last call finished, result read), wall clock."""
         self._serial = itertools.count()
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -97,25 +102,29 @@ class KafkaTarget:
                 for record in records:
                     value = record.value or b""
                     ok = _COMPLETED in value
-                    if ok and next(self._serial) % 16 == 0:
-                        ok = _all_ok(value)
-                        self.checked += 1
+                    if ok and next(self._serial) % self.check_every == 0:
+                        ok = self._check(value)
                     if self.listener is not None and record.key is not None:
                         self.listener(record.key.decode(), ok)
 
-
-def _all_ok(raw: bytes) -> bool:
-    try:
-        result = TurnResult.decode(raw)
-    except InvalidMessageError:
-        return False
-    ids = [c.call_id for c in result.calls]
-    return (
-        result.status == "completed"
-        and bool(result.outputs)
-        and all(o.output == "ok" for o in result.outputs)
-        and [o.call_id for o in result.outputs] == ids
-    )
+    def _check(self, raw: bytes) -> bool:
+        """Completed, one ``ok`` output per call in model order; note when its calls ran."""
+        self.checked += 1
+        try:
+            result = TurnResult.decode(raw)
+        except InvalidMessageError:
+            return False
+        started = [c.started_at for c in result.calls if c.started_at]
+        finished = [c.finished_at for c in result.calls if c.finished_at]
+        if started and finished:
+            self.spans[result.run_id] = (min(started), max(finished), time.time())
+        ids = [c.call_id for c in result.calls]
+        return (
+            result.status == "completed"
+            and bool(result.outputs)
+            and all(o.output == "ok" for o in result.outputs)
+            and [o.call_id for o in result.outputs] == ids
+        )
 
 
 class InProcessTarget:

@@ -118,6 +118,8 @@ class LoadResult:
     seconds: float = 0.0
     failed: int = 0
     latencies_s: list[float] = field(default_factory=list)
+    phases_ms: dict[str, float] = field(default_factory=dict)
+    """Median split of the turn latency (targets that report when calls ran)."""
 
     @property
     def turns_per_s(self) -> float:
@@ -142,6 +144,7 @@ class _Tracker:
     def __init__(self, target: Target) -> None:
         self.target = target
         self.sent: dict[str, tuple[float, int]] = {}
+        self.sent_wall: dict[str, float] = {}
         self.done: list[tuple[float, float, int, bool]] = []  # (at, latency, calls, ok)
         self.drained = asyncio.Event()
         self.on_done: Callable[[], None] | None = None
@@ -160,22 +163,32 @@ class _Tracker:
 
     async def send(self, turn: Turn) -> None:
         self.drained.clear()
+        self.sent_wall[turn.run_id] = time.time()
         self.sent[turn.run_id] = (time.perf_counter(), len(turn.calls))
         await self.target.send(turn)
 
-    async def drain(self, within: float, check: Callable[[], None] | None) -> None:
-        deadline = time.monotonic() + within
+    async def drain(
+        self, within: float, check: Callable[[], None] | None, stall_s: float = 20.0
+    ) -> None:
+        """Wait for every sent turn's result; give up after ``within`` s, or ``stall_s`` s
+        without any result (a stuck system should not eat the time budget)."""
+        began = time.monotonic()
+        deadline = began + within
+        seen, last_result = len(self.done), began
         while self.sent:
             if check is not None:
                 check()
-            left = deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if len(self.done) != seen:
+                seen, last_result = len(self.done), now
+            if now > deadline or now - last_result > stall_s:
+                why = "no result" if now - last_result > stall_s else "not all results"
                 raise TimeoutError(
-                    f"{self.target.label}: {len(self.sent)} turns still without a result "
-                    f"{within:g} s after the load stopped"
+                    f"{self.target.label}: {len(self.sent)} turns still without a result; "
+                    f"{why} for {now - last_result:.0f} s after the load stopped"
                 )
             try:
-                await asyncio.wait_for(self.drained.wait(), min(left, 0.5))
+                await asyncio.wait_for(self.drained.wait(), 0.5)
             except TimeoutError:
                 continue
 
@@ -205,7 +218,7 @@ async def prime(
     tracker = _Tracker(target)
     began = time.perf_counter()
     await tracker.send(factory.make())
-    await tracker.drain(within, check)
+    await tracker.drain(within, check, stall_s=within)
     if not tracker.done[0][3]:
         raise RuntimeError(f"{target.label}: the first turn did not complete with 'ok' outputs")
     return time.perf_counter() - began
@@ -218,7 +231,7 @@ async def closed_loop(
     window: int,
     warmup_s: float,
     measure_s: float,
-    drain_s: float = 90.0,
+    drain_s: float = 60.0,
     check: Callable[[], None] | None = None,
     meter: Window | None = None,
 ) -> LoadResult:
@@ -271,11 +284,15 @@ async def open_loop(
     rate: float,
     warmup_s: float,
     measure_s: float,
-    drain_s: float = 90.0,
+    drain_s: float = 60.0,
     check: Callable[[], None] | None = None,
 ) -> LoadResult:
     """Send ``rate`` turns/s on a fixed schedule; latency of the turns sent after warm-up."""
     tracker = _Tracker(target)
+    spans: dict[str, tuple[float, float, float]] | None = getattr(target, "spans", None)
+    if spans is not None:
+        target.check_every = 1  # type: ignore[attr-defined]
+        spans.clear()
     interval = 1.0 / rate
     began = time.perf_counter()
     t0, t1 = began + warmup_s, began + warmup_s + measure_s
@@ -291,10 +308,32 @@ async def open_loop(
         await tracker.send(factory.make())
         next_at += interval
     await tracker.drain(drain_s, check)
+    if spans is not None:
+        target.check_every = 16  # type: ignore[attr-defined]
     result = LoadResult(seconds=t1 - t0)
+    if spans:
+        result.phases_ms = _phases(spans, tracker.sent_wall)
     started_after_warmup = [d for d in tracker.done if d[0] - d[1] >= t0]
     result.turns = len(started_after_warmup)
     result.calls = sum(d[2] for d in started_after_warmup)
     result.failed = sum(0 if d[3] else 1 for d in started_after_warmup)
     result.latencies_s = [d[1] for d in started_after_warmup]
     return result
+
+
+def _phases(
+    spans: dict[str, tuple[float, float, float]], sent: dict[str, float]
+) -> dict[str, float]:
+    """Medians of: sent -> first call started, first started -> last finished, -> result."""
+    parts: dict[str, list[float]] = {"to first call start": [], "calls running": [],
+                                     "last call end to result": []}  # fmt: skip
+    for run_id, (started, finished, received) in spans.items():
+        at = sent.get(run_id)
+        if at is None:
+            continue
+        parts["to first call start"].append(started - at)
+        parts["calls running"].append(finished - started)
+        parts["last call end to result"].append(received - finished)
+    return {
+        name: sorted(values)[len(values) // 2] * 1000 for name, values in parts.items() if values
+    }
