@@ -3,7 +3,7 @@
 Turn state lives in Redis, updated with an atomic read-modify-write, so recording an outcome
 is idempotent. TurnResults are published in a Kafka transaction together with the consumed
 offsets: a crash before the commit re-delivers the batch, a crash after it re-delivers
-nothing. The emission marker names the record that triggered it, so a redelivered trigger
+nothing. The emission marker names the records that triggered it, so a redelivered trigger
 re-emits (the first attempt's transaction never committed) while a late duplicate does not.
 """
 
@@ -65,6 +65,9 @@ class Aggregator:
             enable_idempotence=True,
             acks="all",
             linger_ms=2,
+            # A killed instance's open transaction blocks read_committed readers of
+            # turn-results until it times out; its successor has a new transactional id.
+            transaction_timeout_ms=10_000,
         )
         consumer = self.bus.consumer(["plans", "outcomes", "cancellations"], group="aggregator")
         await producer.start()
@@ -112,32 +115,41 @@ class Aggregator:
             TURN_LATENCY.labels(result.status).observe(time.time() - planned_at)
 
     async def _handle_in_order(self, records: list[Record]) -> list[Emission]:
+        """One run's records, in order; consecutive outcomes of a turn are recorded together."""
         emitted: list[Emission] = []
+        outcomes: list[tuple[CallOutcome, str]] = []
         async with self._slots:
             for record in records:
-                emitted += await self._handle(record)
+                message = await self._decode(record)
+                trigger = f"{record.topic}:{record.partition}:{record.offset}"
+                if isinstance(message, CallOutcome):
+                    outcomes.append((message, trigger))
+                    continue
+                emitted += await self.on_outcomes(outcomes)
+                outcomes = []
+                if isinstance(message, TurnPlan):
+                    emitted += await self.on_plan(message, [trigger])
+                elif isinstance(message, CancelRequest):
+                    emitted += await self.on_cancel(message, [trigger])
+            emitted += await self.on_outcomes(outcomes)
         return emitted
 
-    async def _handle(self, record: Record) -> list[Emission]:
+    async def _decode(self, record: Record) -> TurnPlan | CallOutcome | CancelRequest | None:
+        """The record's message; invalid bytes are dead-lettered (None)."""
         topic = record.topic.removeprefix(self.settings.topic_prefix)
-        trigger = f"{record.partition}:{record.offset}"
+        kinds: dict[str, type[TurnPlan | CallOutcome | CancelRequest]] = {
+            "plans": TurnPlan, "outcomes": CallOutcome, "cancellations": CancelRequest,
+        }  # fmt: skip
         try:
-            if topic == "plans":
-                results = await self.on_plan(TurnPlan.decode(record.value or b""), trigger)
-            elif topic == "outcomes":
-                results = await self.on_outcome(CallOutcome.decode(record.value or b""), trigger)
-            elif topic == "cancellations":
-                results = await self.on_cancel(CancelRequest.decode(record.value or b""), trigger)
-            else:
-                results = []
+            message = kinds[topic].decode(record.value or b"")
         except InvalidMessageError as exc:
             await self.bus.dead_letter(record, exc.reason)
             MESSAGES.labels("aggregator", record.topic, "dead_lettered").inc()
-            return []
+            return None
         MESSAGES.labels("aggregator", record.topic, "processed").inc()
-        return results
+        return message
 
-    async def on_plan(self, plan: TurnPlan, trigger: str) -> list[Emission]:
+    async def on_plan(self, plan: TurnPlan, triggers: list[str]) -> list[Emission]:
         """Start (or, for a resumed turn, replace) the turn's state."""
         await self.redis.sadd(self.keys.turns(plan.tenant_id, plan.run_id), plan.turn_id)
         stored = await self._stored_outcomes(plan)
@@ -146,44 +158,56 @@ class Aggregator:
             blob = blob or {"turn": None, "early": {}, "emitted": None}
             turn = TurnState.from_json(blob["turn"]) if blob["turn"] else None
             if turn is not None and turn.plan.epoch >= plan.epoch:
-                return _maybe_emit(blob, turn, trigger)
+                return _maybe_emit(blob, turn, triggers)
             early = [CallOutcome.model_validate_json(v) for v in blob["early"].values()]
             carried = list(turn.outcomes.values()) if turn else []
             turn = TurnState(plan=plan)
             for outcome in [*carried, *early, *stored]:
                 accept_outcome(turn, outcome)
             blob["early"] = {}
-            return _maybe_emit(blob, turn, trigger)
+            return _maybe_emit(blob, turn, triggers)
 
         return await self._update(plan.tenant_id, plan.run_id, plan.turn_id, change)
 
-    async def on_outcome(self, outcome: CallOutcome, trigger: str) -> list[Emission]:
-        """Record an outcome (for its turn, and for turns attached to its call)."""
-        emitted = await self._record(outcome, trigger)
-        if outcome.kind == "execute":
-            for copy in await self._copies_for_attached(outcome):
-                emitted += await self._record(copy, trigger)
+    async def on_outcomes(self, outcomes: list[tuple[CallOutcome, str]]) -> list[Emission]:
+        """Record outcomes (with their triggering records), one state update per turn, and
+        copies for the turns attached to their calls."""
+        if not outcomes:
+            return []
+        attached = await self._copies_for_attached([o for o, _ in outcomes])
+        per_turn: dict[tuple[str, str, int], list[tuple[CallOutcome, str]]] = {}
+        for outcome, trigger in [*outcomes, *attached]:
+            turn_key = (outcome.tenant_id, outcome.run_id, outcome.turn_id)
+            per_turn.setdefault(turn_key, []).append((outcome, trigger))
+        emitted: list[Emission] = []
+        for (tenant, run, turn_id), batch in per_turn.items():
+            emitted += await self._record(tenant, run, turn_id, batch)
         return emitted
 
-    async def _record(self, outcome: CallOutcome, trigger: str) -> list[Emission]:
-        """Record an outcome; emit the turn's result if it is now settled."""
+    async def _record(
+        self, tenant: str, run: str, turn_id: int, outcomes: list[tuple[CallOutcome, str]]
+    ) -> list[Emission]:
+        """Record one turn's outcomes; emit its result if it is now settled."""
+        triggers = [t for _, t in outcomes]
 
         def change(blob: JsonState | None) -> tuple[JsonState | None, Emission | None]:
             blob = blob or {"turn": None, "early": {}, "emitted": None}
             if not blob["turn"]:
-                # The plan is not here yet (another topic, another pace): keep the outcome.
-                early = blob["early"].get(outcome.call_id)
-                known = CallOutcome.model_validate_json(early) if early else None
-                if known is None or known.fencing_token <= outcome.fencing_token:
-                    blob["early"][outcome.call_id] = outcome.model_dump_json()
+                # The plan is not here yet (another topic, another pace): keep the outcomes.
+                for outcome, _ in outcomes:
+                    early = blob["early"].get(outcome.call_id)
+                    known = CallOutcome.model_validate_json(early) if early else None
+                    if known is None or known.fencing_token <= outcome.fencing_token:
+                        blob["early"][outcome.call_id] = outcome.model_dump_json()
                 return blob, None
             turn = TurnState.from_json(blob["turn"])
-            accept_outcome(turn, outcome)
-            return _maybe_emit(blob, turn, trigger)
+            for outcome, _ in outcomes:
+                accept_outcome(turn, outcome)
+            return _maybe_emit(blob, turn, triggers)
 
-        return await self._update(outcome.tenant_id, outcome.run_id, outcome.turn_id, change)
+        return await self._update(tenant, run, turn_id, change)
 
-    async def on_cancel(self, request: CancelRequest, trigger: str) -> list[Emission]:
+    async def on_cancel(self, request: CancelRequest, triggers: list[str]) -> list[Emission]:
         """Parent cancellation: every open turn of the run ends now, as cancelled."""
         if request.call_id is not None:
             return []  # tool-local: the worker reports it as the call's failure
@@ -197,7 +221,7 @@ class Aggregator:
                     return blob, None
                 turn = TurnState.from_json(blob["turn"])
                 turn.cancelled = True
-                return _maybe_emit(blob, turn, trigger)
+                return _maybe_emit(blob, turn, triggers)
 
             results += await self._update(request.tenant_id, request.run_id, int(turn_id), change)
         return results
@@ -240,26 +264,38 @@ class Aggregator:
             if e.outcome is not None
         ]
 
-    async def _copies_for_attached(self, outcome: CallOutcome) -> list[CallOutcome]:
-        """The outcome again for every other turn that attached to this call."""
-        members = await self.redis.smembers(self.keys.attached(outcome.tenant_id, outcome.call_id))
+    async def _copies_for_attached(
+        self, outcomes: list[CallOutcome]
+    ) -> list[tuple[CallOutcome, str]]:
+        """The outcomes again for every other turn attached to their calls (one round trip)."""
+        executed = [o for o in outcomes if o.kind == "execute"]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for outcome in executed:
+                pipe.smembers(self.keys.attached(outcome.tenant_id, outcome.call_id))
+            members = await pipe.execute() if executed else []
         copies = []
-        for member in members:
-            run_id, _, turn_id = text(member).partition("\x1f")
-            copies.append(outcome.model_copy(update={"run_id": run_id, "turn_id": int(turn_id)}))
+        for outcome, waiting in zip(executed, members, strict=True):
+            for member in waiting:
+                run_id, _, turn_id = text(member).partition("\x1f")
+                copy = outcome.model_copy(update={"run_id": run_id, "turn_id": int(turn_id)})
+                copies.append((copy, f"attached:{run_id}:{turn_id}:{outcome.call_id}"))
         return copies
 
 
 def _maybe_emit(
-    blob: JsonState, turn: TurnState, trigger: str
+    blob: JsonState, turn: TurnState, triggers: list[str]
 ) -> tuple[JsonState, Emission | None]:
-    """Store the turn; emit its result once per plan epoch (or again for the same trigger)."""
+    """Store the turn; emit its result once per plan epoch.
+
+    Emitting again is right only when a record that triggered the first emission comes
+    back: its transaction never committed, so nobody has seen that result.
+    """
     blob["turn"] = turn.to_json()
     if not is_settled(turn):
         return blob, None
     emitted = blob.get("emitted")
     epoch = turn.plan.epoch
-    if emitted is not None and emitted["epoch"] == epoch and emitted["by"] != trigger:
+    if emitted is not None and emitted["epoch"] == epoch and not set(emitted["by"]) & set(triggers):
         return blob, None
-    blob["emitted"] = {"epoch": epoch, "by": trigger, "at": time.time()}
+    blob["emitted"] = {"epoch": epoch, "by": triggers, "at": time.time()}
     return blob, (build_result(turn), turn.plan.planned_at)

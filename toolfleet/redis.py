@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from typing import Any, TypeVar
+from weakref import WeakKeyDictionary
 
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.exceptions import WatchError
+from redis.commands.core import AsyncScript
 
 from toolfleet.settings import Settings
 
 T = TypeVar("T")
+
+# Compare-and-set: write the new value only if the key still holds what was read (by its
+# SHA-1; an absent key reads as ''). ARGV: sha1 of the value read, new value, ttl.
+_CAS = """
+local current = redis.call('GET', KEYS[1]) or ''
+if redis.sha1hex(current) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+return 1
+"""
+_cas_scripts: WeakKeyDictionary[Redis, AsyncScript] = WeakKeyDictionary()
 
 JsonState = dict[str, Any]
 
@@ -43,21 +55,22 @@ async def update_json(
     *,
     ttl_s: int,
 ) -> tuple[JsonState | None, T]:
-    """Read-modify-write one JSON value atomically (WATCH/MULTI), retrying on a conflict.
+    """Read-modify-write one JSON value atomically (compare-and-set), retrying on a conflict.
 
     ``change`` gets the current value (None when absent) and returns the new value (None
     leaves the key as it is) and a result; it must be pure, because it may run again.
+    Two round trips: GET, then a script that sets the value only if it did not change.
     """
-    async with redis.pipeline(transaction=True) as pipe:
-        while True:
-            try:
-                await pipe.watch(key)
-                raw = await pipe.get(key)
-                state, result = change(json.loads(raw) if raw else None)
-                pipe.multi()  # type: ignore[no-untyped-call]
-                if state is not None:
-                    pipe.set(key, json.dumps(state, separators=(",", ":")), ex=ttl_s)
-                await pipe.execute()
-            except WatchError:
-                continue
+    cas = _cas_scripts.get(redis)
+    if cas is None:
+        cas = _cas_scripts[redis] = redis.register_script(_CAS)
+    while True:
+        raw = await redis.get(key)
+        current = raw.encode() if isinstance(raw, str) else raw or b""
+        state, result = change(json.loads(current) if current else None)
+        if state is None:
+            return state, result
+        read = hashlib.sha1(current, usedforsecurity=False).hexdigest()
+        new = json.dumps(state, separators=(",", ":"))
+        if await cas(keys=[key], args=[read, new, ttl_s]):
             return state, result

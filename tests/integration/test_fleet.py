@@ -9,11 +9,14 @@ import re
 import socket
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis.asyncio import Redis
 
+from schemas import TurnResult
 from tests.conftest import wait_for
 from tests.integration.crash_tools import effects_key, holder_key, in_flight_keys
 from tests.integration.test_pipeline import outputs, turn
@@ -172,3 +175,68 @@ async def test_a_hundred_turns_of_five_calls_with_random_durations(
         assert result.status == "completed"
         assert [o.call_id for o in result.outputs] == [c.call_id for c in event.function_calls]
         assert outputs(result) == [(f"c{i}", "ok") for i in range(5)]
+
+
+async def _records(settings: Settings, topic: str) -> list[bytes]:
+    """Every committed record of a topic, from the beginning to its current end."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_servers(), isolation_level="read_committed"
+    )
+    await consumer.start()
+    try:
+        name = settings.topic(topic)
+        partitions = [TopicPartition(name, p) for p in range(settings.partitions)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        values: list[bytes] = []
+        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+            batch = await consumer.getmany(timeout_ms=500)
+            values += [r.value for records in batch.values() for r in records]
+        return values
+    finally:
+        await consumer.stop()
+
+
+async def _aggregator_caught_up(settings: Settings) -> bool:
+    """Whether the aggregator group has committed every plan and outcome there is."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_servers(),
+        group_id=f"{settings.topic_prefix}aggregator",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        partitions = [
+            TopicPartition(settings.topic(t), p)
+            for t in ("plans", "outcomes")
+            for p in range(settings.partitions)
+        ]
+        ends = await consumer.end_offsets(partitions)
+        committed = [await consumer.committed(tp) or 0 for tp in partitions]
+        return all(c >= ends[tp] for c, tp in zip(committed, partitions, strict=True))
+    finally:
+        await consumer.stop()
+
+
+async def test_an_aggregator_killed_mid_stream_loses_nothing_and_emits_no_duplicate(
+    fleet: LocalFleet, client: FleetClient, settings: Settings
+) -> None:
+    events = [
+        turn(*((f"c{i}", "tracked_free", {"scope": "agg", "ms": 30}) for i in range(3)))
+        for _ in range(60)
+    ]
+    for event in events[:30]:
+        await client.submit(event)
+    first = await result_of(fleet, client, events[0].run_id)
+    fleet.kill("aggregator")  # mid-stream: later turns of the first half are still open
+    fleet.start("aggregator", ["aggregator"])
+    for event in events[30:]:
+        await client.submit(event)
+    results = [first] + [await result_of(fleet, client, e.run_id, within=120) for e in events[1:]]
+    assert {r.status for r in results} == {"completed"}
+    await wait_for(lambda: _aggregator_caught_up(settings), within=60)
+    ours = {e.run_id for e in events}
+    records = await _records(settings, "turn-results")
+    emitted = Counter(TurnResult.model_validate_json(v).run_id for v in records)
+    assert {run: emitted[run] for run in ours} == dict.fromkeys(ours, 1)
