@@ -65,7 +65,7 @@ async def boom(message: str) -> str:
 @tools.tool(effect="read_only", timeout=0.2)
 async def too_slow() -> str:
     """Never finishes within its timeout."""
-    await asyncio.sleep(10)
+    await asyncio.sleep(10)  # wait-ok: the tool outlives its timeout on purpose
     return "unreachable"
 
 

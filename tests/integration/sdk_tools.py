@@ -190,7 +190,7 @@ async def sdk_own_timeout_strict(message: str) -> str:
 @function_tool(timeout=30)
 async def sdk_fatal(ctx: RunContextWrapper[Any], message: str, fleet_delay_ms: int = 0) -> str:
     """Raises a BaseException-class error (after ``fleet_delay_ms`` on the fleet)."""
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # wait-ok: a yield point, as an async tool body has
     await _fleet_delay(ctx, fleet_delay_ms)
     raise Fatal(message)
 

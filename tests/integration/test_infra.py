@@ -65,7 +65,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
     while not predicate():
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(0.05)  # wait-ok: polling interval of a deadline-bounded wait
 
 
 def brokers(settings: Settings) -> list[psutil.Process]:

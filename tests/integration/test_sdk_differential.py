@@ -719,7 +719,7 @@ async def test_parent_cancellation_cancels_the_run_on_the_fleet(
     deadline = time.monotonic() + 30
     while not await started():
         assert time.monotonic() < deadline, "the call never started"
-        await asyncio.sleep(0.02)  # polling interval of a deadline-bounded wait
+        await asyncio.sleep(0.02)  # wait-ok: polling interval of a deadline-bounded wait
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run

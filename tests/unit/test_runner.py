@@ -58,7 +58,7 @@ async def body(ctx: ToolContext, action: str = "ok") -> Any:
     if action in raises:
         raise raises[action]
     if action == "sleep":
-        await asyncio.sleep(30)
+        await asyncio.sleep(30)  # wait-ok: outlives its timeout on purpose
     return {"a": 1} if action == "dict" else "done"
 
 

@@ -87,7 +87,7 @@ async def typed_shown(n: int) -> int:
 
 @function_tool(timeout=0.05)
 async def slow() -> str:
-    await asyncio.sleep(5)
+    await asyncio.sleep(5)  # wait-ok: the tool outlives its timeout on purpose
     return "never"
 
 
@@ -98,13 +98,13 @@ def late(ctx: RunContextWrapper[Any], error: Exception) -> str:
 
 @function_tool(timeout=0.05, timeout_error_function=late)
 async def slow_custom() -> str:
-    await asyncio.sleep(5)
+    await asyncio.sleep(5)  # wait-ok: the tool outlives its timeout on purpose
     return "never"
 
 
 @function_tool(timeout=0.05, timeout_behavior="raise_exception")
 async def slow_strict() -> str:
-    await asyncio.sleep(5)
+    await asyncio.sleep(5)  # wait-ok: the tool outlives its timeout on purpose
     return "never"
 
 

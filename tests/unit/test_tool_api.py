@@ -307,7 +307,7 @@ async def test_failure_and_timeout_formatters_may_be_sync_or_async(is_async: boo
 
     async def fails(sleep: bool = False) -> str:
         if sleep:
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # wait-ok: outlives its timeout on purpose
         raise ValueError("detail")
 
     fmt = async_words if is_async else words
@@ -337,7 +337,7 @@ def test_probe_and_compensate_register_once_and_keep_the_function() -> None:
 
 
 async def _probe_sleeps(ctx: ToolContext) -> ProbeResult:
-    await asyncio.sleep(30)
+    await asyncio.sleep(30)  # wait-ok: outlives its timeout on purpose
     return ProbeResult.not_applied()
 
 
