@@ -7,11 +7,12 @@ operator reading an outcome sees the same words the SDK would have raised in-pro
 from __future__ import annotations
 
 from toolfleet.errors import ToolExecutionError
+from toolfleet.texts import TIMEOUT
 
 
 def default_tool_timeout_error_message(*, tool_name: str, timeout_seconds: float) -> str:
     """The SDK's model-visible text for a timed-out call (also ToolTimeoutError's message)."""
-    return f"Tool '{tool_name}' timed out after {timeout_seconds:g} seconds."
+    return TIMEOUT.format(name=tool_name, seconds=timeout_seconds)
 
 
 class ToolTimeoutError(ToolExecutionError):

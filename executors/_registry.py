@@ -151,10 +151,10 @@ class ToolRegistry:
         sets for SDK tools), ``pool``, ``version``, ``probe`` and ``compensate`` are toolfleet's
         own options. Needs the ``openai-agents`` package.
         """
-        from executors._sdk import adapt_function_tool
+        from executors._sdk import FunctionToolAdapter
 
         return self.add(
-            adapt_function_tool(
+            FunctionToolAdapter(
                 function_tool,
                 effect=effect,
                 on_unknown=on_unknown,

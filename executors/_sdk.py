@@ -308,26 +308,4 @@ class _SdkOutputGuardrail:
         return _verdict(await self.guardrail.run(data))
 
 
-def adapt_function_tool(
-    function_tool: FunctionTool,
-    *,
-    effect: EffectClass = "non_idempotent",
-    on_unknown: OnUnknown | None = "report_now",
-    pool: str | None = None,
-    version: str = "1",
-    probe: ProbeFunction | None = None,
-    compensate: CompensateFunction | None = None,
-) -> FunctionToolAdapter:
-    """Wrap an ``agents.FunctionTool`` as a toolfleet Tool (see the module docstring)."""
-    return FunctionToolAdapter(
-        function_tool,
-        effect=effect,
-        on_unknown=on_unknown,
-        pool=pool,
-        version=version,
-        probe=probe,
-        compensate=compensate,
-    )
-
-
-__all__ = ["FunctionToolAdapter", "adapt_function_tool", "is_function_tool"]
+__all__ = ["FunctionToolAdapter", "is_function_tool"]

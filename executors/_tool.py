@@ -27,6 +27,7 @@ from executors._context import ProbeResult, ToolContext
 from executors._guardrails import InputGuardrail, OutputGuardrail
 from schemas import EffectClass, ToolSpec
 from toolfleet.errors import ConfigurationError, ModelBehaviorError
+from toolfleet.texts import DEFAULT_ERROR
 
 ToolErrorFunction = Callable[[ToolContext, Exception], str | Awaitable[str]]
 """Turns a failure into the text the model sees: ``(ctx, error) -> str``, sync or async."""
@@ -57,7 +58,7 @@ _ON_UNKNOWN: tuple[str, ...] = get_args(OnUnknown)
 
 def default_tool_error_function(ctx: ToolContext, error: Exception) -> str:
     """The SDK's default failure text; the exception itself is never shown to the model."""
-    return "An error occurred while running the tool. Please try again."
+    return DEFAULT_ERROR
 
 
 class Tool:
