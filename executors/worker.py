@@ -368,6 +368,8 @@ class Worker:
                 command.fencing_token,
                 self.worker_id,
                 self.limits.lease_s,
+                # An approved compensation runs even if its run was cancelled since.
+                run_id=command.run_id if command.kind == "execute" else None,
             )
             if verdict != "busy":
                 return verdict
@@ -381,6 +383,8 @@ class Worker:
                 command.call_id
             )
             return entry.outcome if entry else None
+        if verdict == "cancelled":  # queued when its run was cancelled: never starts
+            return _ended(command, self.worker_id, "skipped")
         if verdict == "unknown":
             spec = self.registry.get(command.tool_name).spec(self.pool)
             return lost(command, spec, worker_id=self.worker_id, source="executor")

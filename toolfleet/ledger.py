@@ -24,7 +24,7 @@ from toolfleet.keys import Keys
 from toolfleet.redis import HashFields, text
 
 LedgerState = Literal["planned", "dispatched", "started", "finished", "committed"]
-BeginVerdict = Literal["run", "done", "stale", "busy", "unknown", "missing"]
+BeginVerdict = Literal["run", "done", "stale", "busy", "unknown", "missing", "cancelled"]
 
 
 def lease_member(tenant_id: str, call_id: str) -> str:
@@ -146,6 +146,7 @@ if state == 'started' then
   if tonumber(h[3] or '0') > now then return {'busy', ''} end
   return {'unknown', ''}
 end
+if redis.call('EXISTS', KEYS[4]) == 1 then return {'cancelled', ''} end
 redis.call('HSET', KEYS[1], 'state', 'started', 'worker_id', ARGV[2],
   'lease_until', now + tonumber(ARGV[3]), 'started_at', now)
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[4])
@@ -295,14 +296,25 @@ class Ledger:
         return [None if int(a) < 0 else (int(a), int(t)) for a, t in replies]
 
     async def begin(
-        self, tenant_id: str, call_id: str, token: int, worker_id: str, lease_s: float
+        self,
+        tenant_id: str,
+        call_id: str,
+        token: int,
+        worker_id: str,
+        lease_s: float,
+        *,
+        run_id: str | None = None,
     ) -> tuple[BeginVerdict, CallOutcome | None]:
-        """May this worker run this attempt now? ``run`` means ``started`` is durably written."""
+        """May this worker run this attempt now? ``run`` means ``started`` is durably written.
+
+        With ``run_id``, a call of a cancelled run never starts (``cancelled``).
+        """
         verdict, outcome = await self._begin(
             keys=[
                 self.keys.call(tenant_id, call_id),
                 self.keys.audit(tenant_id, call_id),
                 self.keys.leases,
+                self.keys.cancelled(tenant_id, run_id or ""),
             ],
             args=[token, worker_id, lease_s, lease_member(tenant_id, call_id)],
         )

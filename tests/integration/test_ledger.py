@@ -112,3 +112,15 @@ async def test_a_finished_call_returns_its_stored_outcome_instead_of_running(
     assert await ledger.dispatch("t", call_id) is None
     events = [e["event"] for e in await ledger.audit("t", call_id)]
     assert events == ["planned", "dispatched", "started", "finished"]
+
+
+async def test_a_call_of_a_cancelled_run_never_starts(
+    redis: Redis, call_id: str, settings: Settings
+) -> None:
+    keys = Keys.of(settings)
+    ledger = Ledger(redis, keys)
+    await ledger.create("t", [_call(call_id)])
+    _attempt, token = await ledger.dispatch("t", call_id) or (0, 0)
+    await redis.set(keys.cancelled("t", "run"), "user pressed stop")
+    assert (await ledger.begin("t", call_id, token, "w1", 30, run_id="run"))[0] == "cancelled"
+    assert (await ledger.read("t", [call_id]))[call_id].state == "dispatched"
