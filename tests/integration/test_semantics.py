@@ -85,6 +85,13 @@ def later_turn(
     return turn(*calls, run_id=event.run_id, **config).model_copy(update={"turn_id": turn_id})
 
 
+def turn_error(result: TurnResult) -> tuple[str, str, str | None]:
+    """(type, message, call_id) of a failed turn's error; fails unless the turn failed."""
+    assert result.status == "failed", result
+    assert result.error is not None
+    return result.error.type, result.error.message, result.error.call_id
+
+
 def resumed(event: ModelResponseEvent) -> ModelResponseEvent:
     """The same model response, re-submitted after approvals."""
     return event.model_copy(update={"resume": True})
@@ -197,9 +204,7 @@ async def test_same_id_different_content_in_one_response_fails_the_turn(
 ) -> None:
     event = turn(("a", "add", {"a": 1, "b": 2}), ("a", "add", {"a": 1, "b": 3}))
     result = await client.run_turn(event)
-    assert result.status == "failed", result
-    assert result.error is not None
-    assert (result.error.type, result.error.message, result.error.call_id) == (
+    assert turn_error(result) == (
         "ModelBehaviorError",
         REUSED_IN_RESPONSE,
         cid(event, "a"),
@@ -252,9 +257,7 @@ async def test_completed_id_different_identity_fails_the_turn(
         ("a", "sleep_then_echo", {"text": "something else"}),
     )
     result = await client.run_turn(second)
-    assert result.status == "failed", result
-    assert result.error is not None
-    assert (result.error.message, result.error.call_id) == (REUSED_COMPLETED, cid(first, "a"))
+    assert turn_error(result)[1:] == (REUSED_COMPLETED, cid(first, "a"))
     assert await store.count(effects_key(cid(first, "a"))) == 1
     assert await store.entry(cid(first, "b")) is None  # plan before side effects
 
@@ -267,9 +270,7 @@ async def test_executed_id_without_a_committed_output_is_never_reused(
     assert (await client.run_turn(first)).status == "failed"
     again = later_turn(first, 1, ("a", "strict_boom", {"message": "kaput"}))
     result = await client.run_turn(again)
-    assert result.status == "failed", result
-    assert result.error is not None
-    assert (result.error.message, result.error.call_id) == (NOT_COMMITTED, cid(first, "a"))
+    assert turn_error(result)[1:] == (NOT_COMMITTED, cid(first, "a"))
     assert result.outputs == []
     assert await store.count(effects_key(cid(first, "a"))) == 1
 
@@ -277,9 +278,7 @@ async def test_executed_id_without_a_committed_output_is_never_reused(
 async def test_empty_call_id_fails_the_turn(client: FleetClient, store: Store) -> None:
     event = turn(("a", "sleep_then_echo", {"text": "x"}), ("", "add", {"a": 1, "b": 2}))
     result = await client.run_turn(event)
-    assert result.status == "failed", result
-    assert result.error is not None
-    assert (result.error.type, result.error.message) == ("ModelBehaviorError", EMPTY_ID)
+    assert turn_error(result)[:2] == ("ModelBehaviorError", EMPTY_ID)
     assert await store.entry(cid(event, "a")) is None
 
 
@@ -422,9 +421,7 @@ async def test_input_guardrail_raise_exception_fails_the_turn(
 ) -> None:
     event = turn(("a", "screened_echo", {"text": "trip"}))
     result = await client.run_turn(event)
-    assert result.status == "failed", result
-    assert result.error is not None
-    assert (result.error.type, result.error.message, result.error.call_id) == (
+    assert turn_error(result) == (
         "ToolInputGuardrailTripwireTriggered",
         "Tool input guardrail input_screen triggered tripwire",
         cid(event, "a"),
@@ -449,9 +446,7 @@ async def test_output_guardrail_raise_exception_fails_the_turn(
 ) -> None:
     event = turn(("a", "screened_echo", {"text": "explode"}))
     result = await client.run_turn(event)
-    assert result.status == "failed", result
-    assert result.error is not None
-    assert (result.error.type, result.error.message) == (
+    assert turn_error(result)[:2] == (
         "ToolOutputGuardrailTripwireTriggered",
         "Tool output guardrail output_screen triggered tripwire",
     )
@@ -622,10 +617,7 @@ async def test_failure_choice_is_deterministic_when_several_calls_fail(
         failure_policy="fail_turn",
     )
     result = await client.run_turn(event)
-    assert result.status == "failed", result
-    assert result.error is not None
-    chosen = (result.error.type, result.error.message, result.error.call_id)
-    assert chosen == (*expected[:2], cid(event, expected[2]))
+    assert turn_error(result) == (*expected[:2], cid(event, expected[2]))
 
 
 # --- cancellation --------------------------------------------------------------------------
@@ -738,9 +730,7 @@ async def test_missing_tool_under_raise_error_fails_the_turn(
 ) -> None:
     event = turn(("a", "sleep_then_echo", {"text": "x"}), ("b", "no_such_tool", {}))
     result = await client.run_turn(event)
-    assert result.status == "failed", result
-    assert result.error is not None
-    assert (result.error.message, result.error.call_id) == (
+    assert turn_error(result)[1:] == (
         "Tool no_such_tool not found in agent assistant",
         cid(event, "b"),
     )
@@ -761,9 +751,7 @@ async def test_no_failure_handler_fails_the_turn_with_error_running_tool(
         failure_policy=policy,
     )
     result = await client.run_turn(event)
-    assert result.status == "failed", result
-    assert result.error is not None
-    assert (result.error.type, result.error.message, result.error.call_id) == (
+    assert turn_error(result) == (
         "UserError",
         f"Error running tool {tool}: kaput",
         cid(event, "b"),
@@ -776,9 +764,7 @@ async def test_disabled_tool_fails_the_turn_before_any_sibling_starts(
 ) -> None:
     event = turn(("a", "sleep_then_echo", {"text": "x"}), ("b", "disabled_tool", {}))
     result = await client.run_turn(event)
-    assert result.status == "failed", result
-    assert result.error is not None
-    assert (result.error.message, result.error.call_id) == (
+    assert turn_error(result)[1:] == (
         "Tool disabled_tool is currently disabled for agent assistant.",
         cid(event, "b"),
     )

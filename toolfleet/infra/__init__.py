@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from toolfleet.errors import ConfigurationError, InfrastructureError
-from toolfleet.infra.kafka import bootstrap_servers, kafka_status, start_kafka, stop_kafka
+from toolfleet.infra.kafka import kafka_status, start_kafka, stop_kafka
 from toolfleet.infra.process import ServiceStatus
-from toolfleet.infra.redis import redis_status, redis_url, start_redis, stop_redis
+from toolfleet.infra.redis import redis_status, start_redis, stop_redis
 from toolfleet.settings import Settings
 
 __all__ = [
@@ -93,7 +93,7 @@ def status(settings: Settings | None = None) -> InfraStatus:
 def addresses(settings: Settings | None = None) -> tuple[str, str]:
     """(bootstrap servers, Redis URL) that ``settings`` point at, whether or not they run."""
     settings = settings or Settings()
-    return bootstrap_servers(settings), redis_url(settings)
+    return settings.kafka_servers(), settings.redis_address()
 
 
 def _require_local(settings: Settings) -> None:

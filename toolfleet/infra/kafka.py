@@ -34,22 +34,16 @@ def kafka_dir(settings: Settings) -> Path:
     return settings.state_dir / "kafka"
 
 
-def bootstrap_servers(settings: Settings) -> str:
-    """The address clients bootstrap from: the external one if set, else the local broker."""
-    return settings.kafka_bootstrap_servers or f"127.0.0.1:{settings.kafka_port}"
-
-
 def kafka_status(settings: Settings) -> ServiceStatus:
     """Whether the broker of ``settings`` is running, from its pid file (no network call)."""
     if settings.kafka_bootstrap_servers:
         return ServiceStatus("kafka", "external", settings.kafka_bootstrap_servers)
-    proc = process.find_running(_pid_file(settings), _matcher(settings))
-    return ServiceStatus(
+    return process.local_status(
         "kafka",
-        "running" if proc else "stopped",
-        bootstrap_servers(settings),
-        pid=proc.pid if proc else None,
-        log_file=_log_file(settings),
+        settings.kafka_servers(),
+        _pid_file(settings),
+        _matcher(settings),
+        _log_file(settings),
     )
 
 
@@ -85,7 +79,7 @@ def start_kafka(settings: Settings, *, timeout: float = READY_TIMEOUT) -> Servic
         )
         _wait_ready(settings, pid, timeout)
         elapsed = time.monotonic() - started
-        log.info("kafka ready on %s after %.1f s", bootstrap_servers(settings), elapsed)
+        log.info("kafka ready on %s after %.1f s", settings.kafka_servers(), elapsed)
         return dataclasses.replace(kafka_status(settings), started=True)
 
 
@@ -241,13 +235,13 @@ def _wait_ready(settings: Settings, pid: int | None, timeout: float) -> None:
             # aiokafka from logging a connection error for every poll while the JVM boots.
             with socket.create_connection(("127.0.0.1", settings.kafka_port), timeout=2):
                 pass
-            _probe(bootstrap_servers(settings))
+            _probe(settings.kafka_servers())
             return
         except Exception as exc:  # any failure just means "not ready yet"
             last_error = f"{type(exc).__name__}: {exc}"
         time.sleep(0.5)
     raise InfrastructureError(
-        f"Kafka did not answer on {bootstrap_servers(settings)} within {timeout:.0f} s "
+        f"Kafka did not answer on {settings.kafka_servers()} within {timeout:.0f} s "
         f"({last_error}). Read {kafka_dir(settings) / 'logs' / 'server.log'}; then "
         f"`toolfleet infra down` and `toolfleet infra up` again."
     )

@@ -52,6 +52,20 @@ class ServiceStatus:
         return self.state in ("running", "external")
 
 
+def local_status(
+    name: str, address: str, pid_file: Path, is_ours: Matcher, log_file: Path
+) -> ServiceStatus:
+    """A locally managed service's status, from its pid file (no network call)."""
+    proc = find_running(pid_file, is_ours)
+    return ServiceStatus(
+        name,
+        "running" if proc else "stopped",
+        address,
+        pid=proc.pid if proc else None,
+        log_file=log_file,
+    )
+
+
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``path`` so concurrent ``up``/``down`` calls do not race."""

@@ -27,22 +27,16 @@ def redis_dir(settings: Settings) -> Path:
     return settings.state_dir / "redis"
 
 
-def redis_url(settings: Settings) -> str:
-    """The URL clients connect to: the external one if set, else the local server."""
-    return settings.redis_url or f"redis://127.0.0.1:{settings.redis_port}/0"
-
-
 def redis_status(settings: Settings) -> ServiceStatus:
     """Whether the redis-server of ``settings`` is running, from its pid file (no network call)."""
     if settings.redis_url:
         return ServiceStatus("redis", "external", settings.redis_url)
-    proc = process.find_running(_pid_file(settings), _matcher(settings))
-    return ServiceStatus(
+    return process.local_status(
         "redis",
-        "running" if proc else "stopped",
-        redis_url(settings),
-        pid=proc.pid if proc else None,
-        log_file=_log_file(settings),
+        settings.redis_address(),
+        _pid_file(settings),
+        _matcher(settings),
+        _log_file(settings),
     )
 
 
