@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from toolfleet.settings import Settings
 
@@ -40,6 +42,11 @@ _OWN_CONNECTION = frozenset(
 )  # fmt: skip
 
 
+_FLUSHES_IN_FLIGHT = 1
+
+_Queued = tuple[tuple[Any, ...], Mapping[str, Any], "asyncio.Future[Any]"]
+
+
 class AutoPipelinedRedis(Redis):
     """A client that sends the commands issued in one event-loop turn as one pipeline.
 
@@ -47,39 +54,66 @@ class AutoPipelinedRedis(Redis):
     sent one by one, every step pays a pool checkout, a write and a read of its own. Queued
     and flushed on the next loop iteration instead (as ioredis' auto-pipelining does), a
     burst of N steps costs one round trip. Each caller still awaits its own reply and sees
-    its own error; commands of one caller keep their order because it awaits each reply.
+    its own error; commands of one caller keep their order because it awaits each reply,
+    and a non-transactional ``pipeline()`` joins the burst as a block, in its order.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._queued: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]] = []
+        self._queued: list[_Queued] = []
         self._flushes: set[asyncio.Task[None]] = set()
+        self._flush_scheduled = False
+        self._scripts: dict[str, Any] = {}
+
+    def register_script(self, script: Any) -> AsyncScript:  # type: ignore[override]
+        """As redis-py's, and remember the source: a flush reloads it after a Redis restart."""
+        registered = super().register_script(script)
+        self._scripts[registered.sha] = registered.script
+        return registered
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        """A transaction as usual; a plain pipeline that joins this loop turn's burst."""
+        if transaction:
+            return super().pipeline(transaction=True, shard_hint=shard_hint)
+        return _BurstPipeline(self)
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         """Queue the command for this loop turn's pipeline and wait for its reply."""
         name = args[0].encode() if isinstance(args[0], str) else args[0]
         if name.split(b" ")[0].upper() in _OWN_CONNECTION:
-            return await super().execute_command(*args, **options)
-        future = asyncio.get_running_loop().create_future()
-        if not self._queued:
-            asyncio.get_running_loop().call_soon(self._flush_queued)
+            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        return await self.enqueue(args, options)
+
+    def enqueue(self, args: tuple[Any, ...], options: Mapping[str, Any]) -> asyncio.Future[Any]:
+        """Queue one command; the future gets its reply or its error."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self._queued.append((args, options, future))
-        return await future
+        self._schedule_flush()
+        return future
+
+    def _schedule_flush(self) -> None:
+        # At most _FLUSHES_IN_FLIGHT round trips at once: what arrives meanwhile waits for
+        # the next one, so under load the bursts grow instead of the number of round trips.
+        if self._queued and not self._flush_scheduled and len(self._flushes) < _FLUSHES_IN_FLIGHT:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_queued)
 
     def _flush_queued(self) -> None:
+        self._flush_scheduled = False
         batch, self._queued = self._queued, []
         task = asyncio.create_task(self._send(batch))
         self._flushes.add(task)
-        task.add_done_callback(self._flushes.discard)
+        task.add_done_callback(self._flushed)
 
-    async def _send(
-        self, batch: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]]
-    ) -> None:
-        pipe = self.pipeline(transaction=False)
-        for args, options, _ in batch:
-            pipe.execute_command(*args, **options)
+    def _flushed(self, task: asyncio.Task[None]) -> None:
+        self._flushes.discard(task)
+        self._schedule_flush()
+
+    async def _send(self, batch: list[_Queued]) -> None:
         try:
-            replies = await pipe.execute(raise_on_error=False)
+            replies = await self._round_trip(batch)
+            await self._reload_scripts(batch, replies)
         except BaseException as exc:  # the connection failed: every caller sees it
             for _, _, future in batch:
                 if not future.done():
@@ -94,6 +128,50 @@ class AutoPipelinedRedis(Redis):
                 future.set_exception(reply)
             else:
                 future.set_result(reply)
+
+    async def _reload_scripts(self, batch: list[_Queued], replies: list[Any]) -> None:
+        """After a Redis restart emptied its script cache: load the scripts, run those again."""
+        again = [
+            i
+            for i, ((args, _, _), reply) in enumerate(zip(batch, replies, strict=True))
+            if isinstance(reply, NoScriptError) and args[1] in self._scripts
+        ]
+        if not again:
+            return
+        shas = {batch[i][0][1] for i in again}
+        pipe = super().pipeline(transaction=False)
+        for sha in shas:
+            pipe.script_load(self._scripts[sha])
+        await pipe.execute()
+        for i, reply in zip(again, await self._round_trip([batch[i] for i in again]), strict=True):
+            replies[i] = reply
+
+    async def _round_trip(self, batch: list[_Queued]) -> list[Any]:
+        pipe = super().pipeline(transaction=False)
+        for args, options, _ in batch:
+            pipe.execute_command(*args, **options)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
+
+
+class _BurstPipeline(Pipeline):
+    """``pipeline(transaction=False)`` of an AutoPipelinedRedis: its commands join the burst."""
+
+    def __init__(self, client: AutoPipelinedRedis) -> None:
+        super().__init__(client.connection_pool, client.response_callbacks, False, None)
+        self._client = client
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        """Queue every command, wait for all replies (errors in place unless raising)."""
+        stack, self.command_stack = self.command_stack, []
+        self.scripts = set()  # the burst reloads scripts itself (see _send)
+        futures = [self._client.enqueue(args, options) for args, options in stack]
+        replies = list(await asyncio.gather(*futures, return_exceptions=True))
+        if raise_on_error:
+            for reply in replies:
+                if isinstance(reply, BaseException):
+                    raise reply
+        return replies
 
 
 def connect_redis(settings: Settings) -> Redis:

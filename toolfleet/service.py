@@ -7,6 +7,8 @@ import signal
 from collections.abc import Callable
 from typing import Protocol
 
+import uvloop
+
 from toolfleet.logs import configure_logging
 from toolfleet.metrics import serve_metrics
 from toolfleet.settings import Settings
@@ -33,7 +35,10 @@ def run_service(
     """Run a service in this process until SIGTERM or SIGINT, serving ``/metrics``."""
     configure_logging(name)
     serve_metrics(settings.metrics_port)
-    asyncio.run(_main(settings, make, pools))
+    # uvloop: the services spend their time in the event loop's own machinery (tasks,
+    # futures, socket writes), which it runs several times faster than asyncio's.
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_main(settings, make, pools))
 
 
 async def _main(settings: Settings, make: Callable[[], Service], pools: tuple[str, ...]) -> None:

@@ -1,4 +1,4 @@
-"""Optimistic JSON updates on the real Redis: concurrent writers never lose an update."""
+"""The Redis edge on the real server: auto-pipelined bursts, optimistic JSON updates."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import uuid
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
-from toolfleet.redis import JsonState, update_json
+from toolfleet.redis import JsonState, connect_redis, update_json
+from toolfleet.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -26,3 +28,50 @@ async def test_concurrent_read_modify_writes_lose_no_update(redis: Redis) -> Non
     assert state is None  # returning None leaves the key as it is
     assert await redis.get(key) == b'{"n":50}'
     assert 0 < await redis.ttl(key) <= 60
+
+
+async def test_a_burst_of_commands_shares_one_connection(settings: Settings) -> None:
+    """500 concurrent commands go out as pipelined bursts, not 500 connections."""
+    client = connect_redis(settings)
+    server = connect_redis(settings)
+    key = f"test:burst:{uuid.uuid4().hex}"
+    try:
+        before = (await server.info("stats"))["total_connections_received"]
+        replies = await asyncio.gather(*(client.incr(key) for _ in range(500)))
+        after = (await server.info("stats"))["total_connections_received"]
+        assert sorted(replies) == list(range(1, 501))  # every caller got its own reply
+        assert after - before <= 2  # one flush in flight at a time (+ a reconnect at most)
+    finally:
+        await server.delete(key)
+        await client.aclose()
+        await server.aclose()
+
+
+async def test_each_caller_of_a_burst_sees_its_own_error(redis: Redis) -> None:
+    key = f"test:burst:{uuid.uuid4().hex}"
+    await redis.set(key, "text")
+    ok, wrong, also_ok = await asyncio.gather(
+        redis.get(key), redis.incr(key), redis.strlen(key), return_exceptions=True
+    )
+    assert ok == b"text" and also_ok == 4
+    assert isinstance(wrong, ResponseError)
+    # A plain pipeline joins the burst and keeps its order; a transaction is still MULTI/EXEC.
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.append(key, "!").get(key)
+        assert await pipe.execute() == [5, b"text!"]
+    async with redis.pipeline(transaction=True) as tx:
+        tx.set(key, "a").append(key, "b")
+        assert await tx.execute() == [True, 2]
+    await redis.delete(key)
+
+
+async def test_scripts_come_back_after_redis_forgot_them(redis: Redis) -> None:
+    """A restarted Redis has an empty script cache: bursts reload scripts and run them again."""
+    script = redis.register_script("return tonumber(ARGV[1]) * 2")
+    assert await script(args=[21]) == 42
+    await redis.script_flush()
+    assert await asyncio.gather(script(args=[1]), script(args=[2])) == [2, 4]
+    await redis.script_flush()
+    async with redis.pipeline(transaction=False) as pipe:
+        await script(args=[5], client=pipe)
+        assert await pipe.execute() == [10]
