@@ -95,6 +95,8 @@ class Worker:
         self._offsets = OffsetTracker()
         self._handlers: set[asyncio.Task[None]] = set()
         self._running: dict[tuple[str, str], tuple[asyncio.Task[None], asyncio.Event]] = {}
+        self._leases: dict[tuple[str, str], ExecutionCommand] = {}
+        """Calls past the ledger gate, whose leases ``_renew_leases`` keeps alive."""
         self._cancelled_runs: set[str] = set()
         self._stopping = asyncio.Event()
 
@@ -117,12 +119,18 @@ class Worker:
         await commands.start()
         await cancels.start()
         listener = asyncio.create_task(self._listen_for_cancellations(cancels))
+        renewer = asyncio.create_task(self._renew_leases())
         try:
             await self._consume(commands)
         finally:
             listener.cancel()
             if self._handlers:
                 await asyncio.gather(*self._handlers, return_exceptions=True)
+            renewer.cancel()
+            try:
+                await self.circuits.flush()
+            except TRANSIENT_ERRORS as exc:  # counts only: the circuit misses a few successes
+                log.warning("circuit counts not written", extra={"error": repr(exc)})
             await self._commit(commands)
             await commands.stop()
             await cancels.stop()
@@ -222,15 +230,10 @@ class Worker:
             return
         await _persist(lambda: self.bus.publish_and_wait("outcomes", outcome.run_id, outcome))
 
-        # Bookkeeping after the outcome is out: its round trips at once.
-        async def bookkeeping() -> None:
-            steps = [self._mark_published(outcome)]
-            if outcome.status != "pending_approval" and outcome.started_at is not None:
-                trial = circuit.state == "trial"
-                steps.append(self._record_for_circuit(ref, tool, outcome, trial=trial))
-            await asyncio.gather(*steps)
-
-        await _persist(bookkeeping)
+        await _persist(lambda: self._mark_published(outcome))
+        if outcome.status != "pending_approval" and outcome.started_at is not None:
+            trial = circuit.state == "trial"
+            await _persist(lambda: self._record_for_circuit(ref, tool, outcome, trial=trial))
 
     async def _record_for_circuit(
         self, ref: str, tool: Tool, outcome: CallOutcome, *, trial: bool
@@ -268,14 +271,12 @@ class Worker:
         self._running[key] = (task, cancel_call)
         IN_FLIGHT.labels(self.pool).inc()
         began = time.monotonic()
-        renewer: asyncio.Task[None] | None = None
 
         async def gate() -> None:
-            nonlocal renewer
             verdict = await self._begin(command)
             if verdict != "run":
                 raise _NotStarted(verdict)
-            renewer = asyncio.create_task(self._renew_lease(command))
+            self._leases[key] = command
 
         try:
             outcome = await run_call(
@@ -294,8 +295,7 @@ class Worker:
             # Parent cancellation: no tool output, only the fact that the call was cancelled.
             outcome = _ended(command, self.worker_id, "cancelled")
         finally:
-            if renewer is not None:
-                renewer.cancel()
+            self._leases.pop(key, None)
             IN_FLIGHT.labels(self.pool).dec()
             self._running.pop(key, None)
         CALL_LATENCY.labels(self.pool, command.tool_name).observe(time.monotonic() - began)
@@ -405,16 +405,24 @@ class Worker:
             await self.ledger.commit(outcome.tenant_id, outcome.call_id)
         OUTCOMES.labels(self.service, outcome.tool_name, outcome.status, outcome.effect).inc()
 
-    async def _renew_lease(self, command: ExecutionCommand) -> None:
+    async def _renew_leases(self) -> None:
+        """Every third of a lease, renew the lease of every call this worker is running.
+
+        One loop for the whole worker (its renewals go out as one burst) instead of a timer
+        per call; a renewal that fails is retried on the next round, well within the lease.
+        """
         while True:
             await asyncio.sleep(self.limits.lease_s / 3)
-            await self.ledger.renew(
-                command.tenant_id,
-                command.call_id,
-                command.fencing_token,
-                self.worker_id,
-                self.limits.lease_s,
+            held = list(self._leases.values())
+            renewals = (
+                self.ledger.renew(
+                    c.tenant_id, c.call_id, c.fencing_token, self.worker_id, self.limits.lease_s
+                )
+                for c in held
             )
+            for failed in await asyncio.gather(*renewals, return_exceptions=True):
+                if isinstance(failed, Exception):
+                    log.warning("lease not renewed", extra={"error": repr(failed)})
 
     async def _listen_for_cancellations(self, consumer: AIOKafkaConsumer) -> None:
         async for record in consumer:
