@@ -115,16 +115,18 @@ async def run_call(
     worker_id: str,
     hooks: CallHooks | None = None,
     on_started: Callable[[], Awaitable[None]] | None = None,
-    cancel_call: asyncio.Event | None = None,
+    cancel_call: asyncio.Future[None] | None = None,
 ) -> CallOutcome:
     """Run one call of ``tool`` as ``command`` describes and return its outcome.
 
     Raises CancelledError on parent cancellation and whatever ``on_started`` raises; every
-    other failure is an outcome. Setting ``cancel_call`` cancels only the tool body: a
-    tool-local cancellation, which follows the failure policy like any tool failure.
+    other failure is an outcome. Resolving ``cancel_call`` (``set_result(None)``) cancels only
+    the tool body: a tool-local cancellation, which follows the failure policy like any tool
+    failure.
     """
     run = _CallRun(tool, command, worker_id, hooks, on_started)
-    run.cancel_call = cancel_call or asyncio.Event()
+    if cancel_call is not None:
+        run.cancel_call = cancel_call
     return await run.run()
 
 
@@ -146,7 +148,7 @@ class _CallRun:
         self.on_started = on_started
         self.ctx = ToolContext.from_command(command, worker_id=worker_id)
         self.started_at: float | None = None
-        self.cancel_call = asyncio.Event()
+        self.cancel_call: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # A turn-level "fail_turn" policy is the SDK's failure_error_function=None for every tool.
         self.failure_fn = (
             None if command.failure_policy == "fail_turn" else tool.failure_error_function
@@ -234,39 +236,43 @@ class _CallRun:
         return None
 
     async def _invoke(self, args: dict[str, Any]) -> _Body:
-        """Run the body in a child task, so that its own cancellation is not ours."""
+        """Run the body in a child task, so that its own cancellation is not ours.
+
+        One future wakes us when the body ends, the timeout passes or a tool-local
+        cancellation arrives (callbacks, not helper tasks: this is on every call's path).
+        """
         if self.parent_cancelled():  # a cancellation someone swallowed: never start the body
             raise asyncio.CancelledError
-        child = asyncio.create_task(
+        loop = asyncio.get_running_loop()
+        child = loop.create_task(
             capture(self.tool.invoke(self.ctx, args)), name=f"tool:{self.command.call_id}"
         )
-        local_cancel = asyncio.create_task(self.cancel_call.wait())
+        woken: asyncio.Future[None] = loop.create_future()
+
+        def wake(_: object = None) -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        child.add_done_callback(wake)
+        self.cancel_call.add_done_callback(wake)
+        timer = loop.call_later(self.tool.timeout, wake) if self.tool.timeout else None
         try:
-            done, _ = await asyncio.wait(
-                {child, local_cancel},
-                timeout=self.tool.timeout,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            await woken
         except asyncio.CancelledError:
             abandon(child)
             raise
         finally:
-            local_cancel.cancel()
-        if local_cancel in done and child not in done:
+            self.cancel_call.remove_done_callback(wake)
+            if timer is not None:
+                timer.cancel()
+        timed_out = False
+        if not child.done():
             # Tool-local cancellation: the body is cancelled as if it had cancelled itself.
-            child.cancel()
-            done = {child}
-            try:
-                await asyncio.wait({child})
-            except asyncio.CancelledError:
-                abandon(child)
-                raise
-        timed_out = not done
-        if timed_out:
+            # A timeout: let the tool unwind, as the SDK's wait_for does, so it is not still
+            # running when the slot it holds is given to the next call.
+            timed_out = not self.cancel_call.done()
             child.cancel()
             try:
-                # Let the tool unwind, as the SDK's wait_for does, so it is not still running
-                # when the slot it holds is given to the next call.
                 await asyncio.wait({child})
             except asyncio.CancelledError:
                 abandon(child)

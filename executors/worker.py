@@ -94,7 +94,7 @@ class Worker:
         self._slots = asyncio.Semaphore(self.limits.per_worker)
         self._offsets = OffsetTracker()
         self._handlers: set[asyncio.Task[None]] = set()
-        self._running: dict[tuple[str, str], tuple[asyncio.Task[None], asyncio.Event]] = {}
+        self._running: dict[tuple[str, str], tuple[asyncio.Task[None], asyncio.Future[None]]] = {}
         self._leases: dict[tuple[str, str], ExecutionCommand] = {}
         """Calls past the ledger gate, whose leases ``_renew_leases`` keeps alive."""
         self._cancelled_runs: set[str] = set()
@@ -267,7 +267,7 @@ class Worker:
         key = (command.run_id, command.call_id)
         task = asyncio.current_task()
         assert task is not None
-        cancel_call = asyncio.Event()
+        cancel_call: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._running[key] = (task, cancel_call)
         IN_FLIGHT.labels(self.pool).inc()
         began = time.monotonic()
@@ -432,8 +432,8 @@ class Worker:
                 continue  # the planner dead-letters it; every worker doing so would spam
             if request.call_id is not None:
                 running = self._running.get((request.run_id, request.call_id))
-                if running is not None:
-                    running[1].set()  # tool-local: a failure of that call, per its policy
+                if running is not None and not running[1].done():
+                    running[1].set_result(None)  # tool-local: a failure of the call, per its policy
                 continue
             self._cancelled_runs.add(request.run_id)
             for (run_id, _call_id), (task, _) in list(self._running.items()):

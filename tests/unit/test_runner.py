@@ -234,12 +234,12 @@ async def test_tool_local_cancellation_follows_the_failure_policy() -> None:
     for policy, fails_turn, output in (("error_as_output", False, DEFAULT_ERROR),
                                        ("fail_turn", True, None)):  # fmt: skip
         running.clear()
-        cancel = asyncio.Event()
+        cancel: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(
             run_call(make(waits), command(failure_policy=policy), worker_id="w", cancel_call=cancel)
         )
         await running.wait()
-        cancel.set()
+        cancel.set_result(None)
         outcome = await task
         assert (outcome.status, outcome.effect, outcome.output, outcome.fails_turn) == (
             "cancelled", "unknown", output, fails_turn,
