@@ -145,7 +145,7 @@ class Worker:
                 for record in records:
                     await self._slots.acquire()
                     self._offsets.started(tp, record.offset)
-                    task = asyncio.create_task(self._handle(tp, record))
+                    task = asyncio.create_task(self._handle(tp, record, _Slot(self._slots)))
                     self._handlers.add(task)
                     task.add_done_callback(self._handlers.discard)
             if time.monotonic() - last_commit > 0.2:
@@ -164,12 +164,12 @@ class Worker:
         except (CommitFailedError, IllegalStateError) as exc:
             log.warning("offset commit refused (rebalance)", extra={"error": repr(exc)})
 
-    async def _handle(self, tp: TopicPartition, record: Record) -> None:
+    async def _handle(self, tp: TopicPartition, record: Record, slot: _Slot) -> None:
         delay = 0.1
         try:
             while True:
                 try:
-                    await self._process(record)
+                    await self._process(record, slot)
                     return
                 except InvalidMessageError as exc:
                     await self.bus.dead_letter(record, exc.reason)
@@ -188,9 +188,9 @@ class Worker:
                     return
         finally:
             self._offsets.done(tp, record.offset)
-            self._slots.release()
+            slot.release()
 
-    async def _process(self, record: Record) -> None:
+    async def _process(self, record: Record, slot: _Slot) -> None:
         command = ExecutionCommand.decode(record.value or b"")
         COMMANDS.labels(self.service, self.pool, command.kind).inc()
         try:
@@ -225,7 +225,7 @@ class Worker:
             limits.append((self.keys.semaphore("tool", command.tool_name), per_tool))
         holder = f"{self.worker_id}:{command.call_id}:{command.fencing_token}"
         async with self.semaphores.hold(holder, limits):
-            outcome = await self._execute(tool, command)
+            outcome = await self._execute(tool, command, slot)
         if outcome is None:
             return
         await _persist(lambda: self.bus.publish_and_wait("outcomes", outcome.run_id, outcome))
@@ -263,7 +263,9 @@ class Worker:
         HUMAN_TASKS.labels("circuit_open").inc()
         log.error("circuit opened", extra={"tool_version": ref, "calls": len(ran_while_failing)})
 
-    async def _execute(self, tool: Tool, command: ExecutionCommand) -> CallOutcome | None:
+    async def _execute(
+        self, tool: Tool, command: ExecutionCommand, slot: _Slot
+    ) -> CallOutcome | None:
         key = (command.run_id, command.call_id)
         task = asyncio.current_task()
         assert task is not None
@@ -295,6 +297,9 @@ class Worker:
             # Parent cancellation: no tool output, only the fact that the call was cancelled.
             outcome = _ended(command, self.worker_id, "cancelled")
         finally:
+            # The tool is done: its slot runs the next call while this one's outcome is
+            # written and published (the limit is on running tools, not on bookkeeping).
+            slot.release()
             self._leases.pop(key, None)
             IN_FLIGHT.labels(self.pool).dec()
             self._running.pop(key, None)
@@ -439,6 +444,19 @@ class Worker:
             for (run_id, _call_id), (task, _) in list(self._running.items()):
                 if run_id == request.run_id:
                     task.cancel()
+
+
+class _Slot:
+    """One of the worker's concurrency slots, held by one command; released exactly once."""
+
+    def __init__(self, slots: asyncio.Semaphore) -> None:
+        self._slots: asyncio.Semaphore | None = slots
+
+    def release(self) -> None:
+        """Give the slot back (again is a no-op)."""
+        if self._slots is not None:
+            self._slots.release()
+            self._slots = None
 
 
 class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
