@@ -26,12 +26,13 @@ from toolfleet.errors import InvalidMessageError
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
 from toolfleet.metrics import MESSAGES, TURN_LATENCY
-from toolfleet.redis import JsonState, connect_redis, text, update_json
+from toolfleet.redis import BoundedCache, JsonState, connect_redis, text, update_json
 from toolfleet.settings import Settings
 
 log = logging.getLogger(__name__)
 
 _STATE_TTL_S = 7 * 24 * 3600
+_CACHED_TURNS = 4_096
 
 
 Emission = tuple[TurnResult, float]
@@ -50,6 +51,10 @@ class Aggregator:
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
         self._stopping = asyncio.Event()
         self._slots = asyncio.Semaphore(64)  # runs handled at once (each holds a connection)
+        # This instance owns its runs' turn state: what it wrote last is kept in memory, both
+        # as stored (skips reading it back) and parsed (skips rebuilding the TurnState).
+        self._stored: BoundedCache[str, tuple[bytes, JsonState]] = BoundedCache(_CACHED_TURNS)
+        self._parsed: BoundedCache[str, TurnState] = BoundedCache(_CACHED_TURNS)
 
     def stop(self) -> None:
         """Finish the current batch and return from ``run``."""
@@ -156,16 +161,16 @@ class Aggregator:
 
         def change(blob: JsonState | None) -> tuple[JsonState | None, Emission | None]:
             blob = blob or {"turn": None, "early": {}, "emitted": None}
-            turn = TurnState.from_json(blob["turn"]) if blob["turn"] else None
+            turn = self._turn_of(blob["turn"]) if blob["turn"] else None
             if turn is not None and turn.plan.epoch >= plan.epoch:
-                return _maybe_emit(blob, turn, triggers)
+                return self._store(blob, turn, triggers)
             early = [CallOutcome.model_validate_json(v) for v in blob["early"].values()]
             carried = list(turn.outcomes.values()) if turn else []
             turn = TurnState(plan=plan)
             for outcome in [*carried, *early, *stored]:
                 accept_outcome(turn, outcome)
             blob["early"] = {}
-            return _maybe_emit(blob, turn, triggers)
+            return self._store(blob, turn, triggers)
 
         return await self._update(plan.tenant_id, plan.run_id, plan.turn_id, change)
 
@@ -200,10 +205,10 @@ class Aggregator:
                     if known is None or known.fencing_token <= outcome.fencing_token:
                         blob["early"][outcome.call_id] = outcome.model_dump_json()
                 return blob, None
-            turn = TurnState.from_json(blob["turn"])
+            turn = self._turn_of(blob["turn"])
             for outcome, _ in outcomes:
                 accept_outcome(turn, outcome)
-            return _maybe_emit(blob, turn, triggers)
+            return self._store(blob, turn, triggers)
 
         return await self._update(tenant, run, turn_id, change)
 
@@ -219,9 +224,9 @@ class Aggregator:
             def change(blob: JsonState | None) -> tuple[JsonState | None, Emission | None]:
                 if not blob or not blob["turn"]:
                     return blob, None
-                turn = TurnState.from_json(blob["turn"])
+                turn = self._turn_of(blob["turn"])
                 turn.cancelled = True
-                return _maybe_emit(blob, turn, triggers)
+                return self._store(blob, turn, triggers)
 
             results += await self._update(request.tenant_id, request.run_id, int(turn_id), change)
         return results
@@ -234,8 +239,29 @@ class Aggregator:
         change: Callable[[JsonState | None], tuple[JsonState | None, Emission | None]],
     ) -> list[Emission]:
         key = self.keys.turn(tenant_id, run_id, turn_id)
-        _state, result = await update_json(self.redis, key, change, ttl_s=_STATE_TTL_S)
-        return [result] if result is not None else []
+        _state, result = await update_json(
+            self.redis, key, change, ttl_s=_STATE_TTL_S, cache=self._stored
+        )
+        if result is None:
+            return []
+        self._stored.pop(key, None)  # settled: later updates (duplicates) are rare
+        return [result]
+
+    def _turn_of(self, stored: str) -> TurnState:
+        """The TurnState stored as ``stored``: the one this process wrote, or parsed anew.
+
+        Taken out of the cache: whoever changes it owns it, and a failed write cannot leave
+        a changed state behind under its old text.
+        """
+        return self._parsed.pop(stored, None) or TurnState.from_json(stored)
+
+    def _store(
+        self, blob: JsonState, turn: TurnState, triggers: list[str]
+    ) -> tuple[JsonState, Emission | None]:
+        blob, emission = _maybe_emit(blob, turn, triggers)
+        if not is_settled(turn):
+            self._parsed[blob["turn"]] = turn
+        return blob, emission
 
     async def _stored_outcomes(self, plan: TurnPlan) -> list[CallOutcome]:
         """Outcomes of attached calls that finished before this plan arrived.

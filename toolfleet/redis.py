@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
@@ -17,6 +18,8 @@ from redis.exceptions import NoScriptError
 from toolfleet.settings import Settings
 
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 
 # Compare-and-set: write the new value only if the key still holds what was read (by its
 # SHA-1; an absent key reads as ''). ARGV: sha1 of the value read, new value, ttl.
@@ -67,7 +70,7 @@ class AutoPipelinedRedis(Redis):
 
     def register_script(self, script: Any) -> AsyncScript:  # type: ignore[override]
         """As redis-py's, and remember the source: a flush reloads it after a Redis restart."""
-        registered = super().register_script(script)
+        registered = _BurstScript(self, script)
         self._scripts[registered.sha] = registered.script
         return registered
 
@@ -154,6 +157,21 @@ class AutoPipelinedRedis(Redis):
         return replies
 
 
+class _BurstScript(AsyncScript):
+    """A script of an AutoPipelinedRedis: plain EVALSHA, since a burst reloads lost scripts."""
+
+    async def __call__(
+        self,
+        keys: Sequence[Any] | None = None,
+        args: Iterable[Any] | None = None,
+        client: Any = None,
+    ) -> Any:
+        """Run the script (on ``client``, a pipeline of the same client, when given)."""
+        keys = keys or ()
+        target = self.registered_client if client is None else client
+        return await target.execute_command("EVALSHA", self.sha, len(keys), *keys, *(args or ()))
+
+
 class _BurstPipeline(Pipeline):
     """``pipeline(transaction=False)`` of an AutoPipelinedRedis: its commands join the burst."""
 
@@ -192,29 +210,55 @@ def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+class BoundedCache(OrderedDict[K, V]):
+    """A dict that forgets its oldest entries beyond ``max_entries`` (a process-local cache)."""
+
+    def __init__(self, max_entries: int) -> None:
+        super().__init__()
+        self.max_entries = max_entries
+
+    def __setitem__(self, key: K, value: V) -> None:
+        super().__setitem__(key, value)
+        while len(self) > self.max_entries:
+            self.popitem(last=False)
+
+
 async def update_json(
     redis: Redis,
     key: str,
     change: Callable[[JsonState | None], tuple[JsonState | None, T]],
     *,
     ttl_s: int,
+    cache: MutableMapping[str, tuple[bytes, JsonState]] | None = None,
 ) -> tuple[JsonState | None, T]:
     """Read-modify-write one JSON value atomically (compare-and-set), retrying on a conflict.
 
     ``change`` gets the current value (None when absent) and returns the new value (None
     leaves the key as it is) and a result; it must be pure, because it may run again.
     Two round trips: GET, then a script that sets the value only if it did not change.
+
+    With ``cache`` (for a process that owns the keys it updates, like the aggregator its
+    runs), the value this process wrote last is taken from memory, not read back: one round
+    trip. The compare-and-set still guards it, so a value someone else changed meanwhile
+    fails the write, is read again and the change is made again.
     """
     cas = _cas_scripts.get(redis)
     if cas is None:
         cas = _cas_scripts[redis] = redis.register_script(_CAS)
     while True:
-        raw = await redis.get(key)
-        current = raw.encode() if isinstance(raw, str) else raw or b""
-        state, result = change(json.loads(current) if current else None)
+        known = cache.pop(key, None) if cache is not None else None
+        if known is None:
+            raw = await redis.get(key)
+            current = raw.encode() if isinstance(raw, str) else raw or b""
+            value = json.loads(current) if current else None
+        else:
+            current, value = known
+        state, result = change(value)
         if state is None:
             return state, result
         read = hashlib.sha1(current, usedforsecurity=False).hexdigest()
         new = json.dumps(state, separators=(",", ":"))
         if await cas(keys=[key], args=[read, new, ttl_s]):
+            if cache is not None:
+                cache[key] = (new.encode(), state)
             return state, result
