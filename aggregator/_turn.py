@@ -68,20 +68,31 @@ class TurnState:
     is known ``not_executed``; otherwise its effect is ``unknown`` (it may be running).
     """
 
-    def to_json(self) -> str:
-        """Compact JSON, as kept in Redis."""
-        data: dict[str, Any] = {
-            "plan": self.plan.model_dump(mode="json"),
-            "outcomes": {k: v.model_dump(mode="json") for k, v in self.outcomes.items()},
+    _dumped: dict[str, tuple[Any, Any]] = field(default_factory=dict, repr=False, compare=False)
+    """JSON-ready dumps of the plan and of each outcome, reused while the object is the same."""
+
+    def to_data(self) -> dict[str, Any]:
+        """The state as JSON-ready data, as kept in Redis.
+
+        The plan never changes and outcomes are immutable: each is dumped once per object,
+        however often the turn is stored.
+        """
+        return {
+            "plan": self._dump("\x00plan", self.plan),
+            "outcomes": {k: self._dump(k, v) for k, v in self.outcomes.items()},
             "cancelled": self.cancelled,
             "released": None if self.released is None else sorted(self.released),
         }
-        return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+    def _dump(self, slot: str, model: TurnPlan | CallOutcome) -> Any:
+        known = self._dumped.get(slot)
+        if known is None or known[0] is not model:
+            known = self._dumped[slot] = (model, model.model_dump(mode="json"))
+        return known[1]
 
     @classmethod
-    def from_json(cls, raw: str | bytes) -> TurnState:
-        """The state ``to_json`` wrote."""
-        data = json.loads(raw)
+    def from_data(cls, data: dict[str, Any]) -> TurnState:
+        """The state ``to_data`` returned."""
         released = data.get("released")
         return cls(
             plan=TurnPlan.model_validate(data["plan"]),
@@ -89,6 +100,15 @@ class TurnState:
             cancelled=bool(data.get("cancelled", False)),
             released=None if released is None else set(released),
         )
+
+    def to_json(self) -> str:
+        """Compact JSON of ``to_data``."""
+        return json.dumps(self.to_data(), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> TurnState:
+        """The state ``to_json`` wrote."""
+        return cls.from_data(json.loads(raw))
 
 
 def accept_outcome(state: TurnState, outcome: CallOutcome) -> bool:

@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from redis.asyncio import Redis
@@ -51,10 +52,9 @@ class Aggregator:
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
         self._stopping = asyncio.Event()
         self._slots = asyncio.Semaphore(64)  # runs handled at once (each holds a connection)
-        # This instance owns its runs' turn state: what it wrote last is kept in memory, both
-        # as stored (skips reading it back) and parsed (skips rebuilding the TurnState).
+        # This instance owns its runs' turn state: what it wrote last is kept in memory, with
+        # the TurnState itself in it, so an update neither reads it back nor parses it.
         self._stored: BoundedCache[str, tuple[bytes, JsonState]] = BoundedCache(_CACHED_TURNS)
-        self._parsed: BoundedCache[str, TurnState] = BoundedCache(_CACHED_TURNS)
 
     def stop(self) -> None:
         """Finish the current batch and return from ``run``."""
@@ -161,16 +161,16 @@ class Aggregator:
 
         def change(blob: JsonState | None) -> tuple[JsonState | None, Emission | None]:
             blob = blob or {"turn": None, "early": {}, "emitted": None}
-            turn = self._turn_of(blob["turn"]) if blob["turn"] else None
+            turn = _turn_of(blob["turn"]) if blob["turn"] else None
             if turn is not None and turn.plan.epoch >= plan.epoch:
-                return self._store(blob, turn, triggers)
+                return _maybe_emit(blob, turn, triggers)
             early = [CallOutcome.model_validate_json(v) for v in blob["early"].values()]
             carried = list(turn.outcomes.values()) if turn else []
             turn = TurnState(plan=plan)
             for outcome in [*carried, *early, *stored]:
                 accept_outcome(turn, outcome)
             blob["early"] = {}
-            return self._store(blob, turn, triggers)
+            return _maybe_emit(blob, turn, triggers)
 
         return await self._update(plan.tenant_id, plan.run_id, plan.turn_id, change)
 
@@ -205,10 +205,10 @@ class Aggregator:
                     if known is None or known.fencing_token <= outcome.fencing_token:
                         blob["early"][outcome.call_id] = outcome.model_dump_json()
                 return blob, None
-            turn = self._turn_of(blob["turn"])
+            turn = _turn_of(blob["turn"])
             for outcome, _ in outcomes:
                 accept_outcome(turn, outcome)
-            return self._store(blob, turn, triggers)
+            return _maybe_emit(blob, turn, triggers)
 
         return await self._update(tenant, run, turn_id, change)
 
@@ -224,9 +224,9 @@ class Aggregator:
             def change(blob: JsonState | None) -> tuple[JsonState | None, Emission | None]:
                 if not blob or not blob["turn"]:
                     return blob, None
-                turn = self._turn_of(blob["turn"])
+                turn = _turn_of(blob["turn"])
                 turn.cancelled = True
-                return self._store(blob, turn, triggers)
+                return _maybe_emit(blob, turn, triggers)
 
             results += await self._update(request.tenant_id, request.run_id, int(turn_id), change)
         return results
@@ -240,28 +240,12 @@ class Aggregator:
     ) -> list[Emission]:
         key = self.keys.turn(tenant_id, run_id, turn_id)
         _state, result = await update_json(
-            self.redis, key, change, ttl_s=_STATE_TTL_S, cache=self._stored
+            self.redis, key, change, ttl_s=_STATE_TTL_S, cache=self._stored, default=_turn_data
         )
         if result is None:
             return []
         self._stored.pop(key, None)  # settled: later updates (duplicates) are rare
         return [result]
-
-    def _turn_of(self, stored: str) -> TurnState:
-        """The TurnState stored as ``stored``: the one this process wrote, or parsed anew.
-
-        Taken out of the cache: whoever changes it owns it, and a failed write cannot leave
-        a changed state behind under its old text.
-        """
-        return self._parsed.pop(stored, None) or TurnState.from_json(stored)
-
-    def _store(
-        self, blob: JsonState, turn: TurnState, triggers: list[str]
-    ) -> tuple[JsonState, Emission | None]:
-        blob, emission = _maybe_emit(blob, turn, triggers)
-        if not is_settled(turn):
-            self._parsed[blob["turn"]] = turn
-        return blob, emission
 
     async def _stored_outcomes(self, plan: TurnPlan) -> list[CallOutcome]:
         """Outcomes of attached calls that finished before this plan arrived.
@@ -316,7 +300,7 @@ def _maybe_emit(
     Emitting again is right only when a record that triggered the first emission comes
     back: its transaction never committed, so nobody has seen that result.
     """
-    blob["turn"] = turn.to_json()
+    blob["turn"] = turn  # encoded by _turn_data when the blob is written
     if not is_settled(turn):
         return blob, None
     emitted = blob.get("emitted")
@@ -325,3 +309,18 @@ def _maybe_emit(
         return blob, None
     blob["emitted"] = {"epoch": epoch, "by": triggers, "at": time.time()}
     return blob, (build_result(turn), turn.plan.planned_at)
+
+
+def _turn_of(stored: TurnState | dict[str, Any] | str) -> TurnState:
+    """The turn in a state blob: the object itself when this process wrote it last (the
+    cached blob), else its stored form (data, or JSON text as older versions wrote it)."""
+    if isinstance(stored, TurnState):
+        return stored
+    return TurnState.from_json(stored) if isinstance(stored, str) else TurnState.from_data(stored)
+
+
+def _turn_data(value: object) -> dict[str, Any]:
+    """json.dumps' ``default``: a TurnState in a blob is written as its data."""
+    if isinstance(value, TurnState):
+        return value.to_data()
+    raise TypeError(f"cannot store {type(value).__name__} in a turn state blob")

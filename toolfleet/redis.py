@@ -230,6 +230,7 @@ async def update_json(
     *,
     ttl_s: int,
     cache: MutableMapping[str, tuple[bytes, JsonState]] | None = None,
+    default: Callable[[Any], Any] | None = None,
 ) -> tuple[JsonState | None, T]:
     """Read-modify-write one JSON value atomically (compare-and-set), retrying on a conflict.
 
@@ -240,7 +241,8 @@ async def update_json(
     With ``cache`` (for a process that owns the keys it updates, like the aggregator its
     runs), the value this process wrote last is taken from memory, not read back: one round
     trip. The compare-and-set still guards it, so a value someone else changed meanwhile
-    fails the write, is read again and the change is made again.
+    fails the write, is read again and the change is made again. ``default`` encodes
+    objects the value holds that json cannot (as ``json.dumps``' own).
     """
     cas = _cas_scripts.get(redis)
     if cas is None:
@@ -257,7 +259,7 @@ async def update_json(
         if state is None:
             return state, result
         read = hashlib.sha1(current, usedforsecurity=False).hexdigest()
-        new = json.dumps(state, separators=(",", ":"))
+        new = json.dumps(state, separators=(",", ":"), default=default)
         if await cas(keys=[key], args=[read, new, ttl_s]):
             if cache is not None:
                 cache[key] = (new.encode(), state)
