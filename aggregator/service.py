@@ -172,7 +172,8 @@ class Aggregator:
             blob["early"] = {}
             return _maybe_emit(blob, turn, triggers)
 
-        return await self._update(plan.tenant_id, plan.run_id, plan.turn_id, change)
+        # A plan usually comes first: write without reading (early outcomes fail the write).
+        return await self._update(plan.tenant_id, plan.run_id, plan.turn_id, change, new=True)
 
     async def on_outcomes(self, outcomes: list[tuple[CallOutcome, str]]) -> list[Emission]:
         """Record outcomes (with their triggering records), one state update per turn, and
@@ -237,10 +238,18 @@ class Aggregator:
         run_id: str,
         turn_id: int,
         change: Callable[[JsonState | None], tuple[JsonState | None, Emission | None]],
+        *,
+        new: bool = False,
     ) -> list[Emission]:
         key = self.keys.turn(tenant_id, run_id, turn_id)
         _state, result = await update_json(
-            self.redis, key, change, ttl_s=_STATE_TTL_S, cache=self._stored, default=_turn_data
+            self.redis,
+            key,
+            change,
+            ttl_s=_STATE_TTL_S,
+            cache=self._stored,
+            default=_turn_data,
+            probably_new=new,
         )
         if result is None:
             return []

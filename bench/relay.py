@@ -3,8 +3,9 @@
 ``python -m bench.relay planner|worker|aggregator`` runs one relay process. Together they
 carry a turn over exactly the hops toolfleet uses, with the same topics, keys, partition
 counts, producer settings (idempotent, acks=all, linger 2 ms), read_committed consumers and
-manual offset commits, and the same bytes: every message is the same pydantic model toolfleet
-sends, encoded the same way, and every consumed message is decoded once.
+manual offset commits, the same event loop (uvloop), and the same bytes: every message is the
+same pydantic model toolfleet sends, encoded the same way, and every consumed message is
+decoded once.
 
     model-responses -> planner -> commands.default + plans
     commands.default -> worker -> outcomes
@@ -26,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import uvloop
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
 from bench.tools import noop_body
@@ -258,7 +260,8 @@ def main(argv: list[str]) -> None:
     """Entry point: ``python -m bench.relay ROLE`` (settings from the environment)."""
     if len(argv) != 1 or argv[0] not in ROLES:
         raise SystemExit(f"usage: python -m bench.relay {{{'|'.join(ROLES)}}}")
-    asyncio.run(_main(argv[0]))
+    # The same event loop as toolfleet's services (uvloop), so the limit is the same stack's.
+    uvloop.run(_main(argv[0]))
 
 
 if __name__ == "__main__":

@@ -69,13 +69,21 @@ class Planner:
             ["model-responses", "approvals", "cancellations", "outcomes"], group="planner"
         )
         await consumer.start()
-        self._loop = ConsumeLoop(self.bus, consumer, self.handle)
+        self._loop = ConsumeLoop(self.bus, consumer, self.handle, wanted=self.wants)
         try:
             await self._loop.run()
         finally:
             await consumer.stop()
             await self.bus.stop()
             await self.redis.aclose()
+
+    def wants(self, record: Record) -> bool:
+        """Every record but the outcomes of turns without a concurrency cap (most of them).
+
+        Those are skipped before decoding; the aggregator, which reads every outcome,
+        dead-letters invalid ones.
+        """
+        return not record.topic.endswith("outcomes") or _CAPPED in (record.value or b"")
 
     async def handle(self, record: Record) -> None:
         """Route one record by topic; invalid bytes raise InvalidMessageError (dead-lettered)."""
@@ -87,9 +95,7 @@ class Planner:
             await self.on_approval(ApprovalDecision.decode(raw))
         elif topic == "cancellations":
             await self.on_cancel(CancelRequest.decode(raw))
-        elif topic == "outcomes" and _CAPPED in raw:
-            # Only capped turns' outcomes matter here; the rest are skipped before decoding
-            # (the aggregator, which reads every outcome, dead-letters invalid ones).
+        elif topic == "outcomes":
             await self.on_outcome(CallOutcome.decode(raw))
 
     async def on_response(self, event: ModelResponseEvent, record: Record) -> None:

@@ -120,7 +120,7 @@ class Reconciler:
         await self.bus.start()
         consumer = self.bus.consumer(["outcomes", "task-resolutions"], group="reconciler")
         await consumer.start()
-        self._loop = ConsumeLoop(self.bus, consumer, self.handle)
+        self._loop = ConsumeLoop(self.bus, consumer, self.handle, wanted=self.wants)
         ticker = asyncio.create_task(self._tick_forever())
         try:
             await self._loop.run()
@@ -130,14 +130,21 @@ class Reconciler:
             await self.bus.stop()
             await self.redis.aclose()
 
+    def wants(self, record: Record) -> bool:
+        """Task resolutions, and the outcomes that are the reconciler's business.
+
+        Most outcomes are settled: they are skipped before decoding (the aggregator, which
+        reads every outcome, dead-letters invalid ones).
+        """
+        raw = record.value or b""
+        return record.topic.endswith("task-resolutions") or any(m in raw for m in _MINE)
+
     async def handle(self, record: Record) -> None:
         """Route one record; invalid bytes raise InvalidMessageError (dead-lettered)."""
         raw = record.value or b""
         if record.topic.endswith("task-resolutions"):
             await self.on_resolution(TaskResolution.decode(raw))
-        elif any(marker in raw for marker in _MINE):
-            # Most outcomes are settled; only these are decoded (the aggregator, which reads
-            # every outcome, dead-letters invalid ones).
+        else:
             await self.on_outcome(CallOutcome.decode(raw))
 
     # --- inputs -----------------------------------------------------------------------------

@@ -160,6 +160,9 @@ class ConsumeLoop:
       forever: an outage must not turn good messages into dead letters;
     - any other exception retries up to ``max_attempts`` times, then dead-letters the record
       with the error as the reason, so one poison message never becomes a crash loop.
+
+    ``wanted`` picks the records the handler gets; the others (a service reading a busy topic
+    for a few of its records) are only committed past, at no cost per record.
     """
 
     def __init__(
@@ -172,8 +175,10 @@ class ConsumeLoop:
         backoff_s: float = 0.2,
         max_backoff_s: float = 5.0,
         concurrency: int = 64,
+        wanted: Callable[[Record], bool] | None = None,
     ) -> None:
         self.bus = bus
+        self.wanted = wanted
         self.consumer = consumer
         self.handler = handler
         self._slots = asyncio.Semaphore(concurrency)
@@ -194,7 +199,7 @@ class ConsumeLoop:
                 continue
             by_key: dict[tuple[Any, bytes | None], list[Record]] = {}
             for tp, records in batches.items():
-                for record in records:
+                for record in filter(self.wanted, records) if self.wanted else records:
                     by_key.setdefault((tp, record.key), []).append(record)
             unhandled = await asyncio.gather(*(self._in_order(rs) for rs in by_key.values()))
             offsets = {}

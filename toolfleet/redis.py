@@ -231,6 +231,7 @@ async def update_json(
     ttl_s: int,
     cache: MutableMapping[str, tuple[bytes, JsonState]] | None = None,
     default: Callable[[Any], Any] | None = None,
+    probably_new: bool = False,
 ) -> tuple[JsonState | None, T]:
     """Read-modify-write one JSON value atomically (compare-and-set), retrying on a conflict.
 
@@ -242,13 +243,21 @@ async def update_json(
     runs), the value this process wrote last is taken from memory, not read back: one round
     trip. The compare-and-set still guards it, so a value someone else changed meanwhile
     fails the write, is read again and the change is made again. ``default`` encodes
-    objects the value holds that json cannot (as ``json.dumps``' own).
+    objects the value holds that json cannot (as ``json.dumps``' own). ``probably_new``
+    first assumes the key is absent, without reading it (a key that exists fails the
+    compare-and-set and is read then).
     """
     cas = _cas_scripts.get(redis)
     if cas is None:
         cas = _cas_scripts[redis] = redis.register_script(_CAS)
+    guess_absent = probably_new
     while True:
-        known = cache.pop(key, None) if cache is not None else None
+        known: tuple[bytes, JsonState | None] | None = (
+            cache.pop(key, None) if cache is not None else None
+        )
+        if known is None and guess_absent:
+            known = (b"", None)
+        guess_absent = False
         if known is None:
             raw = await redis.get(key)
             current = raw.encode() if isinstance(raw, str) else raw or b""
