@@ -595,10 +595,12 @@ def tree_excerpt(text: str, limit: int = 45, threshold: float = 1.0) -> list[str
 METHOD = [
     "- **toolfleet**: `LocalFleet` — planner, aggregator, reconciler and N workers as separate "
     "processes (`toolfleet worker --tools bench.tools:tools --concurrency 100`), a fresh topic "
-    "prefix per run, 6 partitions per topic.",
+    "prefix per run, 6 partitions per topic; every service on uvloop, Redis through an "
+    "auto-pipelining client (commands issued in one loop turn share a round trip).",
     "- **raw relay** (`bench/relay.py`): the same hops, topics, keys, partitions, producer "
-    "settings (idempotent, acks=all, linger 2 ms), read_committed consumers, manual commits and "
-    "the same pydantic messages, in separate planner / worker / aggregator processes — but no "
+    "settings (idempotent, acks=all, linger 2 ms), read_committed consumers, manual commits, "
+    "the same event loop (uvloop) and the same pydantic messages, in separate planner / worker "
+    "/ aggregator processes — but no "
     "Redis, no Kafka transactions, and one ack wait and one commit per polled batch.",
     "- **in-process**: the calls of a turn run concurrently in the load generator's process "
     "through the OpenAI Agents SDK's `invoke_function_tool` on `function_tool`s.",

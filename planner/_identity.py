@@ -51,9 +51,13 @@ _IDEMPOTENCY_PREFIX = "tf-"
 _IDEMPOTENCY_HEX_CHARS = 40  # 160 bits: collision-free in practice, short enough for headers.
 
 
+# The SDK's own canonical form (agents/_tool_invocation.py): sorted keys, no spaces, UTF-8.
+# One encoder for every call (json.dumps with options builds a new one each time).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def _canonical_json(value: Any) -> str:
-    # The SDK's own canonical form (agents/_tool_invocation.py): sorted keys, no spaces, UTF-8.
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
 
 
 def lookup_key(item: FunctionCallItem) -> str:
