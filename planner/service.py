@@ -8,6 +8,7 @@ cancellations and outcomes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -102,30 +103,39 @@ class Planner:
         """Plan one model response, record it in the ledger, then publish plan and commands."""
         began = time.perf_counter()
         items = event.function_calls
-        entries = await self.ledger.read(event.tenant_id, (c.call_id for c in items if c.call_id))
         tools = await self.tools.specs(needed=(_lookup(c.namespace, c.name) for c in items))
+        # Both reads in one round trip.
+        entries, approvals = await asyncio.gather(
+            self.ledger.read(event.tenant_id, (c.call_id for c in items if c.call_id)),
+            self._approvals(event.tenant_id, event.run_id),
+        )
         # A resumed turn gets a newer plan epoch; the offset keeps it stable on redelivery.
         epoch = record.offset + 1 if event.resume else 0
         result = plan_turn(
             event,
             tools=tools,
             ledger={cid: _view(e) for cid, e in entries.items()},
-            approvals=await self._approvals(event.tenant_id, event.run_id),
+            approvals=approvals,
             now=time.time(),
             epoch=epoch,
         )
+        dispatches = {d.call.call_id: d for d in result.dispatch}
+        capped = event.config.max_concurrency is not None
+        issued: list[tuple[int, int] | None] = []
         if not result.failed:
-            await self._record(event, result.ledger_updates)
+            # Without a cap every call is dispatched now, in the same round trip.
+            now = [] if capped else list(dispatches)
+            issued = await self._record(event, result.ledger_updates, dispatch=now)
         # The ledger is written; plan and commands may now travel together (the aggregator
         # keeps outcomes that overtake their plan). All acks are awaited before the offset
         # of the response is committed.
         plan_sent = await self.bus.publish("plans", event.run_id, result.plan)
-        dispatches = {d.call.call_id: d for d in result.dispatch}
-        if event.config.max_concurrency is None:
-            release = list(dispatches)
-        else:
+        if capped:
             release = await self.gate.open(result.plan, list(dispatches))
-        await self._send(event, [dispatches[cid] for cid in release])
+            await self._send(event, [dispatches[cid] for cid in release])
+        elif not result.failed:
+            pairs = zip(dispatches.values(), issued, strict=True)
+            await self._publish_commands([self._command_for(event, d, i) for d, i in pairs if i])
         await plan_sent
         PLAN_LATENCY.observe(time.perf_counter() - began)
 
@@ -202,8 +212,12 @@ class Planner:
             (per_call if kind == "call" else sticky)[name] = decision
         return ApprovalView(per_call=per_call, sticky=sticky)
 
-    async def _record(self, event: ModelResponseEvent, updates: list[LedgerUpdate]) -> None:
-        """Write the plan's decisions to the ledger; nothing is sent before this is durable."""
+    async def _record(
+        self, event: ModelResponseEvent, updates: list[LedgerUpdate], dispatch: list[str]
+    ) -> list[tuple[int, int] | None]:
+        """Write the plan's decisions to the ledger, dispatching ``dispatch`` (attempt and
+        token per call, None when none should be sent); nothing is sent before this is durable.
+        """
         new_calls = [
             NewCall(
                 u.call.call_id,
@@ -219,7 +233,7 @@ class Planner:
             for u in updates
             if u.create
         ]  # fmt: skip
-        await self.ledger.create(event.tenant_id, new_calls)
+        issued = await self.ledger.create(event.tenant_id, new_calls, dispatch=dispatch)
         for update in updates:
             call = update.call
             if update.pending_approval:
@@ -234,29 +248,30 @@ class Planner:
                 )
             if call.disposition in ("reject", "not_found"):
                 await self.ledger.settle(_decided_outcome(event, call))
+        return issued
 
     async def _send(self, event: ModelResponseEvent, dispatches: list[Dispatch]) -> None:
-        commands = []
         attempts = await self.ledger.dispatch_many(
             event.tenant_id, [d.call.call_id for d in dispatches]
         )
-        for d, issued in zip(dispatches, attempts, strict=True):
-            if issued is None:
-                continue  # already running or finished: its outcome is (or will be) on its way
-            commands.append(
-                _command(
-                    d.call,
-                    tenant_id=event.tenant_id,
-                    run_id=event.run_id,
-                    turn_id=event.turn_id,
-                    config=event.config,
-                    fingerprint=d.fingerprint,
-                    idempotency_key=d.idempotency_key,
-                    approved=d.approved,
-                    issued=issued,
-                )
-            )
-        await self._publish_commands(commands)
+        # None: already running or finished; its outcome is (or will be) on its way.
+        pairs = zip(dispatches, attempts, strict=True)
+        await self._publish_commands([self._command_for(event, d, i) for d, i in pairs if i])
+
+    def _command_for(
+        self, event: ModelResponseEvent, d: Dispatch, issued: tuple[int, int]
+    ) -> ExecutionCommand:
+        return _command(
+            d.call,
+            tenant_id=event.tenant_id,
+            run_id=event.run_id,
+            turn_id=event.turn_id,
+            config=event.config,
+            fingerprint=d.fingerprint,
+            idempotency_key=d.idempotency_key,
+            approved=d.approved,
+            issued=issued,
+        )
 
     async def _publish_commands(self, commands: list[ExecutionCommand]) -> None:
         futures = [await self.bus.publish(command_topic(c.pool), c.call_id, c) for c in commands]

@@ -237,10 +237,14 @@ class Ledger:
             if raw
         }
 
-    async def create(self, tenant_id: str, calls: Iterable[NewCall]) -> None:
-        """Record planned calls; an existing entry is left exactly as it is."""
+    async def create(
+        self, tenant_id: str, calls: Iterable[NewCall], dispatch: Iterable[str] = ()
+    ) -> list[tuple[int, int] | None]:
+        """Record planned calls (an existing entry is left exactly as it is), then ``dispatch``
+        the given ones (idempotent, as ``dispatch_many``), in one round trip and that order."""
         now = time.time()
         async with self.redis.pipeline(transaction=False) as pipe:
+            created = 0
             for c in calls:
                 await self._create(
                     keys=[
@@ -260,7 +264,15 @@ class Ledger:
                     ],
                     client=pipe,
                 )
-            await pipe.execute()
+                created += 1
+            for call_id in dispatch:
+                await self._dispatch(
+                    keys=[self.keys.call(tenant_id, call_id), self.keys.audit(tenant_id, call_id)],
+                    args=[now, "planned", "0"],
+                    client=pipe,
+                )
+            replies = await pipe.execute()
+        return [None if int(a) < 0 else (int(a), int(t)) for a, t in replies[created:]]
 
     async def dispatch(
         self, tenant_id: str, call_id: str, reason: str = "planned", *, force: bool = False
