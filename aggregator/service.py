@@ -156,6 +156,7 @@ class Aggregator:
 
     async def on_plan(self, plan: TurnPlan, triggers: list[str]) -> list[Emission]:
         """Start (or, for a resumed turn, replace) the turn's state."""
+        await self.redis.sadd(self.keys.turns(plan.tenant_id, plan.run_id), plan.turn_id)
         stored = await self._stored_outcomes(plan)
 
         def change(blob: JsonState | None) -> tuple[JsonState | None, Emission | None]:
@@ -171,26 +172,22 @@ class Aggregator:
             blob["early"] = {}
             return _maybe_emit(blob, turn, triggers)
 
-        # A plan usually comes first: write without reading (early outcomes fail the write),
-        # in the same round trip as the run's list of turns (for cancellations).
-        _, emitted = await asyncio.gather(
-            self.redis.sadd(self.keys.turns(plan.tenant_id, plan.run_id), plan.turn_id),
-            self._update(plan.tenant_id, plan.run_id, plan.turn_id, change, new=True),
-        )
-        return emitted
+        # A plan usually comes first: write without reading (early outcomes fail the write).
+        return await self._update(plan.tenant_id, plan.run_id, plan.turn_id, change, new=True)
 
     async def on_outcomes(self, outcomes: list[tuple[CallOutcome, str]]) -> list[Emission]:
         """Record outcomes (with their triggering records), one state update per turn, and
         copies for the turns attached to their calls."""
         if not outcomes:
             return []
-        # The outcomes' own turns and the lookup of attached turns in one round trip.
-        lookup = self._copies_for_attached([o for o, _ in outcomes])
-        records = (self._record(*turn, batch) for turn, batch in _per_turn(outcomes).items())
-        attached, own = await asyncio.gather(lookup, asyncio.gather(*records))
-        emitted: list[Emission] = [e for results in own for e in results]
-        for turn, batch in _per_turn(attached).items():
-            emitted += await self._record(*turn, batch)
+        attached = await self._copies_for_attached([o for o, _ in outcomes])
+        per_turn: dict[tuple[str, str, int], list[tuple[CallOutcome, str]]] = {}
+        for outcome, trigger in [*outcomes, *attached]:
+            turn_key = (outcome.tenant_id, outcome.run_id, outcome.turn_id)
+            per_turn.setdefault(turn_key, []).append((outcome, trigger))
+        emitted: list[Emission] = []
+        for (tenant, run, turn_id), batch in per_turn.items():
+            emitted += await self._record(tenant, run, turn_id, batch)
         return emitted
 
     async def _record(
@@ -302,17 +299,6 @@ class Aggregator:
                 copy = outcome.model_copy(update={"run_id": run_id, "turn_id": int(turn_id)})
                 copies.append((copy, f"attached:{run_id}:{turn_id}:{outcome.call_id}"))
         return copies
-
-
-def _per_turn(
-    outcomes: list[tuple[CallOutcome, str]],
-) -> dict[tuple[str, str, int], list[tuple[CallOutcome, str]]]:
-    """Outcomes (with their triggering records) grouped by (tenant, run, turn), in order."""
-    per_turn: dict[tuple[str, str, int], list[tuple[CallOutcome, str]]] = {}
-    for outcome, trigger in outcomes:
-        turn_key = (outcome.tenant_id, outcome.run_id, outcome.turn_id)
-        per_turn.setdefault(turn_key, []).append((outcome, trigger))
-    return per_turn
 
 
 def _maybe_emit(
