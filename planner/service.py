@@ -66,11 +66,15 @@ class Planner:
     async def run(self) -> None:
         """Serve until stopped."""
         await self.bus.start()
-        topics = ["model-responses", "approvals", "cancellations", "outcomes"]
-        self._loop = ConsumeLoop(self.bus, topics, "planner", self.handle, wanted=self.wants)
+        consumer = self.bus.consumer(
+            ["model-responses", "approvals", "cancellations", "outcomes"], group="planner"
+        )
+        await consumer.start()
+        self._loop = ConsumeLoop(self.bus, consumer, self.handle, wanted=self.wants)
         try:
             await self._loop.run()
         finally:
+            await consumer.stop()
             await self.bus.stop()
             await self.redis.aclose()
 

@@ -118,13 +118,15 @@ class Reconciler:
     async def run(self) -> None:
         """Serve until stopped."""
         await self.bus.start()
-        topics = ["outcomes", "task-resolutions"]
-        self._loop = ConsumeLoop(self.bus, topics, "reconciler", self.handle, wanted=self.wants)
+        consumer = self.bus.consumer(["outcomes", "task-resolutions"], group="reconciler")
+        await consumer.start()
+        self._loop = ConsumeLoop(self.bus, consumer, self.handle, wanted=self.wants)
         ticker = asyncio.create_task(self._tick_forever())
         try:
             await self._loop.run()
         finally:
             ticker.cancel()
+            await consumer.stop()
             await self.bus.stop()
             await self.redis.aclose()
 

@@ -9,20 +9,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
-from aiokafka import (
-    AIOKafkaConsumer,
-    AIOKafkaProducer,
-    ConsumerRebalanceListener,
-    TopicPartition,
-)
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from schemas import DeadLetter, Message
 from toolfleet.errors import InfrastructureError, InvalidMessageError
 from toolfleet.metrics import DEAD_LETTERS, MESSAGES
-from toolfleet.offsets import OffsetTracker
 from toolfleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -155,15 +149,11 @@ def _tenant_of(raw: bytes | None) -> str | None:
 
 
 class ConsumeLoop:
-    """Feeds records to a handler as they arrive; commits what every handler has finished.
+    """Feeds records to a handler and commits each partition's offset after the handler is done.
 
     Records with the same key (a run_id everywhere in toolfleet) are handled one after the
     other, in offset order; records with different keys concurrently, up to ``concurrency``
-    at once: a service waits on Kafka and Redis round trips, not on its CPU. Records are
-    handed out as soon as they are polled (no batch waits for its slowest record), and a
-    partition's offset is committed up to its oldest unfinished record, every
-    ``commit_interval_s``. A revoked partition's handlers are given ``handover_s`` to finish
-    and be committed before the partition goes to its new owner.
+    at once: a service waits on Kafka and Redis round trips, not on its CPU.
 
     - ``InvalidMessageError`` from the handler dead-letters the record and moves on;
     - a transient error (Kafka, Redis, connection) retries the same record with backoff,
@@ -178,8 +168,7 @@ class ConsumeLoop:
     def __init__(
         self,
         bus: KafkaBus,
-        topics: Iterable[str],
-        group: str,
+        consumer: AIOKafkaConsumer,
         handler: Handler,
         *,
         max_attempts: int = 5,
@@ -187,99 +176,47 @@ class ConsumeLoop:
         max_backoff_s: float = 5.0,
         concurrency: int = 64,
         wanted: Callable[[Record], bool] | None = None,
-        commit_interval_s: float = 0.1,
-        handover_s: float = 10.0,
     ) -> None:
         self.bus = bus
         self.wanted = wanted
-        # The loop owns its consumer: it must subscribe with its rebalance listener first.
-        self.consumer = bus.consumer([], group=group)
-        self.consumer.subscribe([bus.topic(t) for t in topics], listener=_Handover(self))
+        self.consumer = consumer
         self.handler = handler
         self._slots = asyncio.Semaphore(concurrency)
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
-        self.commit_interval_s = commit_interval_s
-        self.handover_s = handover_s
         self._stopping = asyncio.Event()
-        self._offsets = OffsetTracker()
-        self._last: dict[tuple[TopicPartition, bytes | None], asyncio.Task[bool]] = {}
-        """The latest task per (partition, key): the next record of that key waits for it."""
 
     def stop(self) -> None:
-        """Finish the records in hand, commit, and return from ``run``."""
+        """Finish the current record, commit, and return from ``run``."""
         self._stopping.set()
 
     async def run(self) -> None:
         """Consume until ``stop`` is called."""
-        await self.consumer.start()
-        last_commit = time.monotonic()
-        try:
-            while not self._stopping.is_set():
-                batches = await self.consumer.getmany(timeout_ms=50, max_records=500)
-                for tp, records in batches.items():
-                    for record in records:
-                        await self._dispatch(tp, record)
-                if time.monotonic() - last_commit >= self.commit_interval_s:
-                    await self._commit()
-                    last_commit = time.monotonic()
-        finally:
-            try:
-                await self._drain(set(self.consumer.assignment()), within=None)
-                await self._commit()
-            finally:
-                await self.consumer.stop()
-
-    async def _dispatch(self, tp: TopicPartition, record: Record) -> None:
-        self._offsets.started(tp, record.offset)
-        if self.wanted is not None and not self.wanted(record):
-            self._offsets.done(tp, record.offset)
-            return
-        await self._slots.acquire()
-        key = (tp, record.key)
-        task = asyncio.create_task(self._after(self._last.get(key), tp, record))
-        self._last[key] = task
-        task.add_done_callback(lambda t: self._last.pop(key) if self._last.get(key) is t else None)
-
-    async def _after(
-        self, previous: asyncio.Task[bool] | None, tp: TopicPartition, record: Record
-    ) -> bool:
-        """Handle ``record`` once its key's previous record is; False if left unhandled."""
-        try:
-            # A record left unhandled (stopping) leaves the rest of its key unhandled too.
-            if previous is not None and not await asyncio.shield(previous):
-                return False
-            if not await self._handle(record):
-                return False
-            self._offsets.done(tp, record.offset)
-            return True
-        finally:
-            self._slots.release()
-
-    async def _commit(self) -> None:
-        assigned = self.consumer.assignment()
-        offsets = {tp: o for tp, o in self._offsets.committable().items() if tp in assigned}
-        if not offsets:
-            return
-        try:
+        while not self._stopping.is_set():
+            batches = await self.consumer.getmany(timeout_ms=100, max_records=500)
+            if not batches:
+                continue
+            by_key: dict[tuple[Any, bytes | None], list[Record]] = {}
+            for tp, records in batches.items():
+                for record in filter(self.wanted, records) if self.wanted else records:
+                    by_key.setdefault((tp, record.key), []).append(record)
+            unhandled = await asyncio.gather(*(self._in_order(rs) for rs in by_key.values()))
+            offsets = {}
+            for tp, records in batches.items():
+                # Commit below the first record left unhandled (only when stopping).
+                left = [r.offset for r in unhandled if r is not None and r.topic == tp.topic
+                        and r.partition == tp.partition]  # fmt: skip
+                offsets[tp] = min(left) if left else records[-1].offset + 1
             await self.consumer.commit(offsets)
-        except (CommitFailedError, IllegalStateError) as exc:
-            # A rebalance took partitions away: their records are redelivered to the new
-            # owner, which the handlers' idempotence makes safe.
-            log.warning("offset commit refused (rebalance)", extra={"error": repr(exc)})
 
-    async def _drain(self, partitions: set[TopicPartition], within: float | None) -> None:
-        """Wait (up to ``within`` seconds) for the handlers of records of ``partitions``."""
-        running = [t for (tp, _), t in self._last.items() if tp in partitions]
-        if running:
-            await asyncio.wait(running, timeout=within)
-
-    async def handover(self, revoked: set[TopicPartition]) -> None:
-        """Partitions are being revoked: finish and commit what is in hand, then forget them."""
-        await self._drain(revoked, within=self.handover_s)
-        await self._commit()
-        self._offsets.forget(revoked)
+    async def _in_order(self, records: list[Record]) -> Record | None:
+        """Handle one key's records in order; the first left unhandled, if stopping."""
+        async with self._slots:
+            for record in records:
+                if not await self._handle(record):
+                    return record
+        return None
 
     async def _handle(self, record: Record) -> bool:
         """Process one record; False only when stopping left it unprocessed (uncommitted)."""
@@ -319,20 +256,6 @@ class ConsumeLoop:
             except TimeoutError:
                 continue
             return False  # stopping mid-retry: the next owner of the partition retries it
-
-
-class _Handover(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Lets a ConsumeLoop finish and commit a revoked partition's records before it moves."""
-
-    def __init__(self, loop: ConsumeLoop) -> None:
-        self.loop = loop
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        """Finish, commit and forget the revoked partitions' records."""
-        await self.loop.handover(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        """Positions come from the committed offsets."""
 
 
 __all__ = ["ConsumeLoop", "KafkaBus", "Record", "TopicPartition"]

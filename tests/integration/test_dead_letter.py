@@ -36,13 +36,16 @@ async def test_malformed_bytes_are_dead_lettered_and_the_consumer_goes_on(
             processed.append(event)
             done.set()
 
-    loop = ConsumeLoop(bus, ["model-responses"], "dl-test", handle)
+    consumer = bus.consumer(["model-responses"], group="dl-test")
+    await consumer.start()
+    loop = ConsumeLoop(bus, consumer, handle)
     task = asyncio.create_task(loop.run())
     try:
         await asyncio.wait_for(done.wait(), timeout=30)
     finally:
         loop.stop()
         await task
+        await consumer.stop()
     assert processed == [GOOD]
 
     letters = bus.consumer(["dead-letter"], group="dl-reader")
@@ -86,13 +89,16 @@ async def test_a_handler_that_keeps_failing_dead_letters_the_message_with_the_er
         seen.append(record.value or b"")
         done.set()
 
-    loop = ConsumeLoop(bus, ["approvals"], "poison-test", handle, max_attempts=3, backoff_s=0.01)
+    consumer = bus.consumer(["approvals"], group="poison-test")
+    await consumer.start()
+    loop = ConsumeLoop(bus, consumer, handle, max_attempts=3, backoff_s=0.01)
     task = asyncio.create_task(loop.run())
     try:
         await asyncio.wait_for(done.wait(), timeout=30)
     finally:
         loop.stop()
         await task
+        await consumer.stop()
     assert seen == [b'{"fine": true}']
     letters = bus.consumer(["dead-letter"], group="poison-reader")
     await letters.start()
