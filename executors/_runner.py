@@ -124,9 +124,10 @@ async def run_call(
     the tool body: a tool-local cancellation, which follows the failure policy like any tool
     failure.
     """
-    run = _CallRun(tool, command, worker_id, hooks, on_started)
-    if cancel_call is not None:
-        run.cancel_call = cancel_call
+    loop = asyncio.get_running_loop()
+    run = _CallRun(
+        tool, command, worker_id, hooks, on_started, cancel_call=cancel_call or loop.create_future()
+    )
     return await run.run()
 
 
@@ -140,15 +141,17 @@ class _CallRun:
         worker_id: str,
         hooks: CallHooks | None,
         on_started: Callable[[], Awaitable[None]] | None,
+        *,
+        cancel_call: asyncio.Future[None],
     ) -> None:
         self.tool = tool
+        self.cancel_call = cancel_call
         self.command = command
         self.worker_id = worker_id
         self.hooks = hooks
         self.on_started = on_started
         self.ctx = ToolContext.from_command(command, worker_id=worker_id)
         self.started_at: float | None = None
-        self.cancel_call: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # A turn-level "fail_turn" policy is the SDK's failure_error_function=None for every tool.
         self.failure_fn = (
             None if command.failure_policy == "fail_turn" else tool.failure_error_function

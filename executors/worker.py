@@ -17,7 +17,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
@@ -39,13 +39,13 @@ from toolfleet.redis import connect_redis
 from toolfleet.registry import publish_tools
 from toolfleet.semaphore import FleetSemaphores
 from toolfleet.settings import Settings
+from toolfleet.spans import SpanBatcher
 from toolfleet.tasks import TaskStore, new_task_id
 from toolfleet.texts import CIRCUIT_OPEN, unknown_outcome_text
 from toolfleet.topics import command_topic
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-spans = logging.getLogger("toolfleet.spans")
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,7 @@ class Worker:
         self._handlers: set[asyncio.Task[None]] = set()
         self._running: dict[tuple[str, str], tuple[asyncio.Task[None], asyncio.Future[None]]] = {}
         self._leases: dict[tuple[str, str], ExecutionCommand] = {}
+        self._spans = SpanBatcher()
         """Calls past the ledger gate, whose leases ``_renew_leases`` keeps alive."""
         self._cancelled_runs: set[str] = set()
         self._stopping = asyncio.Event()
@@ -127,6 +128,7 @@ class Worker:
             if self._handlers:
                 await asyncio.gather(*self._handlers, return_exceptions=True)
             renewer.cancel()
+            self._spans.flush()
             try:
                 await self.circuits.flush()
             except TRANSIENT_ERRORS as exc:  # counts only: the circuit misses a few successes
@@ -305,7 +307,7 @@ class Worker:
             self._running.pop(key, None)
         CALL_LATENCY.labels(self.pool, command.tool_name).observe(time.monotonic() - began)
         if outcome.started_at is not None:
-            _span(command, outcome)
+            self._spans.add(_span(command, outcome))
         if outcome.status == "pending_approval":
             await _persist(
                 lambda: self.ledger.set_pending_approval(command.tenant_id, command.call_id)
@@ -491,23 +493,20 @@ async def _persist(step: Callable[[], Awaitable[T]]) -> T:
             delay = min(delay * 2, 5.0)
 
 
-def _span(command: ExecutionCommand, outcome: CallOutcome) -> None:
-    """One span per started call attempt, as a structured log record (tracing backends
-    ingest these; the SDK likewise opens one function span per invoked tool)."""
-    spans.info(
-        "span",
-        extra={
-            "span": "tool_call",
-            "trace_id": command.run_id,
-            "call_id": command.call_id,
-            "tool": command.tool_name,
-            "attempt": command.attempt,
-            "status": outcome.status,
-            "effect": outcome.effect,
-            "start": outcome.started_at,
-            "end": outcome.finished_at,
-        },
-    )
+def _span(command: ExecutionCommand, outcome: CallOutcome) -> dict[str, Any]:
+    """One span per started call attempt (tracing backends ingest these from the logs; the
+    SDK likewise opens one function span per invoked tool)."""
+    return {
+        "span": "tool_call",
+        "trace_id": command.run_id,
+        "call_id": command.call_id,
+        "tool": command.tool_name,
+        "attempt": command.attempt,
+        "status": outcome.status,
+        "effect": outcome.effect,
+        "start": outcome.started_at,
+        "end": outcome.finished_at,
+    }
 
 
 def _ended(

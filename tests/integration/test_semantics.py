@@ -521,9 +521,15 @@ async def test_hooks_and_spans_run_exactly_once_per_call(
             1
             for n in range(2)
             for line in fleet.logs(f"worker-{n}").splitlines()
-            if '"msg": "span"' in line and json.loads(line)["call_id"] == call_id
+            if '"msg": "spans"' in line
+            for span in json.loads(line)["spans"]
+            if span["call_id"] == call_id
         )
 
+    async def all_exported() -> bool:  # spans are exported in batches, every 0.1 s
+        return all(spans(s) for s in "abcd")
+
+    await wait_for(all_exported)
     # One span per call that started (a guardrail rejection happens after the start).
     assert [spans(s) for s in "abcd"] == [1, 1, 1, 1]
 
