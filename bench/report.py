@@ -611,7 +611,8 @@ METHOD = [
     "- **Load**: (a) closed loop, 400 calls outstanding (max(4, 400 / calls per turn) turns), "
     "results counted over the measurement window after a warm-up; (b) open loop at a fixed "
     "rate; latency = from handing the model response to the producer to reading the turn "
-    "result. Every 16th toolfleet / relay result is decoded and checked (completed, one `ok` "
+    "result; (c) closed loop, 4x the worker's concurrency outstanding (at least 4 turns). "
+    "Every 16th toolfleet / relay result is decoded and checked (completed, one `ok` "
     "output per call, in model order); every Celery and in-process result is checked.",
     "- **CPU**: user + system CPU time of each process over the measurement window (psutil); "
     "machine busy = 1 - idle share of all cores (includes anything else running).",

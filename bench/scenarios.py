@@ -278,13 +278,14 @@ class Bench:
         factory = TurnFactory(self.ctx.tenant, "bench_sleep50", calls, query_args)
         await prime(target, factory, check=check)
         meter = self.meter(pids)
-        # 4x the concurrency outstanding, so the workers never run dry: a turn is outstanding
-        # for its calls' 50 ms plus the pipeline's own latency (planner, Kafka hops,
-        # aggregator), and only a turn whose every call finished makes room for the next.
+        # 4x the concurrency outstanding (and at least 4 turns), so the workers never run dry:
+        # a turn is outstanding for its calls' 50 ms plus the pipeline's own latency (planner,
+        # Kafka hops, aggregator), and only a turn whose every call finished makes room for
+        # the next.
         result = await closed_loop(
             target,
             factory,
-            window=max(2, math.ceil(4 * concurrency / calls)),
+            window=max(4, math.ceil(4 * concurrency / calls)),
             warmup_s=self.d.warmup,
             measure_s=self.d.io,
             check=check,
