@@ -51,7 +51,9 @@ class Aggregator:
         self.ledger = Ledger(self.redis, self.keys)
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
         self._stopping = asyncio.Event()
-        self._slots = asyncio.Semaphore(64)  # runs handled at once (each holds a connection)
+        # Runs handled at once: their Redis steps share round trips (auto-pipelining), so a
+        # whole polled batch goes at once instead of in waves.
+        self._slots = asyncio.Semaphore(512)
         # This instance owns its runs' turn state: what it wrote last is kept in memory, with
         # the TurnState itself in it, so an update neither reads it back nor parses it.
         self._stored: BoundedCache[str, tuple[bytes, JsonState]] = BoundedCache(_CACHED_TURNS)

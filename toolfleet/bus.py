@@ -174,7 +174,7 @@ class ConsumeLoop:
         max_attempts: int = 5,
         backoff_s: float = 0.2,
         max_backoff_s: float = 5.0,
-        concurrency: int = 64,
+        concurrency: int = 512,
         wanted: Callable[[Record], bool] | None = None,
     ) -> None:
         self.bus = bus
