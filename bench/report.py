@@ -594,7 +594,8 @@ def tree_excerpt(text: str, limit: int = 45, threshold: float = 1.0) -> list[str
 
 METHOD = [
     "- **toolfleet**: `LocalFleet` — planner, aggregator, reconciler and N workers as separate "
-    "processes (`toolfleet worker --tools bench.tools:tools --concurrency 100`), a fresh topic "
+    "processes (`toolfleet worker --tools bench.tools:tools --concurrency 400` for (a) and "
+    "(b): as many as the calls outstanding, so worker slots are not the limit), a fresh topic "
     "prefix per run, 6 partitions per topic; every service on uvloop, Redis through an "
     "auto-pipelining client (commands issued in one loop turn share a round trip).",
     "- **raw relay** (`bench/relay.py`): the same hops, topics, keys, partitions, producer "

@@ -43,6 +43,9 @@ LATENCY_CALLS = 5
 LATENCY_WORKERS = 2
 IO_CONCURRENCY = (10, 100, 1000)
 WINDOW_CALLS = 400
+NOOP_CONCURRENCY = WINDOW_CALLS
+"""Worker ``--concurrency`` for (a) and (b): the calls (a) keeps outstanding, so that a
+worker's slots are not what limits a pipeline of no-op calls (the relay's worker has none)."""
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,7 @@ class Bench:
     # ------------------------------------------------------------------------- toolfleet
 
     async def run_toolfleet(self, scenarios: set[str]) -> None:
-        async with toolfleet(self.ctx, "tf", workers=1) as tf:
+        async with toolfleet(self.ctx, "tf", workers=1, concurrency=NOOP_CONCURRENCY) as tf:
             redis_before = await _used_memory(self.ctx)
             if "a" in scenarios or "b" in scenarios:
                 for workers in WORKERS:
