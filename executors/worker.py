@@ -92,6 +92,9 @@ class Worker:
         self.circuits = CircuitBreaker(self.redis, settings)
         self.tasks = TaskStore(self.redis, self.keys)
         self._slots = asyncio.Semaphore(self.limits.per_worker)
+        # A slot is given back when the tool ends; outcomes still being written and published
+        # (Kafka refusing writes, say) are bounded too, so a worker stops taking commands.
+        self._unpublished = asyncio.Semaphore(4 * self.limits.per_worker)
         self._offsets = OffsetTracker()
         self._handlers: set[asyncio.Task[None]] = set()
         self._running: dict[tuple[str, str], tuple[asyncio.Task[None], asyncio.Future[None]]] = {}
@@ -145,6 +148,7 @@ class Worker:
             batches = await consumer.getmany(timeout_ms=50, max_records=200)
             for tp, records in batches.items():
                 for record in records:
+                    await self._unpublished.acquire()
                     await self._slots.acquire()
                     self._offsets.started(tp, record.offset)
                     task = asyncio.create_task(self._handle(tp, record, _Slot(self._slots)))
@@ -191,6 +195,7 @@ class Worker:
         finally:
             self._offsets.done(tp, record.offset)
             slot.release()
+            self._unpublished.release()
 
     async def _process(self, record: Record, slot: _Slot) -> None:
         command = ExecutionCommand.decode(record.value or b"")
