@@ -132,10 +132,6 @@ class Worker:
                 await asyncio.gather(*self._handlers, return_exceptions=True)
             renewer.cancel()
             self._spans.flush()
-            try:
-                await self.circuits.flush()
-            except TRANSIENT_ERRORS as exc:  # counts only: the circuit misses a few successes
-                log.warning("circuit counts not written", extra={"error": repr(exc)})
             await self._commit(commands)
             await commands.stop()
             await cancels.stop()

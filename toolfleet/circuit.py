@@ -11,9 +11,7 @@ after a half-open trial call succeeds.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -25,34 +23,30 @@ from toolfleet.metrics import CIRCUIT_OPEN
 from toolfleet.redis import text
 from toolfleet.settings import Settings
 
-log = logging.getLogger(__name__)
-
 _BUCKETS = 12
 """The window is counted in this many buckets, so recording a call is O(1)."""
 
-# KEYS: bucket counts (hash), state, recent calls (list); ARGV: now, window_s, min_calls, rate,
-# buckets, failures among the calls, then the call ids. The window is evaluated only when a
-# failure is recorded (successes alone never open a circuit). Returns the window's call ids
-# when these calls opened the circuit, else {}.
+# KEYS: bucket counts (hash), state, recent calls (list); ARGV: now, call_id, failed (0/1),
+# window_s, min_calls, rate, buckets. Returns the window's call ids when this call opened
+# the circuit, else {}.
 _RECORD = """
-local now, window, nb = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[5])
-local failures = tonumber(ARGV[6])
+local now, window, nb = tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[7])
 local b = math.floor(now / (window / nb))
 local ttl = math.ceil(window) + 60
-redis.call('HINCRBY', KEYS[1], b .. ':n', #ARGV - 6)
-if failures > 0 then redis.call('HINCRBY', KEYS[1], b .. ':f', failures) end
+redis.call('HINCRBY', KEYS[1], b .. ':n', 1)
+if ARGV[3] == '1' then redis.call('HINCRBY', KEYS[1], b .. ':f', 1) end
 redis.call('HDEL', KEYS[1], (b - nb) .. ':n', (b - nb) .. ':f')
 redis.call('EXPIRE', KEYS[1], ttl)
-for i = 7, #ARGV do redis.call('LPUSH', KEYS[3], now .. '|' .. ARGV[i]) end
+redis.call('LPUSH', KEYS[3], now .. '|' .. ARGV[2])
 redis.call('LTRIM', KEYS[3], 0, 999)
 redis.call('EXPIRE', KEYS[3], ttl)
-if failures == 0 or redis.call('EXISTS', KEYS[2]) == 1 then return {} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {} end
 local n, f = 0, 0
 for i = 0, nb - 1 do
   n = n + tonumber(redis.call('HGET', KEYS[1], (b - i) .. ':n') or '0')
   f = f + tonumber(redis.call('HGET', KEYS[1], (b - i) .. ':f') or '0')
 end
-if n < tonumber(ARGV[3]) or f / n < tonumber(ARGV[4]) then return {} end
+if n < tonumber(ARGV[5]) or f / n < tonumber(ARGV[6]) then return {} end
 redis.call('SET', KEYS[2], cjson.encode({opened_at=now, failed=f, calls=n}))
 local ids = {}
 for _, entry in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
@@ -63,9 +57,6 @@ for _, entry in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
 end
 return ids
 """
-
-_FLUSH_SUCCESSES_S = 0.1
-"""How long successes are counted in memory before they go to Redis together."""
 
 
 def version_ref(tool: str, version: str) -> str:
@@ -91,57 +82,18 @@ class CircuitBreaker:
         self.keys = Keys.of(settings)
         self._record = redis.register_script(_RECORD)
         self._cache: dict[str, tuple[float, dict[str, float] | None]] = {}
-        self._successes: dict[str, list[str]] = {}
-        self._flusher: asyncio.TimerHandle | None = None
-        self._flushes: set[asyncio.Task[list[str]]] = set()
 
     async def record(self, ref: str, call_id: str, failed: bool) -> list[str]:
-        """Add one executed call; the window's call ids when this call opened the circuit.
-
-        A success only counts towards the window, so successes are gathered in memory and
-        written together (every 0.1 s, and before any failure of the same version, which is
-        evaluated at once against all of them).
-        """
-        if not failed:
-            self._successes.setdefault(ref, []).append(call_id)
-            if self._flusher is None:
-                loop = asyncio.get_running_loop()
-                self._flusher = loop.call_later(_FLUSH_SUCCESSES_S, self._flush_in_background)
-            return []
-        opened = await self._write(ref, [*self._successes.pop(ref, []), call_id], failures=1)
-        if opened:
-            self._cache.pop(ref, None)
-            CIRCUIT_OPEN.labels(ref).set(1)
-        return opened
-
-    async def flush(self) -> None:
-        """Write the successes gathered so far (a worker stopping calls this)."""
-        if self._flusher is not None:
-            self._flusher.cancel()
-            self._flusher = None
-        pending, self._successes = self._successes, {}
-        await asyncio.gather(*self._flushes, *(self._write(r, c) for r, c in pending.items()))
-
-    def _flush_in_background(self) -> None:
-        self._flusher = None
-        pending, self._successes = self._successes, {}
-        for ref, calls in pending.items():
-            task = asyncio.create_task(self._write(ref, calls))
-            self._flushes.add(task)
-            task.add_done_callback(self._flushed)
-
-    def _flushed(self, task: asyncio.Task[list[str]]) -> None:
-        self._flushes.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("circuit counts not written", extra={"error": repr(task.exception())})
-
-    async def _write(self, ref: str, calls: list[str], failures: int = 0) -> list[str]:
+        """Add one executed call; the window's call ids when this call opened the circuit."""
         s = self.settings
         opened = await self._record(
             keys=[self.keys.circuit(part, ref) for part in ("window", "state", "calls")],
-            args=[time.time(), s.circuit_window_s, s.circuit_min_calls, s.circuit_error_rate,
-                  _BUCKETS, failures, *calls],
+            args=[time.time(), call_id, int(failed), s.circuit_window_s, s.circuit_min_calls,
+                  s.circuit_error_rate, _BUCKETS],
         )  # fmt: skip
+        if opened:
+            self._cache.pop(ref, None)
+            CIRCUIT_OPEN.labels(ref).set(1)
         return [text(m) for m in opened]
 
     async def check(self, ref: str) -> Verdict:
