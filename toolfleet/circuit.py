@@ -28,7 +28,7 @@ _BUCKETS = 12
 
 # KEYS: bucket counts (hash), state, recent calls (list); ARGV: now, call_id, failed (0/1),
 # window_s, min_calls, rate, buckets. Returns the window's call ids when this call opened
-# the circuit, else {}.
+# the circuit, else {}. The window is summed only when a failure is recorded.
 _RECORD = """
 local now, window, nb = tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[7])
 local b = math.floor(now / (window / nb))
@@ -40,7 +40,9 @@ redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('LPUSH', KEYS[3], now .. '|' .. ARGV[2])
 redis.call('LTRIM', KEYS[3], 0, 999)
 redis.call('EXPIRE', KEYS[3], ttl)
-if redis.call('EXISTS', KEYS[2]) == 1 then return {} end
+-- A success never raises the error rate: the window is evaluated when a failure comes in
+-- (a success that only brings it up to min_calls leaves the decision to the next failure).
+if ARGV[3] ~= '1' or redis.call('EXISTS', KEYS[2]) == 1 then return {} end
 local n, f = 0, 0
 for i = 0, nb - 1 do
   n = n + tonumber(redis.call('HGET', KEYS[1], (b - i) .. ':n') or '0')
