@@ -99,8 +99,8 @@ class Worker:
         self._handlers: set[asyncio.Task[None]] = set()
         self._running: dict[tuple[str, str], tuple[asyncio.Task[None], asyncio.Future[None]]] = {}
         self._leases: dict[tuple[str, str], ExecutionCommand] = {}
-        self._spans = SpanBatcher()
         """Calls past the ledger gate, whose leases ``_renew_leases`` keeps alive."""
+        self._spans = SpanBatcher()
         self._cancelled_runs: set[str] = set()
         self._stopping = asyncio.Event()
 
