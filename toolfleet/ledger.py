@@ -291,21 +291,10 @@ class Ledger:
         return int(attempt), int(token)
 
     async def dispatch_many(
-        self, tenant_id: str, call_ids: list[str], reason: str = "planned"
+        self, tenant_id: str, call_ids: list[str]
     ) -> list[tuple[int, int] | None]:
         """``dispatch`` (idempotent) for several calls in one round trip."""
-        if not call_ids:
-            return []
-        now = time.time()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for call_id in call_ids:
-                await self._dispatch(
-                    keys=[self.keys.call(tenant_id, call_id), self.keys.audit(tenant_id, call_id)],
-                    args=[now, reason, "0"],
-                    client=pipe,
-                )
-            replies = await pipe.execute()
-        return [None if int(a) < 0 else (int(a), int(t)) for a, t in replies]
+        return await self.create(tenant_id, (), dispatch=call_ids)
 
     async def begin(
         self,
