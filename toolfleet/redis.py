@@ -10,10 +10,13 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequenc
 from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
+import hiredis
+from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import Pipeline
+from redis.client import EMPTY_RESPONSE, NEVER_DECODE
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import DataError, NoScriptError, RedisError
 
 from toolfleet.settings import Settings
 
@@ -46,6 +49,9 @@ _OWN_CONNECTION = frozenset(
 
 
 _FLUSHES_IN_FLIGHT = 1
+
+_NOT_FOR_CALLBACKS = frozenset({"keys", EMPTY_RESPONSE, NEVER_DECODE})
+"""Options of redis-py's commands meant for its client, not for its reply callbacks."""
 
 _Queued = tuple[tuple[Any, ...], Mapping[str, Any], "asyncio.Future[Any]"]
 
@@ -150,11 +156,63 @@ class AutoPipelinedRedis(Redis):
             replies[i] = reply
 
     async def _round_trip(self, batch: list[_Queued]) -> list[Any]:
-        pipe = super().pipeline(transaction=False)
-        for args, options, _ in batch:
-            pipe.execute_command(*args, **options)
-        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        """Send a burst and read its replies: hiredis packs and parses, in one write and as
+        few reads as the replies need (redis-py's pipeline spends ~20 µs of Python per
+        command on packing, per-reply timeouts and dispatch)."""
+        packed: list[bytes] = []
+        replies: list[Any] = [None] * len(batch)
+        sent: list[int] = []
+        for i, (args, _, _) in enumerate(batch):
+            try:
+                packed.append(hiredis.pack_command(_split_name(args)))
+                sent.append(i)
+            except (TypeError, ValueError) as exc:  # a bad argument fails its own caller
+                replies[i] = DataError(f"cannot send {args[0]!r}: {exc}")
+        if not sent:
+            return replies
+        pool = self.connection_pool
+        conn: Any = await pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            parser: Any = conn._parser
+            if not isinstance(conn._parser, _AsyncHiredisParser):
+                raise RedisError("toolfleet needs the hiredis parser: pip install redis[hiredis]")
+            reader: Any = parser._reader
+            conn._writer.write(b"".join(packed))
+            await conn._writer.drain()
+            for i in sent:
+                reply = reader.gets()
+                while reply is NOT_ENOUGH_DATA:
+                    await parser.read_from_socket()
+                    reply = reader.gets()
+                replies[i] = self._reply(batch[i][0][0], batch[i][1], reply)
+        except BaseException:
+            # Replies still unread would be taken for the next burst's: drop the connection.
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
         return replies
+
+    def _reply(self, command: Any, options: Mapping[str, Any], reply: Any) -> Any:
+        """The reply as redis-py's own command methods return it (its response callbacks)."""
+        if isinstance(reply, Exception):
+            return options.get(EMPTY_RESPONSE, reply)
+        callback = self.response_callbacks.get(command)
+        if callback is None:
+            return reply
+        extra = {k: v for k, v in options.items() if k not in _NOT_FOR_CALLBACKS}
+        return callback(reply, **extra)
+
+
+def _split_name(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``("SCRIPT FLUSH", ...)`` as the server wants it: one word per argument (as redis-py
+    packs command names)."""
+    name = args[0]
+    if isinstance(name, str) and " " in name:
+        return (*name.split(), *args[1:])
+    if isinstance(name, bytes) and b" " in name:
+        return (*name.split(), *args[1:])
+    return args
 
 
 class _BurstScript(AsyncScript):

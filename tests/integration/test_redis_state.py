@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import ConnectionError, DataError, ResponseError
 
 from toolfleet.redis import AutoPipelinedRedis, JsonState, update_json
 from toolfleet.settings import Settings
@@ -64,6 +65,41 @@ async def test_each_caller_of_a_burst_sees_its_own_error(redis: Redis) -> None:
         tx.set(key, "a").append(key, "b")
         assert await tx.execute() == [True, 2]
     await redis.delete(key)
+
+
+async def test_a_bad_argument_fails_only_its_caller(redis: Redis) -> None:
+    key = f"test:burst:{uuid.uuid4().hex}"
+    ok, bad, reply_types = await asyncio.gather(
+        redis.set(key, "1"),
+        redis.execute_command("SET", key, object()),  # nothing the wire format can carry
+        redis.hgetall(f"{key}:absent"),
+        return_exceptions=True,
+    )
+    assert ok is True and reply_types == {}  # redis-py's reply shapes: bool, dict
+    assert isinstance(bad, DataError)
+    assert await redis.get(key) == b"1"
+    await redis.delete(key)
+
+
+async def test_the_client_recovers_after_the_server_drops_its_connection(
+    redis: Redis, settings: Settings
+) -> None:
+    name = f"drop-{uuid.uuid4().hex[:8]}"
+    pool = BlockingConnectionPool.from_url(
+        settings.redis_address(), max_connections=4, client_name=name
+    )
+    client = AutoPipelinedRedis(connection_pool=pool)
+    try:
+        assert await client.ping() is True
+        for conn in [c for c in await redis.client_list() if c.get("name") == name]:
+            await redis.client_kill_filter(_id=conn["id"])
+        with contextlib.suppress(ConnectionError):
+            await client.ping()  # a burst that met the closed socket fails its callers
+        # Whether or not the pool noticed first, the dead connection is not used again.
+        assert await client.ping() is True
+        assert await client.ping() is True
+    finally:
+        await client.aclose()
 
 
 async def test_scripts_come_back_after_redis_forgot_them(redis: Redis) -> None:
