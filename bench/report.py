@@ -594,7 +594,7 @@ def tree_excerpt(text: str, limit: int = 45, threshold: float = 1.0) -> list[str
 
 METHOD = [
     "- **toolfleet**: `LocalFleet` — planner, aggregator, reconciler and N workers as separate "
-    "processes (`toolfleet worker --tools bench.tools:tools --concurrency 400` for (a) and "
+    "processes (`toolfleet worker --tools bench.tools:tools --concurrency 1600` for (a) and "
     "(b): as many as the calls outstanding, so worker slots are not the limit), a fresh topic "
     "prefix per run, 6 partitions per topic; every service on uvloop, Redis through an "
     "auto-pipelining client (commands issued in one loop turn share a round trip).",
@@ -609,8 +609,10 @@ METHOD = [
     "backend, one worker process (threads pool, 8 threads) per worker, one chord per turn (the "
     "calls as the header, a collector as the body that pushes the turn result to a Redis "
     "list); chords are sent from 2 client threads.",
-    "- **Load**: (a) closed loop, 400 calls outstanding (max(4, 400 / calls per turn) turns), "
-    "results counted over the measurement window after a warm-up; (b) open loop at a fixed "
+    "- **Load**: (a) closed loop, 1,600 calls outstanding (max(4, 1600 / calls per turn) "
+    "turns: with 400 neither toolfleet nor the relay kept the CPU busy, so it measured their "
+    "latency rather than their maximum), results counted over the measurement window after a "
+    "warm-up; (b) open loop at a fixed "
     "rate; latency = from handing the model response to the producer to reading the turn "
     "result; (c) closed loop, 4x the worker's concurrency outstanding (at least 4 turns). "
     "Every 16th toolfleet / relay result is decoded and checked (completed, one `ok` "

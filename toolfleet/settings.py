@@ -43,6 +43,14 @@ class Settings(BaseSettings):
         description="Consumer group session: how soon a dead process's partitions move on",
     )
 
+    aggregator_transaction_interval_ms: int = Field(
+        default=20,
+        ge=0,
+        description="Least time between two of the aggregator's Kafka transactions: under "
+        "load its batches grow instead of their number (each one costs the broker several "
+        "requests and markers)",
+    )
+
     # Recovery (the reconciler's budgets; see reconciler/_policy.py).
     recovery_max_attempts: int = Field(default=2, ge=1)
     recovery_probe_budget: int = Field(default=4, ge=1)
