@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 from redis.asyncio import Redis
 
 from toolfleet import infra
@@ -58,9 +59,27 @@ def keys(settings: Settings) -> Keys:
 
 
 @pytest.fixture(scope="session")
-async def topics(settings: Settings) -> list[str]:
-    """Every shared topic and the command topics of the test pools, created once."""
-    return await ensure_topics(settings, pools=("default", "slow"))
+async def topics(settings: Settings) -> AsyncIterator[list[str]]:
+    """Every shared topic and the command topics of the test pools, created once; deleted
+    with every other topic and Redis key of this session's namespace when the session ends
+    (a developer's broker would otherwise gather a dozen topics per run)."""
+    yield await ensure_topics(settings, pools=("default", "slow"))
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_servers())
+    await admin.start()
+    try:
+        mine = [t for t in await admin.list_topics() if t.startswith(settings.topic_prefix)]
+        if mine:
+            await admin.delete_topics(mine)
+    finally:
+        await admin.close()
+    client = connect_redis(settings)
+    try:
+        pattern = f"{Keys.of(settings).namespace}:*"
+        leftovers = [key async for key in client.scan_iter(match=pattern, count=1000)]
+        for start in range(0, len(leftovers), 1000):
+            await client.unlink(*leftovers[start : start + 1000])
+    finally:
+        await client.aclose()
 
 
 @pytest.fixture

@@ -32,14 +32,18 @@ _BUCKETS = 12
 _RECORD = """
 local now, window, nb = tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[7])
 local b = math.floor(now / (window / nb))
-local ttl = math.ceil(window) + 60
-redis.call('HINCRBY', KEYS[1], b .. ':n', 1)
+local n = redis.call('HINCRBY', KEYS[1], b .. ':n', 1)
 if ARGV[3] == '1' then redis.call('HINCRBY', KEYS[1], b .. ':f', 1) end
-redis.call('HDEL', KEYS[1], (b - nb) .. ':n', (b - nb) .. ':f')
-redis.call('EXPIRE', KEYS[1], ttl)
-redis.call('LPUSH', KEYS[3], now .. '|' .. ARGV[2])
-redis.call('LTRIM', KEYS[3], 0, 999)
-redis.call('EXPIRE', KEYS[3], ttl)
+local listed = redis.call('LPUSH', KEYS[3], now .. '|' .. ARGV[2])
+if listed > 1100 then redis.call('LTRIM', KEYS[3], 0, 999) end
+if n == 1 then
+  -- A new bucket (once per window / buckets, not on every call): forget the one that left
+  -- the window and keep both keys alive for another window.
+  local ttl = math.ceil(window) + 60
+  redis.call('HDEL', KEYS[1], (b - nb) .. ':n', (b - nb) .. ':f')
+  redis.call('EXPIRE', KEYS[1], ttl)
+  redis.call('EXPIRE', KEYS[3], ttl)
+end
 -- A success never raises the error rate: the window is evaluated when a failure comes in
 -- (a success that only brings it up to min_calls leaves the decision to the next failure).
 if ARGV[3] ~= '1' or redis.call('EXISTS', KEYS[2]) == 1 then return {} end

@@ -100,46 +100,65 @@ class LedgerEntry:
         )
 
 
-# KEYS[1] call, KEYS[2] audit; ARGV: fingerprint, idem key, run, turn, tool, pool, now
-_CREATE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'fingerprint', ARGV[1], 'idempotency_key', ARGV[2],
-  'run_id', ARGV[3], 'turn_id', ARGV[4], 'tool_name', ARGV[5], 'pool', ARGV[6],
-  'state', 'planned', 'attempts', 0, 'fencing_token', 0, 'created_at', ARGV[7],
-  'arguments', ARGV[8], 'index', ARGV[9])
-redis.call('RPUSH', KEYS[2], cjson.encode({event='planned', at=tonumber(ARGV[7])}))
-return 1
+# Issue an attempt of the call in KEYS[1] (audit chain KEYS[2]); ``h`` is its HMGET of state,
+# attempts, fencing_token. Unforced (the planner) it is idempotent: a dispatched call gets
+# its current attempt back, a started or finished one nothing. Forced (a retry the
+# reconciler decided after a probe proved the call not applied) the fencing token is bumped,
+# so the outcome of any older holder is ignored; it also reopens a call whose stored
+# outcome is an unknown effect.
+_ISSUE = """
+local function issue(h, force, now, reason)
+  local state = h[1]
+  if not force then
+    if state == 'committed' or state == 'finished' then return {-2, 0} end
+    if state == 'dispatched' then return {tonumber(h[2]), tonumber(h[3])} end
+    if state ~= 'planned' then return {-3, 0} end
+  end
+  local attempt, token = tonumber(h[2]) + 1, tonumber(h[3]) + 1
+  redis.call('HSET', KEYS[1], 'state', 'dispatched', 'attempts', attempt, 'fencing_token', token)
+  redis.call('RPUSH', KEYS[2], cjson.encode({event='dispatched', attempt=attempt,
+    fencing_token=token, reason=reason, at=now}))
+  return {attempt, token}
+end
+local h = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'fencing_token')
 """
 
-# Issue an attempt. ARGV: now, reason, force. Without force (the planner) it is idempotent:
-# a dispatched call gets its current attempt back, a started one nothing. With force (a
-# retry the reconciler decided after a probe proved the call not applied) the fencing token
-# is bumped, so the outcome of any older holder is ignored; it also reopens a call whose
-# stored outcome is an unknown effect.
-_DISPATCH = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 0} end
-local h = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'fencing_token')
-local state = h[1]
-if ARGV[3] ~= '1' then
-  if state == 'committed' or state == 'finished' then return {-2, 0} end
-  if state == 'dispatched' then return {tonumber(h[2]), tonumber(h[3])} end
-  if state ~= 'planned' then return {-3, 0} end
+# Record a planned call unless it exists (an existing entry is left as it is); with
+# ARGV[10] = '1' also issue its attempt, as _DISPATCH does. ARGV: fingerprint, idem key,
+# run, turn, tool, pool, now, arguments, index, dispatch. Returns {attempt, token}, {0, 0}
+# when not dispatching, or a negative attempt when no command should be sent.
+_CREATE = (
+    _ISSUE
+    + """
+if not h[1] then
+  redis.call('HSET', KEYS[1], 'fingerprint', ARGV[1], 'idempotency_key', ARGV[2],
+    'run_id', ARGV[3], 'turn_id', ARGV[4], 'tool_name', ARGV[5], 'pool', ARGV[6],
+    'state', 'planned', 'attempts', 0, 'fencing_token', 0, 'created_at', ARGV[7],
+    'arguments', ARGV[8], 'index', ARGV[9])
+  redis.call('RPUSH', KEYS[2], cjson.encode({event='planned', at=tonumber(ARGV[7])}))
+  h = {'planned', '0', '0'}
 end
-local token = redis.call('HINCRBY', KEYS[1], 'fencing_token', 1)
-local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
-redis.call('HSET', KEYS[1], 'state', 'dispatched')
-redis.call('RPUSH', KEYS[2], cjson.encode({event='dispatched', attempt=attempt,
-  fencing_token=token, reason=ARGV[2], at=tonumber(ARGV[1])}))
-return {attempt, token}
+if ARGV[10] ~= '1' then return {0, 0} end
+return issue(h, false, tonumber(ARGV[7]), 'planned')
 """
+)
+
+# ARGV: now, reason, force ('1' or '0').
+_DISPATCH = (
+    _ISSUE
+    + """
+if not h[1] then return {-1, 0} end
+return issue(h, ARGV[3] == '1', tonumber(ARGV[1]), ARGV[2])
+"""
+)
 
 # A worker asks to run an attempt. ARGV: token, worker, lease_s
 _BEGIN = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', ''} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local h = redis.call('HMGET', KEYS[1], 'state', 'fencing_token', 'lease_until', 'outcome')
 local state, token = h[1], tonumber(h[2])
+if not state then return {'missing', ''} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 if state == 'finished' or state == 'committed' then return {'done', h[4] or ''} end
 if tonumber(ARGV[1]) < token then return {'stale', ''} end
 if state == 'started' then
@@ -243,9 +262,13 @@ class Ledger:
         """Record planned calls (an existing entry is left exactly as it is), then ``dispatch``
         the given ones (idempotent, as ``dispatch_many``), in one round trip and that order."""
         now = time.time()
+        dispatch = list(dispatch)
+        now_too = set(dispatch)
+        issued: dict[str, tuple[int, int] | None] = {}
         async with self.redis.pipeline(transaction=False) as pipe:
-            created = 0
+            # A call created and dispatched here takes one script, not two.
             for c in calls:
+                issued[c.call_id] = None
                 await self._create(
                     keys=[
                         self.keys.call(tenant_id, c.call_id),
@@ -261,18 +284,21 @@ class Ledger:
                         now,
                         c.arguments,
                         c.index,
+                        "1" if c.call_id in now_too else "0",
                     ],
                     client=pipe,
                 )
-                created += 1
-            for call_id in dispatch:
+            others = [call_id for call_id in dispatch if call_id not in issued]
+            for call_id in others:
                 await self._dispatch(
                     keys=[self.keys.call(tenant_id, call_id), self.keys.audit(tenant_id, call_id)],
                     args=[now, "planned", "0"],
                     client=pipe,
                 )
             replies = await pipe.execute()
-        return [None if int(a) < 0 else (int(a), int(t)) for a, t in replies[created:]]
+        for call_id, (attempt, token) in zip([*issued, *others], replies, strict=True):
+            issued[call_id] = None if int(attempt) <= 0 else (int(attempt), int(token))
+        return [issued[call_id] for call_id in dispatch]
 
     async def dispatch(
         self, tenant_id: str, call_id: str, reason: str = "planned", *, force: bool = False

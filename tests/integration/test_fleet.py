@@ -21,6 +21,8 @@ from tests.conftest import wait_for
 from tests.integration.crash_tools import effects_key, holder_key, in_flight_keys
 from tests.integration.test_pipeline import outputs, turn
 from toolfleet.client import FleetClient
+from toolfleet.keys import Keys
+from toolfleet.ledger import Ledger
 from toolfleet.settings import Settings
 from toolfleet.testing import LocalFleet, connected_client, result_of
 
@@ -76,7 +78,7 @@ async def test_concurrency_limits_hold_across_worker_processes(
 
 
 async def test_a_call_runs_at_most_once_while_a_worker_is_sigkilled_mid_run(
-    fleet: LocalFleet, client: FleetClient, redis: Redis
+    fleet: LocalFleet, client: FleetClient, redis: Redis, keys: Keys
 ) -> None:
     events = [
         turn(*((f"c{i}", "charge", {"amount": i, "hold_ms": 1500}) for i in range(5)))
@@ -101,8 +103,10 @@ async def test_a_call_runs_at_most_once_while_a_worker_is_sigkilled_mid_run(
     results = [await result_of(fleet, client, e.run_id, within=90) for e in events]
     records = {c.call_id: c for r in results for c in r.calls}
     effects = {cid: int(await redis.get(effects_key(cid)) or 0) for cid in call_ids}
-    holders = {cid: (await redis.get(holder_key(cid)) or b"").decode() for cid in call_ids}
-    killed = {cid for cid, h in holders.items() if h.endswith(f"-{victim_pid}")}
+    # Started on the victim, by the ledger (which records the worker at ``started``): a call
+    # can be started there and killed before its body wrote the holder key.
+    entries = await Ledger(redis, keys).read("acme", call_ids)
+    killed = {cid for cid, e in entries.items() if (e.worker_id or "").endswith(f"-{victim_pid}")}
     print(f"{len(killed)} calls were on the killed worker; effects: {sorted(effects.values())}")
     assert killed
     assert all(n <= 1 for n in effects.values()), "a call's side effect ran twice"
