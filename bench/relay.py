@@ -3,9 +3,9 @@
 ``python -m bench.relay planner|worker|aggregator`` runs one relay process. Together they
 carry a turn over exactly the hops toolfleet uses, with the same topics, keys, partition
 counts, producer settings (idempotent, acks=all, linger 2 ms), read_committed consumers and
-manual offset commits, the same event loop (uvloop), and the same bytes: every message is the
-same pydantic model toolfleet sends, encoded the same way, and every consumed message is
-decoded once.
+manual offset commits, the same event loop (uvloop) and garbage-collector tuning, and the
+same bytes: every message is the same pydantic model toolfleet sends, encoded the same way,
+and every consumed message is decoded once.
 
     model-responses -> planner -> commands.default + plans
     commands.default -> worker -> outcomes
@@ -42,6 +42,7 @@ from schemas import (
     TurnPlan,
     TurnResult,
 )
+from toolfleet.service import tune_gc
 from toolfleet.settings import Settings
 
 ROLES = ("planner", "worker", "aggregator")
@@ -249,7 +250,10 @@ class Relay:
 
 
 async def _main(role: str) -> None:
-    relay = Relay(role, Settings())
+    settings = Settings()
+    relay = Relay(role, settings)
+    # The same collector tuning as toolfleet's services: its limit is the same stack's.
+    tune_gc(settings.gc_thresholds)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, relay.stop)

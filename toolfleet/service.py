@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from collections.abc import Callable
 from typing import Protocol
@@ -44,7 +45,21 @@ def run_service(
 async def _main(settings: Settings, make: Callable[[], Service], pools: tuple[str, ...]) -> None:
     await ensure_topics(settings, pools)
     service = make()
+    tune_gc(settings.gc_thresholds)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stop)
     await service.run()
+
+
+def tune_gc(thresholds: tuple[int, int, int]) -> None:
+    """Collect garbage the way a long-running, allocation-heavy service wants it.
+
+    Everything allocated so far (modules, classes, the service itself) is frozen out of the
+    collector's view: it lives as long as the process and would be traversed by every full
+    collection. Reference counting frees almost everything at once; the collector is only
+    needed for cycles, so it can run far less often than CPython's default, which is tuned
+    for small heaps: a worker with 1,600 calls in flight spent 43% of its CPU collecting.
+    """
+    gc.freeze()
+    gc.set_threshold(*thresholds)

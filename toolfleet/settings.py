@@ -43,6 +43,11 @@ class Settings(BaseSettings):
         description="Consumer group session: how soon a dead process's partitions move on",
     )
 
+    gc_thresholds: tuple[int, int, int] = Field(
+        default=(100_000, 20, 40),
+        description="gc.set_threshold for every service (see toolfleet.service.tune_gc); "
+        "as JSON in the environment, e.g. [100000, 20, 40]",
+    )
     aggregator_transaction_interval_ms: int = Field(
         default=20,
         ge=0,
