@@ -611,8 +611,8 @@ METHOD = [
     "list); chords are sent from 2 client threads.",
     "- **Load**: (a) closed loop, 1,600 calls outstanding (max(4, 1600 / calls per turn) "
     "turns: with 400 neither toolfleet nor the relay kept the CPU busy, so it measured their "
-    "latency rather than their maximum), results counted over the measurement window after a "
-    "warm-up; (b) open loop at a fixed "
+    "latency rather than their maximum; Celery keeps 400, where it does better), results "
+    "counted over the measurement window after a warm-up; (b) open loop at a fixed "
     "rate; latency = from handing the model response to the producer to reading the turn "
     "result; (c) closed loop, 4x the worker's concurrency outstanding (at least 4 turns). "
     "Every 16th toolfleet / relay result is decoded and checked (completed, one `ok` "
