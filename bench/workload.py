@@ -183,9 +183,10 @@ class _Tracker:
                 seen, last_result = len(self.done), now
             if now > deadline or now - last_result > stall_s:
                 why = "no result" if now - last_result > stall_s else "not all results"
+                missing = ", ".join(list(self.sent)[:5])
                 raise TimeoutError(
-                    f"{self.target.label}: {len(self.sent)} turns still without a result; "
-                    f"{why} for {now - last_result:.0f} s after the load stopped"
+                    f"{self.target.label}: {len(self.sent)} turns still without a result "
+                    f"({missing}); {why} for {now - last_result:.0f} s after the load stopped"
                 )
             try:
                 await asyncio.wait_for(self.drained.wait(), 0.5)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
 import hiredis
+import orjson
 from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import Pipeline
@@ -330,15 +330,17 @@ async def update_json(
         if known is None:
             raw = await redis.get(key)
             current = raw.encode() if isinstance(raw, str) else raw or b""
-            value = json.loads(current) if current else None
+            value = orjson.loads(current) if current else None
         else:
             current, value = known
         state, result = change(value)
         if state is None:
             return state, result
         read = hashlib.sha1(current, usedforsecurity=False).hexdigest()
-        new = json.dumps(state, separators=(",", ":"), default=default)
+        # orjson: the aggregator writes a turn's whole state on every update, and json.dumps
+        # was an eighth of its CPU.
+        new = orjson.dumps(state, default=default, option=orjson.OPT_PASSTHROUGH_DATACLASS)
         if await cas(keys=[key], args=[read, new, ttl_s]):
             if cache is not None:
-                cache[key] = (new.encode(), state)
+                cache[key] = (new, state)
             return state, result

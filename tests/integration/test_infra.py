@@ -288,6 +288,9 @@ async def test_redis_data_survives_a_restart(private: Private, running: infra.In
     client = aioredis.Redis.from_url(running.redis_url, decode_responses=True)
     try:
         await client.mset(keys)
+        # The append-only file, fsynced on every write, is the only persistence.
+        config = await client.config_get("appendonly", "appendfsync", "save")
+        assert config == {"appendonly": "yes", "appendfsync": "always", "save": ""}
     finally:
         await client.aclose()
 

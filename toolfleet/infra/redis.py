@@ -72,6 +72,9 @@ def start_redis(settings: Settings, *, timeout: float = READY_TIMEOUT) -> Servic
             # 'always': the ledger's `started` must survive a Redis crash, or a call could
             # run twice. Redis fsyncs once per event-loop pass, so concurrent writers share it.
             "--appendfsync", "always",
+            # No RDB snapshots on top: the AOF is the persistence, and a snapshot forks and
+            # writes the whole dataset every minute a busy ledger changes 10,000 keys.
+            "--save", "",
             "--dir", str(home),
             "--daemonize", "no",
         ]  # fmt: skip
