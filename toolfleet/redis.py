@@ -312,7 +312,8 @@ async def update_json(
     runs), the value this process wrote last is taken from memory, not read back: one round
     trip. The compare-and-set still guards it, so a value someone else changed meanwhile
     fails the write, is read again and the change is made again. ``default`` encodes
-    objects the value holds that json cannot (as ``json.dumps``' own). ``probably_new``
+    objects the value holds that JSON cannot, dataclasses included (as ``json.dumps``' own;
+    the value is written with orjson). ``probably_new``
     first assumes the key is absent, without reading it (a key that exists fails the
     compare-and-set and is read then).
     """
