@@ -219,10 +219,8 @@ def _split_name(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """``("SCRIPT FLUSH", ...)`` as the server wants it: one word per argument (as redis-py
     packs command names)."""
     name = args[0]
-    if isinstance(name, str) and " " in name:
-        return (*name.split(), *args[1:])
-    if isinstance(name, bytes) and b" " in name:
-        return (*name.split(), *args[1:])
+    if isinstance(name, str | bytes) and len(words := name.split()) > 1:
+        return (*words, *args[1:])
     return args
 
 
