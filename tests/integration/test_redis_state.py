@@ -43,7 +43,37 @@ async def test_a_burst_of_commands_shares_one_connection(redis: Redis, settings:
         replies = await asyncio.gather(*(client.incr(key) for _ in range(500)))
         assert sorted(replies) == list(range(1, 501))  # every caller got its own reply
         mine = [c for c in await redis.client_list() if c.get("name") == name]
-        assert 1 <= len(mine) <= 2  # one flush in flight at a time (+ a reconnect at most)
+        assert 1 <= len(mine) <= 3  # two flushes in flight at most (+ a reconnect)
+    finally:
+        await redis.delete(key)
+        await client.aclose()
+
+
+async def test_a_second_burst_goes_out_while_the_first_waits_for_its_replies(
+    redis: Redis, settings: Settings
+) -> None:
+    """Two bursts in flight, each on its own connection, each caller with its own reply."""
+    name = f"inflight-{uuid.uuid4().hex[:8]}"
+    pool = BlockingConnectionPool.from_url(
+        settings.redis_address(), max_connections=8, client_name=name
+    )
+    client = AutoPipelinedRedis(connection_pool=pool)
+    key = f"test:burst:{uuid.uuid4().hex}"
+    # Busy for ~50 ms on the server, so the first burst is still in flight when the second
+    # one is flushed on the next loop turn.
+    slow = (
+        "local t = redis.call('TIME'); local until_us = t[1] * 1e6 + t[2] + 50000 "
+        "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] >= until_us return ARGV[1]"
+    )
+    try:
+        first = asyncio.ensure_future(client.eval(slow, 0, "first"))
+        await asyncio.sleep(0)  # wait-ok: one loop turn, so the first burst is flushed alone
+        await asyncio.sleep(0)  # wait-ok
+        second = await asyncio.gather(client.set(key, "2"), client.get(key))
+        assert await first == b"first"
+        assert second == [True, b"2"]
+        mine = [c for c in await redis.client_list() if c.get("name") == name]
+        assert len(mine) == 2
     finally:
         await redis.delete(key)
         await client.aclose()
