@@ -177,12 +177,16 @@ def infra_pids(settings: Settings) -> dict[str, int]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (and its reaped children) so far; 0 when gone."""
+    """User + system CPU seconds of a process and its reaped children so far; 0 when gone.
+
+    The children matter for Redis: its AOF rewrites run in forked children, every few
+    seconds under load, and are part of what the ledger costs.
+    """
     try:
         t = psutil.Process(pid).cpu_times()
     except psutil.Error:
         return 0.0
-    return float(t.user + t.system)
+    return float(t.user + t.system + t.children_user + t.children_system)
 
 
 def rss_bytes(pid: int) -> int:
