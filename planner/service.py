@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Mapping
 
 from redis.asyncio import Redis
 
@@ -22,6 +23,7 @@ from planner._planning import (
     Dispatch,
     LedgerUpdate,
     LedgerView,
+    PlanResult,
     plan_turn,
 )
 from schemas import (
@@ -31,6 +33,7 @@ from schemas import (
     ExecutionCommand,
     ModelResponseEvent,
     PlannedCall,
+    ToolSpec,
     TurnConfig,
 )
 from toolfleet.bus import ConsumeLoop, KafkaBus, Record
@@ -104,28 +107,33 @@ class Planner:
         began = time.perf_counter()
         items = event.function_calls
         tools = await self.tools.specs(needed=(_lookup(c.namespace, c.name) for c in items))
-        # Both reads in one round trip.
-        entries, approvals = await asyncio.gather(
-            self.ledger.read(event.tenant_id, (c.call_id for c in items if c.call_id)),
-            self._approvals(event.tenant_id, event.run_id),
-        )
-        # A resumed turn gets a newer plan epoch; the offset keeps it stable on redelivery.
-        epoch = record.offset + 1 if event.resume else 0
-        result = plan_turn(
-            event,
-            tools=tools,
-            ledger={cid: _view(e) for cid, e in entries.items()},
-            approvals=approvals,
-            now=time.time(),
-            epoch=epoch,
-        )
-        dispatches = {d.call.call_id: d for d in result.dispatch}
         capped = event.config.max_concurrency is not None
-        issued: list[tuple[int, int] | None] = []
-        if not result.failed:
-            # Without a cap every call is dispatched now, in the same round trip.
-            now = [] if capped else list(dispatches)
-            issued = await self._record(event, result.ledger_updates, dispatch=now)
+        result = None if event.resume or capped else await self._plan_fresh(event, tools)
+        issued: list[tuple[int, int] | None]
+        if result is not None:
+            issued = [(1, 1)] * len(result.dispatch)
+        else:
+            # Both reads in one round trip.
+            entries, approvals = await asyncio.gather(
+                self.ledger.read(event.tenant_id, (c.call_id for c in items if c.call_id)),
+                self._approvals(event.tenant_id, event.run_id),
+            )
+            # A resumed turn gets a newer plan epoch; the offset keeps it stable on redelivery.
+            epoch = record.offset + 1 if event.resume else 0
+            result = plan_turn(
+                event,
+                tools=tools,
+                ledger={cid: _view(e) for cid, e in entries.items()},
+                approvals=approvals,
+                now=time.time(),
+                epoch=epoch,
+            )
+            issued = []
+            if not result.failed:
+                # Without a cap every call is dispatched now, in the same round trip.
+                now = [] if capped else [d.call.call_id for d in result.dispatch]
+                issued = await self._record(event, result.ledger_updates, dispatch=now)
+        dispatches = {d.call.call_id: d for d in result.dispatch}
         # The ledger is written; plan and commands may now travel together (the aggregator
         # keeps outcomes that overtake their plan). All acks are awaited before the offset
         # of the response is committed.
@@ -212,27 +220,41 @@ class Planner:
             (per_call if kind == "call" else sticky)[name] = decision
         return ApprovalView(per_call=per_call, sticky=sticky)
 
+    async def _plan_fresh(
+        self, event: ModelResponseEvent, tools: Mapping[str, ToolSpec]
+    ) -> PlanResult | None:
+        """The plan of a turn whose calls are all new and dispatched at once, recorded in one
+        round trip without reading the ledger first; None (nothing written) when the turn
+        is not that simple, or when the ledger knows one of its calls or the run has
+        approval decisions: then it is planned from what the ledger holds.
+
+        With no entry and no decision stored, planning from an empty ledger is exactly
+        planning from the stored state, and the script checks that before writing.
+        """
+        result = plan_turn(
+            event, tools=tools, ledger={}, approvals=ApprovalView(), now=time.time(), epoch=0
+        )
+        updates = result.ledger_updates
+        simple = (
+            not result.failed
+            and bool(updates)
+            and [u.call.call_id for u in updates] == [d.call.call_id for d in result.dispatch]
+            and all(u.create and not u.pending_approval and u.approval is None for u in updates)
+        )
+        if not simple:
+            return None
+        new_calls = _new_calls(event, updates)
+        if not await self.ledger.create_fresh(event.tenant_id, event.run_id, new_calls):
+            return None
+        return result
+
     async def _record(
         self, event: ModelResponseEvent, updates: list[LedgerUpdate], dispatch: list[str]
     ) -> list[tuple[int, int] | None]:
         """Write the plan's decisions to the ledger, dispatching ``dispatch`` (attempt and
         token per call, None when none should be sent); nothing is sent before this is durable.
         """
-        new_calls = [
-            NewCall(
-                u.call.call_id,
-                u.fingerprint,
-                u.idempotency_key,
-                event.run_id,
-                event.turn_id,
-                u.call.tool_name,
-                u.call.pool,
-                arguments=u.call.arguments,
-                index=u.call.index,
-            )
-            for u in updates
-            if u.create
-        ]  # fmt: skip
+        new_calls = _new_calls(event, [u for u in updates if u.create])
         issued = await self.ledger.create(event.tenant_id, new_calls, dispatch=dispatch)
         for update in updates:
             call = update.call
@@ -282,6 +304,24 @@ class Planner:
 
 _CAPPED = b'"capped":true'
 """How a capped turn's outcome reads on the wire (compact JSON, as Message.encode writes it)."""
+
+
+def _new_calls(event: ModelResponseEvent, updates: list[LedgerUpdate]) -> list[NewCall]:
+    """The ledger entries to create for ``updates``."""
+    return [
+        NewCall(
+            u.call.call_id,
+            u.fingerprint,
+            u.idempotency_key,
+            event.run_id,
+            event.turn_id,
+            u.call.tool_name,
+            u.call.pool,
+            arguments=u.call.arguments,
+            index=u.call.index,
+        )
+        for u in updates
+    ]
 
 
 def _lookup(namespace: str | None, name: str) -> str:

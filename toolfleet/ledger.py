@@ -100,14 +100,15 @@ class LedgerEntry:
         )
 
 
-# Issue an attempt of the call in KEYS[1] (audit chain KEYS[2]); ``h`` is its HMGET of state,
+# Issue an attempt of the call ``call`` (audit chain ``audit``); ``h`` is its HMGET of state,
 # attempts, fencing_token. Unforced (the planner) it is idempotent: a dispatched call gets
 # its current attempt back, a started or finished one nothing. Forced (a retry the
 # reconciler decided after a probe proved the call not applied) the fencing token is bumped,
 # so the outcome of any older holder is ignored; it also reopens a call whose stored
-# outcome is an unknown effect.
+# outcome is an unknown effect. ``plan`` records a new entry in state planned from its
+# fields (fingerprint, idem key, run, turn, tool, pool, arguments, index) and returns its h.
 _ISSUE = """
-local function issue(h, force, now, reason)
+local function issue(call, audit, h, force, now, reason)
   local state = h[1]
   if not force then
     if state == 'committed' or state == 'finished' then return {-2, 0} end
@@ -115,12 +116,18 @@ local function issue(h, force, now, reason)
     if state ~= 'planned' then return {-3, 0} end
   end
   local attempt, token = tonumber(h[2]) + 1, tonumber(h[3]) + 1
-  redis.call('HSET', KEYS[1], 'state', 'dispatched', 'attempts', attempt, 'fencing_token', token)
-  redis.call('RPUSH', KEYS[2], cjson.encode({event='dispatched', attempt=attempt,
+  redis.call('HSET', call, 'state', 'dispatched', 'attempts', attempt, 'fencing_token', token)
+  redis.call('RPUSH', audit, cjson.encode({event='dispatched', attempt=attempt,
     fencing_token=token, reason=reason, at=now}))
   return {attempt, token}
 end
-local h = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'fencing_token')
+local function plan(call, audit, now, f)
+  redis.call('HSET', call, 'fingerprint', f[1], 'idempotency_key', f[2], 'run_id', f[3],
+    'turn_id', f[4], 'tool_name', f[5], 'pool', f[6], 'state', 'planned', 'attempts', 0,
+    'fencing_token', 0, 'created_at', now, 'arguments', f[7], 'index', f[8])
+  redis.call('RPUSH', audit, cjson.encode({event='planned', at=tonumber(now)}))
+  return {'planned', '0', '0'}
+end
 """
 
 # Record a planned call unless it exists (an existing entry is left as it is); with
@@ -130,16 +137,32 @@ local h = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'fencing_token')
 _CREATE = (
     _ISSUE
     + """
+local h = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'fencing_token')
 if not h[1] then
-  redis.call('HSET', KEYS[1], 'fingerprint', ARGV[1], 'idempotency_key', ARGV[2],
-    'run_id', ARGV[3], 'turn_id', ARGV[4], 'tool_name', ARGV[5], 'pool', ARGV[6],
-    'state', 'planned', 'attempts', 0, 'fencing_token', 0, 'created_at', ARGV[7],
-    'arguments', ARGV[8], 'index', ARGV[9])
-  redis.call('RPUSH', KEYS[2], cjson.encode({event='planned', at=tonumber(ARGV[7])}))
-  h = {'planned', '0', '0'}
+  h = plan(KEYS[1], KEYS[2], ARGV[7], {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6],
+    ARGV[8], ARGV[9]})
 end
 if ARGV[10] ~= '1' then return {0, 0} end
-return issue(h, false, tonumber(ARGV[7]), 'planned')
+return issue(KEYS[1], KEYS[2], h, false, tonumber(ARGV[7]), 'planned')
+"""
+)
+
+# A turn whose calls are all new, in one script: KEYS are the run's approval state, then
+# each call's entry and audit chain; ARGV: now, then the 8 fields of each call. Records and
+# dispatches every call (attempt 1, token 1 each) only if none of those keys exists;
+# returns the number of calls dispatched, 0 when it wrote nothing.
+_CREATE_FRESH = (
+    _ISSUE
+    + """
+if redis.call('EXISTS', unpack(KEYS)) > 0 then return 0 end
+local now = tonumber(ARGV[1])
+for i = 2, #KEYS, 2 do
+  local a = (i / 2 - 1) * 8 + 1
+  local h = plan(KEYS[i], KEYS[i + 1], ARGV[1], {ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+    ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]})
+  issue(KEYS[i], KEYS[i + 1], h, false, now, 'planned')
+end
+return (#KEYS - 1) / 2
 """
 )
 
@@ -147,8 +170,9 @@ return issue(h, false, tonumber(ARGV[7]), 'planned')
 _DISPATCH = (
     _ISSUE
     + """
+local h = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'fencing_token')
 if not h[1] then return {-1, 0} end
-return issue(h, ARGV[3] == '1', tonumber(ARGV[1]), ARGV[2])
+return issue(KEYS[1], KEYS[2], h, ARGV[3] == '1', tonumber(ARGV[1]), ARGV[2])
 """
 )
 
@@ -233,6 +257,7 @@ class Ledger:
         self.redis = redis
         self.keys = keys
         self._create = redis.register_script(_CREATE)
+        self._create_fresh = redis.register_script(_CREATE_FRESH)
         self._dispatch = redis.register_script(_DISPATCH)
         self._begin = redis.register_script(_BEGIN)
         self._renew = redis.register_script(_RENEW)
@@ -299,6 +324,18 @@ class Ledger:
         for call_id, (attempt, token) in zip([*issued, *others], replies, strict=True):
             issued[call_id] = None if int(attempt) <= 0 else (int(attempt), int(token))
         return [issued[call_id] for call_id in dispatch]
+
+    async def create_fresh(self, tenant_id: str, run_id: str, calls: list[NewCall]) -> bool:
+        """Record and dispatch ``calls`` (attempt 1, token 1 each) in one script, only if none
+        of them has an entry or an audit chain yet and the run has no approval decisions;
+        False when it wrote nothing (the caller then reads the ledger and plans as usual)."""
+        keys = [self.keys.approvals(tenant_id, run_id)]
+        args: list[Any] = [time.time()]
+        for c in calls:
+            keys += [self.keys.call(tenant_id, c.call_id), self.keys.audit(tenant_id, c.call_id)]
+            args += [c.fingerprint, c.idempotency_key, c.run_id, c.turn_id, c.tool_name,
+                     c.pool or "", c.arguments, c.index]  # fmt: skip
+        return int(await self._create_fresh(keys=keys, args=args)) == len(calls)
 
     async def dispatch(
         self, tenant_id: str, call_id: str, reason: str = "planned", *, force: bool = False

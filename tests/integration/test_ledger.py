@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 import pytest
@@ -49,6 +50,49 @@ async def test_create_never_overwrites_an_existing_entry(
     await ledger.create("t", [NewCall(call_id, "other", "k2", "run", 1, "tool", None)])
     entry = (await ledger.read("t", [call_id]))[call_id]
     assert (entry.fingerprint, entry.state, entry.idempotency_key) == ("fp", "planned", "tf-key")
+
+
+async def test_a_fresh_turn_is_recorded_as_create_and_dispatch_would_record_it(
+    redis: Redis, settings: Settings
+) -> None:
+    keys = Keys.of(settings)
+    ledger = Ledger(redis, keys)
+    fresh = [f"call-{uuid.uuid4().hex}" for _ in range(3)]
+    usual = [f"call-{uuid.uuid4().hex}" for _ in range(3)]
+
+    def calls(ids: list[str]) -> list[NewCall]:
+        return [NewCall(c, f"fp{i}", f"k{i}", "run", 2, "tool", None, "{}", i)
+                for i, c in enumerate(ids)]  # fmt: skip
+
+    assert await ledger.create_fresh("t", f"run-{uuid.uuid4().hex}", calls(fresh))
+    issued = await ledger.create("t", calls(usual), dispatch=usual)
+    assert issued == [(1, 1)] * 3  # what create_fresh's caller puts on the commands
+
+    async def stored(call_id: str) -> tuple[dict[bytes, bytes], list[str]]:
+        entry = await redis.hgetall(keys.call("t", call_id))
+        entry.pop(b"created_at")
+        chain = await redis.lrange(keys.audit("t", call_id), 0, -1)
+        return entry, [json.loads(e)["event"] for e in chain]
+
+    for a, b in zip(fresh, usual, strict=True):
+        assert await stored(a) == await stored(b)
+    assert (await stored(fresh[0]))[1] == ["planned", "dispatched"]
+
+
+async def test_a_fresh_turn_writes_nothing_if_the_ledger_knows_a_call_or_the_run_has_decisions(
+    redis: Redis, settings: Settings
+) -> None:
+    keys = Keys.of(settings)
+    ledger = Ledger(redis, keys)
+    known, new = f"call-{uuid.uuid4().hex}", f"call-{uuid.uuid4().hex}"
+    await ledger.create("t", [_call(known)])
+    assert not await ledger.create_fresh("t", "run", [_call(new), _call(known)])
+    assert await redis.exists(keys.call("t", new), keys.audit("t", new)) == 0
+    run = f"run-{uuid.uuid4().hex}"
+    await redis.hset(keys.approvals("t", run), "sticky:tool", '{"approve": false}')
+    assert not await ledger.create_fresh("t", run, [_call(new)])
+    assert await redis.exists(keys.call("t", new)) == 0
+    assert await ledger.create_fresh("t", "run", [_call(new)])
 
 
 async def test_only_one_of_many_concurrent_workers_may_start_an_attempt(
