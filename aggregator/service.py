@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -132,8 +132,10 @@ class Aggregator:
             TURN_LATENCY.labels(result.status).observe(time.time() - planned_at)
 
     async def _handle_in_order(self, records: list[Record]) -> list[Emission]:
-        """One run's records, in order; consecutive outcomes of a turn are recorded together."""
+        """One run's records, in order. A plan and the outcomes right behind it (usual under
+        load: a plan and its outcomes travel together) are recorded in one state update."""
         emitted: list[Emission] = []
+        plan: tuple[TurnPlan, str] | None = None
         outcomes: list[tuple[CallOutcome, str]] = []
         async with self._slots:
             for record in records:
@@ -142,13 +144,15 @@ class Aggregator:
                 if isinstance(message, CallOutcome):
                     outcomes.append((message, trigger))
                     continue
-                emitted += await self.on_outcomes(outcomes)
-                outcomes = []
+                if plan is not None or outcomes:
+                    emitted += await self.on_outcomes(outcomes, plan=plan)
+                plan, outcomes = None, []
                 if isinstance(message, TurnPlan):
-                    emitted += await self.on_plan(message, [trigger])
+                    plan = (message, trigger)
                 elif isinstance(message, CancelRequest):
                     emitted += await self.on_cancel(message, [trigger])
-            emitted += await self.on_outcomes(outcomes)
+            if plan is not None or outcomes:
+                emitted += await self.on_outcomes(outcomes, plan=plan)
         return emitted
 
     async def _decode(self, record: Record) -> TurnPlan | CallOutcome | CancelRequest | None:
@@ -166,40 +170,71 @@ class Aggregator:
         MESSAGES.labels("aggregator", record.topic, "processed").inc()
         return message
 
-    async def on_plan(self, plan: TurnPlan, triggers: list[str]) -> list[Emission]:
-        """Start (or, for a resumed turn, replace) the turn's state."""
-        await self.redis.sadd(self.keys.turns(plan.tenant_id, plan.run_id), plan.turn_id)
+    async def on_plan(
+        self,
+        plan: TurnPlan,
+        triggers: list[str],
+        outcomes: Sequence[tuple[CallOutcome, str]] = (),
+    ) -> list[Emission]:
+        """Start (or, for a resumed turn, replace) the turn's state; ``outcomes`` of the turn
+        that came right behind the plan are recorded in the same update."""
         stored = await self._stored_outcomes(plan)
+        triggers = [*triggers, *(t for _, t in outcomes)]
 
         def change(blob: JsonState | None) -> tuple[JsonState | None, Emission | None]:
             blob = blob or {"turn": None, "early": {}, "emitted": None}
             turn = _turn_of(blob["turn"]) if blob["turn"] else None
-            if turn is not None and turn.plan.epoch >= plan.epoch:
-                return _maybe_emit(blob, turn, triggers)
-            early = [CallOutcome.model_validate_json(v) for v in blob["early"].values()]
-            carried = list(turn.outcomes.values()) if turn else []
-            turn = TurnState(plan=plan)
-            for outcome in [*carried, *early, *stored]:
+            if turn is None or turn.plan.epoch < plan.epoch:
+                early = [CallOutcome.model_validate_json(v) for v in blob["early"].values()]
+                carried = list(turn.outcomes.values()) if turn else []
+                turn = TurnState(plan=plan)
+                for outcome in [*carried, *early, *stored]:
+                    accept_outcome(turn, outcome)
+                blob["early"] = {}
+            for outcome, _ in outcomes:
                 accept_outcome(turn, outcome)
-            blob["early"] = {}
             return _maybe_emit(blob, turn, triggers)
 
         # A plan usually comes first: write without reading (early outcomes fail the write).
-        return await self._update(plan.tenant_id, plan.run_id, plan.turn_id, change, new=True)
+        # The run's turn list (for cancellations) is written in the same round trip.
+        _, emitted = await asyncio.gather(
+            self.redis.sadd(self.keys.turns(plan.tenant_id, plan.run_id), plan.turn_id),
+            self._update(plan.tenant_id, plan.run_id, plan.turn_id, change, new=True),
+        )
+        return emitted
 
-    async def on_outcomes(self, outcomes: list[tuple[CallOutcome, str]]) -> list[Emission]:
+    async def on_outcomes(
+        self, outcomes: list[tuple[CallOutcome, str]], plan: tuple[TurnPlan, str] | None = None
+    ) -> list[Emission]:
         """Record outcomes (with their triggering records), one state update per turn, and
-        copies for the turns attached to their calls."""
-        if not outcomes:
-            return []
-        attached = await self._copies_for_attached([o for o, _ in outcomes])
-        per_turn: dict[tuple[str, str, int], list[tuple[CallOutcome, str]]] = {}
-        for outcome, trigger in [*outcomes, *attached]:
-            turn_key = (outcome.tenant_id, outcome.run_id, outcome.turn_id)
-            per_turn.setdefault(turn_key, []).append((outcome, trigger))
-        emitted: list[Emission] = []
-        for (tenant, run, turn_id), batch in per_turn.items():
-            emitted += await self._record(tenant, run, turn_id, batch)
+        copies for the turns attached to their calls; with ``plan``, the plan first, in the
+        same update as its turn's outcomes."""
+        executed = [o for o, _ in outcomes if o.kind == "execute"]
+        # Which other turns wait for these calls is looked up while this turn is written.
+        lookup = asyncio.ensure_future(self._copies_for_attached(executed)) if executed else None
+        if lookup is not None:  # its error, if this update fails first, is not worth a warning
+            lookup.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            per_turn: dict[tuple[str, str, int], list[tuple[CallOutcome, str]]] = {}
+            for outcome, trigger in outcomes:
+                turn_key = (outcome.tenant_id, outcome.run_id, outcome.turn_id)
+                per_turn.setdefault(turn_key, []).append((outcome, trigger))
+            emitted: list[Emission] = []
+            if plan is not None:
+                turn, trigger = plan
+                own = per_turn.pop((turn.tenant_id, turn.run_id, turn.turn_id), [])
+                emitted += await self.on_plan(turn, [trigger], own)
+            for (tenant, run, turn_id), batch in per_turn.items():
+                emitted += await self._record(tenant, run, turn_id, batch)
+            attached: dict[tuple[str, str, int], list[tuple[CallOutcome, str]]] = {}
+            for copy, trigger in await lookup if lookup else []:
+                turn_key = (copy.tenant_id, copy.run_id, copy.turn_id)
+                attached.setdefault(turn_key, []).append((copy, trigger))
+            for (tenant, run, turn_id), batch in attached.items():
+                emitted += await self._record(tenant, run, turn_id, batch)
+        finally:
+            if lookup is not None:
+                lookup.cancel()
         return emitted
 
     async def _record(
@@ -296,14 +331,12 @@ class Aggregator:
         ]
 
     async def _copies_for_attached(
-        self, outcomes: list[CallOutcome]
+        self, executed: list[CallOutcome]
     ) -> list[tuple[CallOutcome, str]]:
-        """The outcomes again for every other turn attached to their calls (one round trip)."""
-        executed = [o for o in outcomes if o.kind == "execute"]
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for outcome in executed:
-                pipe.smembers(self.keys.attached(outcome.tenant_id, outcome.call_id))
-            members = await pipe.execute() if executed else []
+        """Executed outcomes again for every other turn attached to their calls."""
+        members = await asyncio.gather(
+            *(self.redis.smembers(self.keys.attached(o.tenant_id, o.call_id)) for o in executed)
+        )
         copies = []
         for outcome, waiting in zip(executed, members, strict=True):
             for member in waiting:
