@@ -108,10 +108,10 @@ class Planner:
         items = event.function_calls
         tools = await self.tools.specs(needed=(_lookup(c.namespace, c.name) for c in items))
         capped = event.config.max_concurrency is not None
-        result = None if event.resume or capped else await self._plan_fresh(event, tools)
+        fresh = None if event.resume or capped else await self._plan_fresh(event, tools)
         issued: list[tuple[int, int] | None]
-        if result is not None:
-            issued = [(1, 1)] * len(result.dispatch)
+        if fresh is not None:
+            result, issued = fresh[0], list(fresh[1])
         else:
             # Both reads in one round trip.
             entries, approvals = await asyncio.gather(
@@ -222,9 +222,10 @@ class Planner:
 
     async def _plan_fresh(
         self, event: ModelResponseEvent, tools: Mapping[str, ToolSpec]
-    ) -> PlanResult | None:
+    ) -> tuple[PlanResult, list[tuple[int, int]]] | None:
         """The plan of a turn whose calls are all new and dispatched at once, recorded in one
-        round trip without reading the ledger first; None (nothing written) when the turn
+        round trip without reading the ledger first, with each dispatch's attempt and
+        token; None (nothing written) when the turn
         is not that simple, or when the ledger knows one of its calls or the run has
         approval decisions: then it is planned from what the ledger holds.
 
@@ -243,10 +244,10 @@ class Planner:
         )
         if not simple:
             return None
-        new_calls = _new_calls(event, updates)
-        if not await self.ledger.create_fresh(event.tenant_id, event.run_id, new_calls):
-            return None
-        return result
+        issued = await self.ledger.create_fresh(
+            event.tenant_id, event.run_id, _new_calls(event, updates)
+        )
+        return None if issued is None else (result, issued)
 
     async def _record(
         self, event: ModelResponseEvent, updates: list[LedgerUpdate], dispatch: list[str]

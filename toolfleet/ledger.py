@@ -325,17 +325,22 @@ class Ledger:
             issued[call_id] = None if int(attempt) <= 0 else (int(attempt), int(token))
         return [issued[call_id] for call_id in dispatch]
 
-    async def create_fresh(self, tenant_id: str, run_id: str, calls: list[NewCall]) -> bool:
-        """Record and dispatch ``calls`` (attempt 1, token 1 each) in one script, only if none
-        of them has an entry or an audit chain yet and the run has no approval decisions;
-        False when it wrote nothing (the caller then reads the ledger and plans as usual)."""
+    async def create_fresh(
+        self, tenant_id: str, run_id: str, calls: list[NewCall]
+    ) -> list[tuple[int, int]] | None:
+        """Record and dispatch ``calls`` in one script, only if none of them has an entry or
+        an audit chain yet and the run has no approval decisions: (attempt, fencing token)
+        per call, as ``create`` returns them; None when it wrote nothing (the caller then
+        reads the ledger and plans as usual)."""
         keys = [self.keys.approvals(tenant_id, run_id)]
         args: list[Any] = [time.time()]
         for c in calls:
             keys += [self.keys.call(tenant_id, c.call_id), self.keys.audit(tenant_id, c.call_id)]
             args += [c.fingerprint, c.idempotency_key, c.run_id, c.turn_id, c.tool_name,
                      c.pool or "", c.arguments, c.index]  # fmt: skip
-        return int(await self._create_fresh(keys=keys, args=args)) == len(calls)
+        if int(await self._create_fresh(keys=keys, args=args)) != len(calls):
+            return None
+        return [(1, 1)] * len(calls)  # a new call's first attempt, as _ISSUE numbers it
 
     async def dispatch(
         self, tenant_id: str, call_id: str, reason: str = "planned", *, force: bool = False

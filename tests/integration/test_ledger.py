@@ -64,9 +64,8 @@ async def test_a_fresh_turn_is_recorded_as_create_and_dispatch_would_record_it(
         return [NewCall(c, f"fp{i}", f"k{i}", "run", 2, "tool", None, "{}", i)
                 for i, c in enumerate(ids)]  # fmt: skip
 
-    assert await ledger.create_fresh("t", f"run-{uuid.uuid4().hex}", calls(fresh))
-    issued = await ledger.create("t", calls(usual), dispatch=usual)
-    assert issued == [(1, 1)] * 3  # what create_fresh's caller puts on the commands
+    issued = await ledger.create_fresh("t", f"run-{uuid.uuid4().hex}", calls(fresh))
+    assert issued == await ledger.create("t", calls(usual), dispatch=usual) == [(1, 1)] * 3
 
     async def stored(call_id: str) -> tuple[dict[bytes, bytes], list[str]]:
         entry = await redis.hgetall(keys.call("t", call_id))
@@ -86,13 +85,13 @@ async def test_a_fresh_turn_writes_nothing_if_the_ledger_knows_a_call_or_the_run
     ledger = Ledger(redis, keys)
     known, new = f"call-{uuid.uuid4().hex}", f"call-{uuid.uuid4().hex}"
     await ledger.create("t", [_call(known)])
-    assert not await ledger.create_fresh("t", "run", [_call(new), _call(known)])
+    assert await ledger.create_fresh("t", "run", [_call(new), _call(known)]) is None
     assert await redis.exists(keys.call("t", new), keys.audit("t", new)) == 0
     run = f"run-{uuid.uuid4().hex}"
     await redis.hset(keys.approvals("t", run), "sticky:tool", '{"approve": false}')
-    assert not await ledger.create_fresh("t", run, [_call(new)])
+    assert await ledger.create_fresh("t", run, [_call(new)]) is None
     assert await redis.exists(keys.call("t", new)) == 0
-    assert await ledger.create_fresh("t", "run", [_call(new)])
+    assert await ledger.create_fresh("t", "run", [_call(new)]) == [(1, 1)]
 
 
 async def test_only_one_of_many_concurrent_workers_may_start_an_attempt(

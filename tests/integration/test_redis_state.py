@@ -16,6 +16,17 @@ from toolfleet.settings import Settings
 pytestmark = pytest.mark.integration
 
 
+def _named_client(
+    settings: Settings, label: str, max_connections: int
+) -> tuple[str, AutoPipelinedRedis]:
+    """A client of its own, whose connections carry a name to find them by in CLIENT LIST."""
+    name = f"{label}-{uuid.uuid4().hex[:8]}"
+    pool = BlockingConnectionPool.from_url(
+        settings.redis_address(), max_connections=max_connections, client_name=name
+    )
+    return name, AutoPipelinedRedis(connection_pool=pool)
+
+
 async def test_concurrent_read_modify_writes_lose_no_update(redis: Redis) -> None:
     key = f"test:cas:{uuid.uuid4().hex}"
 
@@ -33,11 +44,7 @@ async def test_concurrent_read_modify_writes_lose_no_update(redis: Redis) -> Non
 
 async def test_a_burst_of_commands_shares_one_connection(redis: Redis, settings: Settings) -> None:
     """500 concurrent commands go out as pipelined bursts, not over 500 connections."""
-    name = f"burst-{uuid.uuid4().hex[:8]}"  # tells this client's connections from others'
-    pool = BlockingConnectionPool.from_url(
-        settings.redis_address(), max_connections=128, client_name=name
-    )
-    client = AutoPipelinedRedis(connection_pool=pool)
+    name, client = _named_client(settings, "burst", max_connections=128)
     key = f"test:burst:{uuid.uuid4().hex}"
     try:
         replies = await asyncio.gather(*(client.incr(key) for _ in range(500)))
@@ -53,11 +60,7 @@ async def test_a_second_burst_goes_out_while_the_first_waits_for_its_replies(
     redis: Redis, settings: Settings
 ) -> None:
     """Two bursts in flight, each on its own connection, each caller with its own reply."""
-    name = f"inflight-{uuid.uuid4().hex[:8]}"
-    pool = BlockingConnectionPool.from_url(
-        settings.redis_address(), max_connections=8, client_name=name
-    )
-    client = AutoPipelinedRedis(connection_pool=pool)
+    name, client = _named_client(settings, "inflight", max_connections=8)
     key = f"test:burst:{uuid.uuid4().hex}"
     # Busy for ~50 ms on the server, so the first burst is still in flight when the second
     # one is flushed on the next loop turn.
@@ -114,11 +117,7 @@ async def test_a_bad_argument_fails_only_its_caller(redis: Redis) -> None:
 async def test_the_client_recovers_after_the_server_drops_its_connection(
     redis: Redis, settings: Settings
 ) -> None:
-    name = f"drop-{uuid.uuid4().hex[:8]}"
-    pool = BlockingConnectionPool.from_url(
-        settings.redis_address(), max_connections=4, client_name=name
-    )
-    client = AutoPipelinedRedis(connection_pool=pool)
+    name, client = _named_client(settings, "drop", max_connections=4)
     try:
         assert await client.ping() is True
         for conn in [c for c in await redis.client_list() if c.get("name") == name]:
