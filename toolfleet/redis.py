@@ -52,7 +52,7 @@ _FLUSHES_IN_FLIGHT = 2
 """Bursts awaiting their replies at once, each on its own connection. With one, a call's
 ledger step waited for the burst in flight and then for its own: I/O-bound tools held their
 worker slot ~15 ms longer (the ledger gate runs inside the slot). With two, that wait
-halves; under full CPU load the bursts stay about as large."""
+about halves; at full CPU load (bench (a)) one and two measured the same within noise."""
 
 _NOT_FOR_CALLBACKS = frozenset({"keys", EMPTY_RESPONSE, NEVER_DECODE})
 """Options of redis-py's commands meant for its client, not for its reply callbacks."""
