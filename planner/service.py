@@ -47,6 +47,9 @@ from toolfleet.topics import command_topic
 
 log = logging.getLogger(__name__)
 
+Issued = tuple[int, int] | None
+"""A dispatched call's (attempt, fencing token); None when no command should be sent."""
+
 
 class Planner:
     """Consumes model-responses, approvals, cancellations and outcomes (for concurrency caps)."""
@@ -109,30 +112,7 @@ class Planner:
         tools = await self.tools.specs(needed=(_lookup(c.namespace, c.name) for c in items))
         capped = event.config.max_concurrency is not None
         fresh = None if event.resume or capped else await self._plan_fresh(event, tools)
-        issued: list[tuple[int, int] | None]
-        if fresh is not None:
-            result, issued = fresh[0], list(fresh[1])
-        else:
-            # Both reads in one round trip.
-            entries, approvals = await asyncio.gather(
-                self.ledger.read(event.tenant_id, (c.call_id for c in items if c.call_id)),
-                self._approvals(event.tenant_id, event.run_id),
-            )
-            # A resumed turn gets a newer plan epoch; the offset keeps it stable on redelivery.
-            epoch = record.offset + 1 if event.resume else 0
-            result = plan_turn(
-                event,
-                tools=tools,
-                ledger={cid: _view(e) for cid, e in entries.items()},
-                approvals=approvals,
-                now=time.time(),
-                epoch=epoch,
-            )
-            issued = []
-            if not result.failed:
-                # Without a cap every call is dispatched now, in the same round trip.
-                now = [] if capped else [d.call.call_id for d in result.dispatch]
-                issued = await self._record(event, result.ledger_updates, dispatch=now)
+        result, issued = fresh or await self._plan_from_ledger(event, record, tools)
         dispatches = {d.call.call_id: d for d in result.dispatch}
         # The ledger is written; plan and commands may now travel together (the aggregator
         # keeps outcomes that overtake their plan). All acks are awaited before the offset
@@ -220,9 +200,37 @@ class Planner:
             (per_call if kind == "call" else sticky)[name] = decision
         return ApprovalView(per_call=per_call, sticky=sticky)
 
+    async def _plan_from_ledger(
+        self, event: ModelResponseEvent, record: Record, tools: Mapping[str, ToolSpec]
+    ) -> tuple[PlanResult, list[Issued]]:
+        """Plan from what the ledger and the approval state hold, then record the plan; with
+        each call dispatched now, its attempt and token (None when no command is due)."""
+        items = event.function_calls
+        # Both reads in one round trip.
+        entries, approvals = await asyncio.gather(
+            self.ledger.read(event.tenant_id, (c.call_id for c in items if c.call_id)),
+            self._approvals(event.tenant_id, event.run_id),
+        )
+        # A resumed turn gets a newer plan epoch; the offset keeps it stable on redelivery.
+        epoch = record.offset + 1 if event.resume else 0
+        result = plan_turn(
+            event,
+            tools=tools,
+            ledger={cid: _view(e) for cid, e in entries.items()},
+            approvals=approvals,
+            now=time.time(),
+            epoch=epoch,
+        )
+        if result.failed:
+            return result, []
+        # Without a cap every call is dispatched now, in the same round trip.
+        capped = event.config.max_concurrency is not None
+        now = [] if capped else [d.call.call_id for d in result.dispatch]
+        return result, await self._record(event, result.ledger_updates, dispatch=now)
+
     async def _plan_fresh(
         self, event: ModelResponseEvent, tools: Mapping[str, ToolSpec]
-    ) -> tuple[PlanResult, list[tuple[int, int]]] | None:
+    ) -> tuple[PlanResult, list[Issued]] | None:
         """The plan of a turn whose calls are all new and dispatched at once, recorded in one
         round trip without reading the ledger first, with each dispatch's attempt and
         token; None (nothing written) when the turn
@@ -247,11 +255,11 @@ class Planner:
         issued = await self.ledger.create_fresh(
             event.tenant_id, event.run_id, _new_calls(event, updates)
         )
-        return None if issued is None else (result, issued)
+        return None if issued is None else (result, list(issued))
 
     async def _record(
         self, event: ModelResponseEvent, updates: list[LedgerUpdate], dispatch: list[str]
-    ) -> list[tuple[int, int] | None]:
+    ) -> list[Issued]:
         """Write the plan's decisions to the ledger, dispatching ``dispatch`` (attempt and
         token per call, None when none should be sent); nothing is sent before this is durable.
         """
