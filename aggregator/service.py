@@ -333,10 +333,12 @@ class Aggregator:
     async def _copies_for_attached(
         self, executed: list[CallOutcome]
     ) -> list[tuple[CallOutcome, str]]:
-        """Executed outcomes again for every other turn attached to their calls."""
-        members = await asyncio.gather(
-            *(self.redis.smembers(self.keys.attached(o.tenant_id, o.call_id)) for o in executed)
-        )
+        """Executed outcomes again for every other turn attached to their calls (one block of
+        the burst, no task per lookup)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for outcome in executed:
+                pipe.smembers(self.keys.attached(outcome.tenant_id, outcome.call_id))
+            members = await pipe.execute()
         copies = []
         for outcome, waiting in zip(executed, members, strict=True):
             for member in waiting:

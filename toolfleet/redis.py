@@ -189,10 +189,11 @@ class AutoPipelinedRedis(Redis):
             conn = self._idle_connections.pop()
         else:
             conn = await self.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+            if not isinstance(conn._parser, _AsyncHiredisParser):
+                await self.connection_pool.release(conn)
+                raise RedisError("toolfleet needs the hiredis parser: pip install redis[hiredis]")
         try:
             parser: Any = conn._parser
-            if not isinstance(conn._parser, _AsyncHiredisParser):
-                raise RedisError("toolfleet needs the hiredis parser: pip install redis[hiredis]")
             reader: Any = parser._reader
             conn._writer.write(b"".join(packed))
             await conn._writer.drain()
@@ -317,9 +318,8 @@ async def update_json(
     trip. The compare-and-set still guards it, so a value someone else changed meanwhile
     fails the write, is read again and the change is made again. ``default`` encodes
     objects the value holds that JSON cannot, dataclasses included (as ``json.dumps``' own;
-    the value is written with orjson). ``probably_new``
-    first assumes the key is absent, without reading it (a key that exists fails the
-    compare-and-set and is read then).
+    the value is written with orjson). ``probably_new`` first assumes the key is absent,
+    without reading it (a key that exists fails the compare-and-set and is read then).
     """
     cas = _cas_scripts.get(redis)
     if cas is None:
