@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
+from executors._after_publish import AfterPublish
 from executors._recovery import run_compensate, run_probe
 from executors._registry import ToolRegistry
 from executors._runner import run_call
@@ -91,6 +92,7 @@ class Worker:
         self.semaphores = FleetSemaphores(self.redis, lease_s=self.limits.lease_s)
         self.circuits = CircuitBreaker(self.redis, settings)
         self.tasks = TaskStore(self.redis, self.keys)
+        self._after_publish = AfterPublish(self.redis, self.keys, self.circuits)
         self._slots = asyncio.Semaphore(self.limits.per_worker)
         # A slot is given back when the tool ends; outcomes still being written and published
         # (Kafka refusing writes, say) are bounded too, so a worker stops taking commands.
@@ -232,23 +234,21 @@ class Worker:
         if outcome is None:
             return
         await _persist(lambda: self.bus.publish_and_wait("outcomes", outcome.run_id, outcome))
-
-        await _persist(lambda: self._mark_published(outcome))
-        if outcome.status != "pending_approval" and outcome.started_at is not None:
-            trial = circuit.state == "trial"
-            await _persist(lambda: self._record_for_circuit(ref, tool, outcome, trial=trial))
-
-    async def _record_for_circuit(
-        self, ref: str, tool: Tool, outcome: CallOutcome, *, trial: bool
-    ) -> None:
-        """Count the executed call in its version's window; file a task if it opened."""
-        failed = outcome.status in ("failed", "timed_out")
+        ran = outcome.status != "pending_approval" and outcome.started_at is not None
+        trial = ran and circuit.state == "trial"
+        opened = await _persist(
+            lambda: self._mark_published(outcome, counted_in=ref if ran and not trial else None)
+        )
         if trial:
-            await self.circuits.trial_result(ref, failed)
-            return
-        ran_while_failing = await self.circuits.record(ref, outcome.call_id, failed)
-        if not ran_while_failing:
-            return
+            failed = outcome.status in ("failed", "timed_out")
+            await _persist(lambda: self.circuits.trial_result(ref, failed))
+        if opened:
+            await _persist(lambda: self._file_circuit_task(ref, tool, outcome, opened))
+
+    async def _file_circuit_task(
+        self, ref: str, tool: Tool, outcome: CallOutcome, ran_while_failing: list[str]
+    ) -> None:
+        """The circuit of ``ref`` opened: ask a human to reconcile the calls that ran."""
         task = HumanTask(
             tenant_id=outcome.tenant_id,
             task_id=new_task_id(),
@@ -407,11 +407,17 @@ class Worker:
         await self.bus.publish_and_wait("outcomes", outcome.run_id, outcome)
         await self._mark_published(outcome)
 
-    async def _mark_published(self, outcome: CallOutcome) -> None:
-        """``committed`` in the ledger: the outcome is on Kafka."""
+    async def _mark_published(
+        self, outcome: CallOutcome, counted_in: str | None = None
+    ) -> list[str]:
+        """``committed`` in the ledger: the outcome is on Kafka. With ``counted_in`` (a tool
+        version) the call is counted in its circuit window too: the window's calls, if that
+        opened the circuit."""
+        opened = []
         if outcome.status != "pending_approval":
-            await self.ledger.commit(outcome.tenant_id, outcome.call_id)
+            opened = await self._after_publish(outcome, counted_in)
         OUTCOMES.labels(self.service, outcome.tool_name, outcome.status, outcome.effect).inc()
+        return opened
 
     async def _renew_leases(self) -> None:
         """Every third of a lease, renew the lease of every call this worker is running.

@@ -23,46 +23,52 @@ from toolfleet.metrics import CIRCUIT_OPEN
 from toolfleet.redis import text
 from toolfleet.settings import Settings
 
-_BUCKETS = 12
-"""The window is counted in this many buckets, so recording a call is O(1)."""
-
-# KEYS: bucket counts (hash), state, recent calls (list); ARGV: now, call_id, failed (0/1),
-# window_s, min_calls, rate, buckets. Returns the window's call ids when this call opened
-# the circuit, else {}. The window is summed only when a failure is recorded.
-_RECORD = """
-local now, window, nb = tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[7])
-local b = math.floor(now / (window / nb))
-local n = redis.call('HINCRBY', KEYS[1], b .. ':n', 1)
-if ARGV[3] == '1' then redis.call('HINCRBY', KEYS[1], b .. ':f', 1) end
-local listed = redis.call('LPUSH', KEYS[3], now .. '|' .. ARGV[2])
-if listed > 1100 then redis.call('LTRIM', KEYS[3], 0, 999) end
-if n == 1 then
-  -- A new bucket (once per window / buckets, not on every call): forget the one that left
-  -- the window and keep both keys alive for another window.
-  local ttl = math.ceil(window) + 60
-  redis.call('HDEL', KEYS[1], (b - nb) .. ':n', (b - nb) .. ':f')
-  redis.call('EXPIRE', KEYS[1], ttl)
-  redis.call('EXPIRE', KEYS[3], ttl)
-end
--- A success never raises the error rate: the window is evaluated when a failure comes in
--- (a success that only brings it up to min_calls leaves the decision to the next failure).
-if ARGV[3] ~= '1' or redis.call('EXISTS', KEYS[2]) == 1 then return {} end
-local n, f = 0, 0
-for i = 0, nb - 1 do
-  n = n + tonumber(redis.call('HGET', KEYS[1], (b - i) .. ':n') or '0')
-  f = f + tonumber(redis.call('HGET', KEYS[1], (b - i) .. ':f') or '0')
-end
-if n < tonumber(ARGV[5]) or f / n < tonumber(ARGV[6]) then return {} end
-redis.call('SET', KEYS[2], cjson.encode({opened_at=now, failed=f, calls=n}))
-local ids = {}
-for _, entry in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
-  local sep = string.find(entry, '|', 1, true)
-  if tonumber(string.sub(entry, 1, sep - 1)) >= now - window then
-    ids[#ids + 1] = string.sub(entry, sep + 1)
+COUNT_FUNCTION = """
+local function count_calls(window, state, recent, now, ids, failed, window_s, min_calls, rate, nb)
+  local b = math.floor(now / (window_s / nb))
+  local n = redis.call('HINCRBY', window, b .. ':n', #ids)
+  if failed > 0 then redis.call('HINCRBY', window, b .. ':f', failed) end
+  local listed = 0
+  for first = 1, #ids, 500 do  -- unpack has a stack limit: push in slices
+    local slice = {}
+    for i = first, math.min(#ids, first + 499) do slice[#slice + 1] = now .. '|' .. ids[i] end
+    listed = redis.call('LPUSH', recent, unpack(slice))
   end
+  if listed > 1100 then redis.call('LTRIM', recent, 0, 999) end
+  if n == #ids then
+    -- A new bucket (once per window / buckets, not on every call): forget the one that left
+    -- the window and keep both keys alive for another window.
+    local ttl = math.ceil(window_s) + 60
+    redis.call('HDEL', window, (b - nb) .. ':n', (b - nb) .. ':f')
+    redis.call('EXPIRE', window, ttl)
+    redis.call('EXPIRE', recent, ttl)
+  end
+  -- Successes never raise the error rate: the window is evaluated when failures come in
+  -- (successes that only bring it up to min_calls leave the decision to the next failure).
+  if failed == 0 or redis.call('EXISTS', state) == 1 then return {} end
+  local calls, fails = 0, 0
+  for i = 0, nb - 1 do
+    calls = calls + tonumber(redis.call('HGET', window, (b - i) .. ':n') or '0')
+    fails = fails + tonumber(redis.call('HGET', window, (b - i) .. ':f') or '0')
+  end
+  if calls < min_calls or fails / calls < rate then return {} end
+  redis.call('SET', state, cjson.encode({opened_at=now, failed=fails, calls=calls}))
+  local opened = {}
+  for _, entry in ipairs(redis.call('LRANGE', recent, 0, -1)) do
+    local sep = string.find(entry, '|', 1, true)
+    if tonumber(string.sub(entry, 1, sep - 1)) >= now - window_s then
+      opened[#opened + 1] = string.sub(entry, sep + 1)
+    end
+  end
+  return opened
 end
-return ids
 """
+"""Lua: count executed calls (``ids``, ``failed`` of them failed) in a tool version's sliding
+window (KEYS ``window_keys``: bucket counts, state, recent calls); returns the window's call
+ids when they opened the circuit, else {}. Counting a call is O(1): the window is counted in
+``BUCKETS`` buckets and summed only when failures come in."""
+
+BUCKETS = 12
 
 
 def version_ref(tool: str, version: str) -> str:
@@ -86,21 +92,21 @@ class CircuitBreaker:
         self.settings = settings
         self.cache_s = settings.circuit_cache_s
         self.keys = Keys.of(settings)
-        self._record = redis.register_script(_RECORD)
         self._cache: dict[str, tuple[float, dict[str, float] | None]] = {}
 
-    async def record(self, ref: str, call_id: str, failed: bool) -> list[str]:
-        """Add one executed call; the window's call ids when this call opened the circuit."""
+    def window_keys(self, ref: str) -> list[str]:
+        """The keys ``COUNT_FUNCTION`` takes for one tool version."""
+        return [self.keys.circuit(part, ref) for part in ("window", "state", "calls")]
+
+    def window_args(self) -> list[float]:
+        """``COUNT_FUNCTION``'s window_s, min_calls, rate and bucket count, as configured."""
         s = self.settings
-        opened = await self._record(
-            keys=[self.keys.circuit(part, ref) for part in ("window", "state", "calls")],
-            args=[time.time(), call_id, int(failed), s.circuit_window_s, s.circuit_min_calls,
-                  s.circuit_error_rate, _BUCKETS],
-        )  # fmt: skip
-        if opened:
-            self._cache.pop(ref, None)
-            CIRCUIT_OPEN.labels(ref).set(1)
-        return [text(m) for m in opened]
+        return [s.circuit_window_s, s.circuit_min_calls, s.circuit_error_rate, BUCKETS]
+
+    def opened(self, ref: str) -> None:
+        """Counting calls opened the circuit of ``ref``: forget its cached verdict."""
+        self._cache.pop(ref, None)
+        CIRCUIT_OPEN.labels(ref).set(1)
 
     async def check(self, ref: str) -> Verdict:
         """May a call of this version run? Cached briefly: this is on every call's path."""

@@ -241,13 +241,18 @@ redis.call('RPUSH', KEYS[2], ARGV[2])
 return 1
 """
 
-_COMMIT = """
-if redis.call('HGET', KEYS[1], 'state') == 'finished' then
-  redis.call('HSET', KEYS[1], 'state', 'committed')
-  return 1
+COMMIT_FUNCTION = """
+local function commit(call)
+  if redis.call('HGET', call, 'state') == 'finished' then
+    redis.call('HSET', call, 'state', 'committed')
+    return 1
+  end
+  return 0
 end
-return 0
 """
+"""Lua: mark the entry ``call`` (its key) committed, if it is finished; 1 when it did."""
+
+_COMMIT = COMMIT_FUNCTION + "return commit(KEYS[1])"
 
 
 class Ledger:

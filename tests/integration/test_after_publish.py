@@ -1,0 +1,71 @@
+"""The worker's step after publishing, on the real Redis: a loop turn's outcomes at once."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from redis.asyncio import Redis
+
+from executors._after_publish import AfterPublish
+from schemas import CallOutcome
+from toolfleet.circuit import CircuitBreaker
+from toolfleet.keys import Keys
+from toolfleet.ledger import Ledger, NewCall
+from toolfleet.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+
+async def _finished(ledger: Ledger, status: str = "succeeded") -> CallOutcome:
+    call_id = f"call-{uuid.uuid4().hex}"
+    await ledger.create("t", [NewCall(call_id, "fp", "key", "run", 0, "tool", "default")])
+    _attempt, token = await ledger.dispatch("t", call_id) or (0, 0)
+    await ledger.begin("t", call_id, token, "w1", 30)
+    outcome = CallOutcome(
+        tenant_id="t", run_id="run", turn_id=0, call_id=call_id, tool_name="tool", index=0,
+        attempt=1, fencing_token=token, status=status,
+        effect="applied" if status == "succeeded" else "unknown",
+    )  # fmt: skip
+    assert await ledger.finish(outcome) == "ok"
+    return outcome
+
+
+async def test_a_burst_of_outcomes_is_committed_and_counted_in_one_step(
+    redis: Redis, settings: Settings
+) -> None:
+    keys = Keys.of(settings)
+    ledger = Ledger(redis, keys)
+    circuits = CircuitBreaker(redis, settings)
+    after = AfterPublish(redis, keys, circuits)
+    ref = f"tool@{uuid.uuid4().hex[:8]}"
+    counted = [await _finished(ledger) for _ in range(5)]
+    uncounted = await _finished(ledger)  # e.g. a call that never started: committed only
+    replies = await asyncio.gather(*(after(o, ref) for o in counted), after(uncounted, None))
+    assert replies == [[]] * 6
+    entries = await ledger.read("t", [o.call_id for o in [*counted, uncounted]])
+    assert {e.state for e in entries.values()} == {"committed"}
+    window = await redis.hgetall(keys.circuit("window", ref))
+    assert sum(int(v) for k, v in window.items() if k.endswith(b":n")) == 5
+    listed = await redis.lrange(keys.circuit("calls", ref), 0, -1)
+    recent = [m.decode().partition("|")[2] for m in listed]
+    assert sorted(recent) == sorted(o.call_id for o in counted)
+    assert (await circuits.check(ref)).state == "closed"
+
+
+async def test_failures_that_open_the_circuit_name_the_window_to_one_caller(
+    redis: Redis, settings: Settings
+) -> None:
+    keys = Keys.of(settings)
+    ledger = Ledger(redis, keys)
+    tight = settings.model_copy(update={"circuit_min_calls": 4, "circuit_error_rate": 0.5})
+    circuits = CircuitBreaker(redis, tight)
+    after = AfterPublish(redis, keys, circuits)
+    ref = f"tool@{uuid.uuid4().hex[:8]}"
+    ok = [await _finished(ledger) for _ in range(2)]
+    failed = [await _finished(ledger, "failed") for _ in range(3)]
+    replies = await asyncio.gather(*(after(o, ref) for o in [*ok, *failed]))
+    assert replies[:-1] == [[]] * 4, "only the last failed call files the task"
+    assert sorted(replies[-1]) == sorted(o.call_id for o in [*ok, *failed])
+    assert (await circuits.check(ref)).state == "open"
