@@ -28,7 +28,7 @@ from executors._registry import ToolRegistry
 from executors._runner import run_call
 from executors._tool import Tool
 from schemas import CallError, CallOutcome, CancelRequest, Effect, ExecutionCommand, HumanTask
-from toolfleet.bus import TRANSIENT_ERRORS, KafkaBus, Record
+from toolfleet.bus import COMMIT_INTERVAL_S, TRANSIENT_ERRORS, KafkaBus, Record
 from toolfleet.circuit import CircuitBreaker, version_ref
 from toolfleet.errors import InvalidMessageError, ToolfleetError, ToolNotFoundError
 from toolfleet.keys import Keys
@@ -152,7 +152,7 @@ class Worker:
                     task = asyncio.create_task(self._handle(tp, record, _Slot(self._slots)))
                     self._handlers.add(task)
                     task.add_done_callback(self._handlers.discard)
-            if time.monotonic() - last_commit > 0.2:
+            if time.monotonic() - last_commit > COMMIT_INTERVAL_S:
                 await self._commit(consumer)
                 last_commit = time.monotonic()
 

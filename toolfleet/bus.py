@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -20,6 +20,11 @@ from toolfleet.metrics import DEAD_LETTERS, MESSAGES
 from toolfleet.settings import Settings
 
 log = logging.getLogger(__name__)
+
+COMMIT_INTERVAL_S = 0.2
+"""How often a consumer commits what it has handled. Not after every polled batch: under load
+that is hundreds of commits a second, each a write to the broker and a round trip the next
+batch waits for. A crash redelivers at most this much more, and every handler is idempotent."""
 
 
 class Record(Protocol):
@@ -193,22 +198,37 @@ class ConsumeLoop:
 
     async def run(self) -> None:
         """Consume until ``stop`` is called."""
+        committable: dict[TopicPartition, int] = {}
+        last_commit = time.monotonic()
         while not self._stopping.is_set():
             batches = await self.consumer.getmany(timeout_ms=100, max_records=500)
-            if not batches:
-                continue
             by_key: dict[tuple[Any, bytes | None], list[Record]] = {}
             for tp, records in batches.items():
                 for record in filter(self.wanted, records) if self.wanted else records:
                     by_key.setdefault((tp, record.key), []).append(record)
             unhandled = await asyncio.gather(*(self._in_order(rs) for rs in by_key.values()))
-            offsets = {}
             for tp, records in batches.items():
                 # Commit below the first record left unhandled (only when stopping).
                 left = [r.offset for r in unhandled if r is not None and r.topic == tp.topic
                         and r.partition == tp.partition]  # fmt: skip
-                offsets[tp] = min(left) if left else records[-1].offset + 1
+                committable[tp] = min(left) if left else records[-1].offset + 1
+            if committable and time.monotonic() - last_commit >= COMMIT_INTERVAL_S:
+                await self._commit(committable)
+                last_commit = time.monotonic()
+        await self._commit(committable)
+
+    async def _commit(self, committable: dict[TopicPartition, int]) -> None:
+        """Commit what was handled, for the partitions still ours: a revoked partition's
+        records are redelivered to its new owner, and every handler is idempotent."""
+        assigned = self.consumer.assignment()
+        offsets = {tp: o for tp, o in committable.items() if tp in assigned}
+        committable.clear()
+        if not offsets:
+            return
+        try:
             await self.consumer.commit(offsets)
+        except (CommitFailedError, IllegalStateError) as exc:
+            log.warning("offset commit refused (rebalance)", extra={"error": repr(exc)})
 
     async def _in_order(self, records: list[Record]) -> Record | None:
         """Handle one key's records in order; the first left unhandled, if stopping."""
