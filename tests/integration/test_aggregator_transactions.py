@@ -1,0 +1,185 @@
+"""The aggregator's Kafka transactions on the real broker: one that fails commits nothing, its
+batch is read again, and every turn still ends with exactly one TurnResult."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaConnectionError
+from aiokafka.partitioner import DefaultPartitioner
+
+import aggregator.service
+from aggregator.service import Aggregator
+from schemas import CallOutcome, PlannedCall, TurnPlan, TurnResult
+from tests.conftest import wait_for
+from toolfleet.bus import KafkaBus
+from toolfleet.settings import Settings
+from toolfleet.topics import ensure_topics
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def own(settings: Settings) -> AsyncIterator[Settings]:
+    """Topics of this test alone: no other aggregator of the session shares its group."""
+    own = settings.model_copy(update={"topic_prefix": f"aggtxn-{uuid.uuid4().hex[:8]}."})
+    names = await ensure_topics(own)
+    yield own
+    admin = AIOKafkaAdminClient(bootstrap_servers=own.kafka_servers())
+    await admin.start()
+    try:
+        await admin.delete_topics(names)
+    finally:
+        await admin.close()
+
+
+def _plan(run_id: str, calls: int) -> TurnPlan:
+    planned = [
+        PlannedCall(call_id=f"{run_id}-{i}", tool_name="add", index=i, arguments="{}",
+                    disposition="dispatch")
+        for i in range(calls)
+    ]  # fmt: skip
+    return TurnPlan(
+        tenant_id="t", run_id=run_id, turn_id=0, response_id="resp", agent_name="assistant",
+        calls=planned, planned_at=1.0,
+    )  # fmt: skip
+
+
+def _outcome(run_id: str, i: int) -> CallOutcome:
+    return CallOutcome(
+        tenant_id="t", run_id=run_id, turn_id=0, call_id=f"{run_id}-{i}", tool_name="add",
+        index=i, attempt=1, fencing_token=1, status="succeeded", effect="applied",
+        output=f"out-{i}",
+    )  # fmt: skip
+
+
+async def _publish_plans(bus: KafkaBus, runs: list[str], calls: int) -> None:
+    for run in runs:
+        await bus.publish_and_wait("plans", run, _plan(run, calls))
+
+
+async def _publish_outcomes(bus: KafkaBus, runs: list[str], calls: int) -> None:
+    for run in runs:
+        for i in reversed(range(calls)):
+            await bus.publish_and_wait("outcomes", run, _outcome(run, i))
+
+
+async def _ends(settings: Settings, topic: str) -> dict[int, int]:
+    """The end offset of each partition of ``topic``."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_servers())
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(settings.topic(topic), p) for p in range(settings.partitions)]
+        return {tp.partition: end for tp, end in (await consumer.end_offsets(partitions)).items()}
+    finally:
+        await consumer.stop()
+
+
+async def _caught_up(settings: Settings) -> bool:
+    """Whether the aggregator group has committed every plan and outcome there is."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_servers(),
+        group_id=f"{settings.topic_prefix}aggregator",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        partitions = [
+            TopicPartition(settings.topic(t), p)
+            for t in ("plans", "outcomes")
+            for p in range(settings.partitions)
+        ]
+        ends = await consumer.end_offsets(partitions)
+        committed = [await consumer.committed(tp) or 0 for tp in partitions]
+        return all(c >= ends[tp] for c, tp in zip(committed, partitions, strict=True))
+    finally:
+        await consumer.stop()
+
+
+async def _results(settings: Settings) -> list[TurnResult]:
+    """Every committed TurnResult on the topic."""
+    partitions = [
+        TopicPartition(settings.topic("turn-results"), p) for p in range(settings.partitions)
+    ]
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_servers(),
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+    )
+    consumer.assign(partitions)
+    await consumer.start()
+    try:
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        found: list[TurnResult] = []
+        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+            batch = await consumer.getmany(timeout_ms=500)
+            found += [TurnResult.decode(r.value or b"") for rs in batch.values() for r in rs]
+        return found
+    finally:
+        await consumer.stop()
+
+
+def _runs_in(settings: Settings, partitions: set[int], count: int) -> list[str]:
+    """Run ids whose records go to ``partitions`` (of every run-keyed topic)."""
+    every = list(range(settings.partitions))
+    runs: list[str] = []
+    while len(runs) < count:
+        run = f"run-{uuid.uuid4().hex}"
+        if DefaultPartitioner()(run.encode(), every, every) in partitions:
+            runs.append(run)
+    return runs
+
+
+async def test_a_failed_transaction_is_read_again_and_every_turn_is_emitted_once(
+    own: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Turns of two calls on partition 0 and of one call on the others; the outcomes of the
+    # latter come after the transaction that fails, whose batch holds all the rest.
+    first = _runs_in(own, {0}, 10)
+    later = _runs_in(own, set(range(1, own.partitions)), 10)
+    bus = KafkaBus(own, service="test")
+    await bus.start()
+    for runs, calls in ((first, 2), (later, 1)):
+        await _publish_plans(bus, runs, calls)
+    await _publish_outcomes(bus, first, 2)
+    ends = {"plans": await _ends(own, "plans"), "outcomes": await _ends(own, "outcomes")}
+    service = Aggregator(own)
+    failed: list[Any] = []
+    done: dict[tuple[str, int], int] = {}
+
+    class FailsOnce(AIOKafkaProducer):  # type: ignore[misc]
+        """The real producer; the transaction of the batch that ends all that was published
+        first fails as when a broker goes away."""
+
+        async def send_offsets_to_transaction(self, offsets: Any, group_id: str) -> None:
+            done.update({(tp.topic, tp.partition): o for tp, o in offsets.items()})
+            everything = all(
+                done.get((own.topic(topic), p), 0) >= end
+                for topic, partitions in ends.items()
+                for p, end in partitions.items()
+            )
+            if not failed and everything:
+                failed.append(offsets)
+                raise KafkaConnectionError("injected: the broker went away mid-transaction")
+            await super().send_offsets_to_transaction(offsets, group_id)
+
+    monkeypatch.setattr(aggregator.service, "AIOKafkaProducer", FailsOnce)
+    task = asyncio.create_task(service.run())
+    try:
+        await wait_for(lambda: asyncio.sleep(0, failed))
+        await _publish_outcomes(bus, later, 1)
+        await wait_for(lambda: _caught_up(own), within=60)
+    finally:
+        service.stop()
+        await task
+        await bus.stop()
+    emitted = Counter(r.run_id for r in await _results(own))
+    assert emitted == dict.fromkeys(first + later, 1)
