@@ -141,6 +141,10 @@ class KafkaBus:
             "isolation_level": "read_committed",
             "session_timeout_ms": self.settings.session_timeout_ms,
             "heartbeat_interval_ms": max(1_000, self.settings.session_timeout_ms // 6),
+            # aiokafka sends one fetch per broker at a time and leaves out partitions whose
+            # records are still buffered: if that fetch holds only quiet partitions, the
+            # others wait for it to time out (500 ms by default), a tail on every hop.
+            "fetch_max_wait_ms": 50,
         }
         return AIOKafkaConsumer(*(self.topic(t) for t in topics), **(config | options))
 
