@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from redis.asyncio import Redis
 
@@ -111,3 +112,24 @@ async def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {within:.0f} s (last: {value!r})")
         await asyncio.sleep(interval)  # wait-ok: polling interval of a deadline-bounded wait
+
+
+async def aggregator_caught_up(settings: Settings) -> bool:
+    """Whether the aggregator group has committed every plan and outcome there is."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_servers(),
+        group_id=f"{settings.topic_prefix}aggregator",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        partitions = [
+            TopicPartition(settings.topic(t), p)
+            for t in ("plans", "outcomes")
+            for p in range(settings.partitions)
+        ]
+        ends = await consumer.end_offsets(partitions)
+        committed = [await consumer.committed(tp) or 0 for tp in partitions]
+        return all(c >= ends[tp] for c, tp in zip(committed, partitions, strict=True))
+    finally:
+        await consumer.stop()

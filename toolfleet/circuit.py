@@ -66,9 +66,10 @@ end
 """Lua: count executed calls (``ids``, ``failed`` of them failed) in a tool version's sliding
 window (KEYS ``window_keys``: bucket counts, state, recent calls); returns the window's call
 ids when they opened the circuit, else {}. Counting a call is O(1): the window is counted in
-``BUCKETS`` buckets and summed only when failures come in."""
+``_BUCKETS`` buckets and summed only when failures come in."""
 
-BUCKETS = 12
+_BUCKETS = 12
+"""Buckets per window: a bucket leaves the window as a whole, so the window is exact to 1/12."""
 
 
 def version_ref(tool: str, version: str) -> str:
@@ -101,7 +102,7 @@ class CircuitBreaker:
     def window_args(self) -> list[float]:
         """``COUNT_FUNCTION``'s window_s, min_calls, rate and bucket count, as configured."""
         s = self.settings
-        return [s.circuit_window_s, s.circuit_min_calls, s.circuit_error_rate, BUCKETS]
+        return [s.circuit_window_s, s.circuit_min_calls, s.circuit_error_rate, _BUCKETS]
 
     def opened(self, ref: str) -> None:
         """Counting calls opened the circuit of ``ref``: forget its cached verdict."""

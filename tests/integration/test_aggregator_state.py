@@ -1,28 +1,41 @@
-"""The aggregator's turn state on the real Redis: a plan and the outcomes right behind it."""
+"""The aggregator on the real Redis and Kafka: a plan and the outcomes right behind it in one
+state update; a failed transaction that commits nothing and is read again."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaConnectionError
+from aiokafka.partitioner import DefaultPartitioner
 from redis.asyncio import Redis
 
+import aggregator.service
 from aggregator.service import Aggregator
-from schemas import CallOutcome, PlannedCall, TurnPlan
+from schemas import CallOutcome, PlannedCall, TurnPlan, TurnResult
+from tests.conftest import aggregator_caught_up, wait_for
+from toolfleet.bus import KafkaBus
 from toolfleet.settings import Settings
+from toolfleet.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
 
 
-def _plan(run_id: str) -> TurnPlan:
-    calls = [
+def _plan(run_id: str, calls: int = 2) -> TurnPlan:
+    planned = [
         PlannedCall(call_id=f"{run_id}-{i}", tool_name="add", index=i, arguments="{}",
                     disposition="dispatch")
-        for i in range(2)
+        for i in range(calls)
     ]  # fmt: skip
     return TurnPlan(
         tenant_id="t", run_id=run_id, turn_id=0, response_id="resp", agent_name="assistant",
-        calls=calls, planned_at=1.0,
+        calls=planned, planned_at=1.0,
     )  # fmt: skip
 
 
@@ -62,3 +75,121 @@ async def test_a_plan_with_its_outcomes_in_one_update_emits_what_one_by_one_woul
     assert [r.status for r, _ in again] == ["completed"]
     late = await aggregator.on_outcomes([(_outcome(together, 1), "o:9")])
     assert late == []
+
+
+@pytest.fixture
+async def own(settings: Settings) -> AsyncIterator[Settings]:
+    """Topics of this test alone: no other aggregator of the session shares its group."""
+    own = settings.model_copy(update={"topic_prefix": f"aggtxn-{uuid.uuid4().hex[:8]}."})
+    names = await ensure_topics(own)
+    yield own
+    admin = AIOKafkaAdminClient(bootstrap_servers=own.kafka_servers())
+    await admin.start()
+    try:
+        await admin.delete_topics(names)
+    finally:
+        await admin.close()
+
+
+async def _publish_plans(bus: KafkaBus, runs: list[str], calls: int) -> None:
+    for run in runs:
+        await bus.publish_and_wait("plans", run, _plan(run, calls))
+
+
+async def _publish_outcomes(bus: KafkaBus, runs: list[str], calls: int) -> None:
+    for run in runs:
+        for i in reversed(range(calls)):
+            await bus.publish_and_wait("outcomes", run, _outcome(run, i))
+
+
+async def _ends(settings: Settings, topic: str) -> dict[int, int]:
+    """The end offset of each partition of ``topic``."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_servers())
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(settings.topic(topic), p) for p in range(settings.partitions)]
+        return {tp.partition: end for tp, end in (await consumer.end_offsets(partitions)).items()}
+    finally:
+        await consumer.stop()
+
+
+async def _results(settings: Settings) -> list[TurnResult]:
+    """Every committed TurnResult on the topic."""
+    partitions = [
+        TopicPartition(settings.topic("turn-results"), p) for p in range(settings.partitions)
+    ]
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_servers(),
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+    )
+    consumer.assign(partitions)
+    await consumer.start()
+    try:
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        found: list[TurnResult] = []
+        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+            batch = await consumer.getmany(timeout_ms=500)
+            found += [TurnResult.decode(r.value or b"") for rs in batch.values() for r in rs]
+        return found
+    finally:
+        await consumer.stop()
+
+
+def _runs_in(settings: Settings, partitions: set[int], count: int) -> list[str]:
+    """Run ids whose records go to ``partitions`` (of every run-keyed topic)."""
+    every = list(range(settings.partitions))
+    runs: list[str] = []
+    while len(runs) < count:
+        run = f"run-{uuid.uuid4().hex}"
+        if DefaultPartitioner()(run.encode(), every, every) in partitions:
+            runs.append(run)
+    return runs
+
+
+async def test_a_failed_transaction_is_read_again_and_every_turn_is_emitted_once(
+    own: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Turns of two calls on partition 0 and of one call on the others; the outcomes of the
+    # latter come after the transaction that fails, whose batch holds all the rest.
+    first = _runs_in(own, {0}, 10)
+    later = _runs_in(own, set(range(1, own.partitions)), 10)
+    bus = KafkaBus(own, service="test")
+    await bus.start()
+    for runs, calls in ((first, 2), (later, 1)):
+        await _publish_plans(bus, runs, calls)
+    await _publish_outcomes(bus, first, 2)
+    ends = {"plans": await _ends(own, "plans"), "outcomes": await _ends(own, "outcomes")}
+    service = Aggregator(own)
+    failed: list[Any] = []
+    done: dict[tuple[str, int], int] = {}
+
+    class FailsOnce(AIOKafkaProducer):  # type: ignore[misc]
+        """The real producer; the transaction of the batch that ends all that was published
+        first fails as when a broker goes away."""
+
+        async def send_offsets_to_transaction(self, offsets: Any, group_id: str) -> None:
+            done.update({(tp.topic, tp.partition): o for tp, o in offsets.items()})
+            everything = all(
+                done.get((own.topic(topic), p), 0) >= end
+                for topic, partitions in ends.items()
+                for p, end in partitions.items()
+            )
+            if not failed and everything:
+                failed.append(offsets)
+                raise KafkaConnectionError("injected: the broker went away mid-transaction")
+            await super().send_offsets_to_transaction(offsets, group_id)
+
+    monkeypatch.setattr(aggregator.service, "AIOKafkaProducer", FailsOnce)
+    task = asyncio.create_task(service.run())
+    try:
+        await wait_for(lambda: asyncio.sleep(0, failed))
+        await _publish_outcomes(bus, later, 1)
+        await wait_for(lambda: aggregator_caught_up(own), within=60)
+    finally:
+        service.stop()
+        await task
+        await bus.stop()
+    emitted = Counter(r.run_id for r in await _results(own))
+    assert emitted == dict.fromkeys(first + later, 1)

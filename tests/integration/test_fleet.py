@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis.asyncio import Redis
 
 from schemas import TurnResult
-from tests.conftest import wait_for
+from tests.conftest import aggregator_caught_up, wait_for
 from tests.integration.crash_tools import effects_key, holder_key, in_flight_keys
 from tests.integration.test_pipeline import outputs, turn
 from toolfleet.client import FleetClient
@@ -202,27 +202,6 @@ async def _records(settings: Settings, topic: str) -> list[bytes]:
         await consumer.stop()
 
 
-async def _aggregator_caught_up(settings: Settings) -> bool:
-    """Whether the aggregator group has committed every plan and outcome there is."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_servers(),
-        group_id=f"{settings.topic_prefix}aggregator",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    try:
-        partitions = [
-            TopicPartition(settings.topic(t), p)
-            for t in ("plans", "outcomes")
-            for p in range(settings.partitions)
-        ]
-        ends = await consumer.end_offsets(partitions)
-        committed = [await consumer.committed(tp) or 0 for tp in partitions]
-        return all(c >= ends[tp] for c, tp in zip(committed, partitions, strict=True))
-    finally:
-        await consumer.stop()
-
-
 async def test_an_aggregator_killed_mid_stream_loses_nothing_and_emits_no_duplicate(
     fleet: LocalFleet, client: FleetClient, settings: Settings
 ) -> None:
@@ -239,7 +218,7 @@ async def test_an_aggregator_killed_mid_stream_loses_nothing_and_emits_no_duplic
         await client.submit(event)
     results = [first] + [await result_of(fleet, client, e.run_id, within=120) for e in events[1:]]
     assert {r.status for r in results} == {"completed"}
-    await wait_for(lambda: _aggregator_caught_up(settings), within=60)
+    await wait_for(lambda: aggregator_caught_up(settings), within=60)
     ours = {e.run_id for e in events}
     records = await _records(settings, "turn-results")
     emitted = Counter(TurnResult.model_validate_json(v).run_id for v in records)
