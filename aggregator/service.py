@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 
 from aggregator._turn import TurnState, accept_outcome, build_result, is_settled
 from schemas import CallOutcome, CancelRequest, TurnPlan, TurnResult
-from toolfleet.bus import TRANSIENT_ERRORS, KafkaBus, Record
+from toolfleet.bus import PRODUCER_BATCH_BYTES, TRANSIENT_ERRORS, KafkaBus, Record
 from toolfleet.errors import InvalidMessageError
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
@@ -73,6 +73,7 @@ class Aggregator:
             enable_idempotence=True,
             acks="all",
             linger_ms=2,
+            max_batch_size=PRODUCER_BATCH_BYTES,
             # A killed instance's open transaction blocks read_committed readers of
             # turn-results until it times out; its successor has a new transactional id.
             transaction_timeout_ms=10_000,

@@ -599,10 +599,10 @@ METHOD = [
     "prefix per run, 6 partitions per topic; every service on uvloop, Redis through an "
     "auto-pipelining client (commands issued in one loop turn share a round trip).",
     "- **raw relay** (`bench/relay.py`): the same hops, topics, keys, partitions, producer "
-    "settings (idempotent, acks=all, linger 2 ms), read_committed consumers, manual commits, "
-    "the same event loop (uvloop) and the same pydantic messages, in separate planner / worker "
-    "/ aggregator processes — but no "
-    "Redis, no Kafka transactions, and one ack wait and one commit per polled batch.",
+    "settings (idempotent, acks=all, linger 2 ms, batches up to 256 KiB), read_committed "
+    "consumers, manual commits, the same event loop (uvloop) and the same pydantic messages, "
+    "in separate planner / worker / aggregator processes — but no Redis, no Kafka "
+    "transactions, and one ack wait and one commit per polled batch.",
     "- **in-process**: the calls of a turn run concurrently in the load generator's process "
     "through the OpenAI Agents SDK's `invoke_function_tool` on `function_tool`s.",
     "- **Celery**: Celery 5 with Redis (database 3 of the same server) as broker and result "

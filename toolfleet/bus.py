@@ -21,6 +21,11 @@ from toolfleet.settings import Settings
 
 log = logging.getLogger(__name__)
 
+PRODUCER_BATCH_BYTES = 262_144
+"""Largest batch a producer sends to one partition. aiokafka's default (16 KiB, ~25 commands or
+outcomes) fills under load, and a send into a full batch waits until that batch is acked:
+bursts stalled on a round trip, and the broker got many small produce requests."""
+
 COMMIT_INTERVAL_S = 0.2
 """How often a consumer commits what it has handled. Not after every polled batch: under load
 that is hundreds of commits a second, each a write to the broker and a round trip the next
@@ -66,6 +71,7 @@ class KafkaBus:
             enable_idempotence=True,
             acks="all",
             linger_ms=2,
+            max_batch_size=PRODUCER_BATCH_BYTES,
         )
         await self._producer.start()
 
