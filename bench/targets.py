@@ -29,7 +29,6 @@ from redis.asyncio import Redis
 from bench.tools import noop_body, sleep_body
 from bench.workload import Listener, Turn
 from schemas import TurnResult
-from toolfleet.bus import PRODUCER_BATCH_BYTES
 from toolfleet.errors import InvalidMessageError
 from toolfleet.settings import Settings
 
@@ -61,8 +60,6 @@ class KafkaTarget:
             enable_idempotence=True,
             acks="all",
             linger_ms=2,
-            # As the systems' own producers: the driver must not stall on full batches.
-            max_batch_size=PRODUCER_BATCH_BYTES,
         )
         await self._producer.start()
         consumer = AIOKafkaConsumer(
