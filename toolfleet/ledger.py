@@ -250,9 +250,8 @@ local function commit(call)
   return 0
 end
 """
-"""Lua: mark the entry ``call`` (its key) committed, if it is finished; 1 when it did."""
-
-_COMMIT = COMMIT_FUNCTION + "return commit(KEYS[1])"
+"""Lua: mark the entry ``call`` (its key) committed, if it is finished; 1 when it did. Workers
+run it for the outcomes they published (``executors._after_publish``)."""
 
 
 class Ledger:
@@ -267,7 +266,6 @@ class Ledger:
         self._begin = redis.register_script(_BEGIN)
         self._renew = redis.register_script(_RENEW)
         self._finish = redis.register_script(_FINISH)
-        self._commit = redis.register_script(_COMMIT)
         self._settle = redis.register_script(_SETTLE)
         self._resolve = redis.register_script(_RESOLVE)
 
@@ -459,10 +457,6 @@ class Ledger:
             ],
             args=[outcome.model_dump_json(exclude_none=True), time.time()],
         )
-
-    async def commit(self, tenant_id: str, call_id: str) -> None:
-        """Mark the finished outcome as published."""
-        await self._commit(keys=[self.keys.call(tenant_id, call_id)])
 
     async def set_approval(
         self, tenant_id: str, call_id: str, approve: bool, message: str | None, by: str

@@ -148,7 +148,6 @@ async def test_a_finished_call_returns_its_stored_outcome_instead_of_running(
     _attempt, token = await ledger.dispatch("t", call_id) or (0, 0)
     await ledger.begin("t", call_id, token, "w1", 30)
     assert await ledger.finish(_outcome(call_id, token)) == "ok"
-    await ledger.commit("t", call_id)
     verdict, stored = await ledger.begin("t", call_id, token, "w2", 30)
     assert verdict == "done"
     assert stored == _outcome(call_id, token)
