@@ -68,27 +68,14 @@ class TurnState:
     is known ``not_executed``; otherwise its effect is ``unknown`` (it may be running).
     """
 
-    _dumped: dict[str, tuple[Any, Any]] = field(default_factory=dict, repr=False, compare=False)
-    """JSON-ready dumps of the plan and of each outcome, reused while the object is the same."""
-
     def to_data(self) -> dict[str, Any]:
-        """The state as JSON-ready data, as kept in Redis.
-
-        The plan never changes and outcomes are immutable: each is dumped once per object,
-        however often the turn is stored.
-        """
+        """The state as JSON-ready data."""
         return {
-            "plan": self._dump("\x00plan", self.plan),
-            "outcomes": {k: self._dump(k, v) for k, v in self.outcomes.items()},
+            "plan": self.plan.model_dump(mode="json"),
+            "outcomes": {k: v.model_dump(mode="json") for k, v in self.outcomes.items()},
             "cancelled": self.cancelled,
             "released": None if self.released is None else sorted(self.released),
         }
-
-    def _dump(self, slot: str, model: TurnPlan | CallOutcome) -> Any:
-        known = self._dumped.get(slot)
-        if known is None or known[0] is not model:
-            known = self._dumped[slot] = (model, model.model_dump(mode="json"))
-        return known[1]
 
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> TurnState:

@@ -15,11 +15,11 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from redis.asyncio import Redis
 
+from aggregator._store import StoredTurn, TurnStore
 from aggregator._turn import TurnState, accept_outcome, build_result, is_settled
 from schemas import CallOutcome, CancelRequest, TurnPlan, TurnResult
 from toolfleet.bus import PRODUCER_BATCH_BYTES, TRANSIENT_ERRORS, KafkaBus, Record
@@ -27,7 +27,7 @@ from toolfleet.errors import InvalidMessageError
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
 from toolfleet.metrics import MESSAGES, TURN_LATENCY
-from toolfleet.redis import BoundedCache, JsonState, connect_redis, text, update_json
+from toolfleet.redis import connect_redis, text
 from toolfleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -55,9 +55,7 @@ class Aggregator:
         # Runs handled at once: their Redis steps share round trips (auto-pipelining), so a
         # whole polled batch goes at once instead of in waves.
         self._slots = asyncio.Semaphore(512)
-        # This instance owns its runs' turn state: what it wrote last is kept in memory, with
-        # the TurnState itself in it, so an update neither reads it back nor parses it.
-        self._stored: BoundedCache[str, tuple[bytes, JsonState]] = BoundedCache(_CACHED_TURNS)
+        self.turns = TurnStore(self.redis, ttl_s=_STATE_TTL_S, cached=_CACHED_TURNS)
 
     def stop(self) -> None:
         """Finish the current batch and return from ``run``."""
@@ -182,19 +180,17 @@ class Aggregator:
         stored = await self._stored_outcomes(plan)
         triggers = [*triggers, *(t for _, t in outcomes)]
 
-        def change(blob: JsonState | None) -> tuple[JsonState | None, Emission | None]:
-            blob = blob or {"turn": None, "early": {}, "emitted": None}
-            turn = _turn_of(blob["turn"]) if blob["turn"] else None
+        def change(state: StoredTurn) -> Emission | None:
+            turn = state.turn
             if turn is None or turn.plan.epoch < plan.epoch:
-                early = [CallOutcome.model_validate_json(v) for v in blob["early"].values()]
                 carried = list(turn.outcomes.values()) if turn else []
                 turn = TurnState(plan=plan)
-                for outcome in [*carried, *early, *stored]:
+                for outcome in [*carried, *state.early.values(), *stored]:
                     accept_outcome(turn, outcome)
-                blob["early"] = {}
+                state.early = {}
             for outcome, _ in outcomes:
                 accept_outcome(turn, outcome)
-            return _maybe_emit(blob, turn, triggers)
+            return _maybe_emit(state, turn, triggers)
 
         # A plan usually comes first: write without reading (early outcomes fail the write).
         # The run's turn list (for cancellations) is written in the same round trip.
@@ -244,20 +240,17 @@ class Aggregator:
         """Record one turn's outcomes; emit its result if it is now settled."""
         triggers = [t for _, t in outcomes]
 
-        def change(blob: JsonState | None) -> tuple[JsonState | None, Emission | None]:
-            blob = blob or {"turn": None, "early": {}, "emitted": None}
-            if not blob["turn"]:
+        def change(state: StoredTurn) -> Emission | None:
+            if state.turn is None:
                 # The plan is not here yet (another topic, another pace): keep the outcomes.
                 for outcome, _ in outcomes:
-                    early = blob["early"].get(outcome.call_id)
-                    known = CallOutcome.model_validate_json(early) if early else None
+                    known = state.early.get(outcome.call_id)
                     if known is None or known.fencing_token <= outcome.fencing_token:
-                        blob["early"][outcome.call_id] = outcome.model_dump_json()
-                return blob, None
-            turn = _turn_of(blob["turn"])
+                        state.early[outcome.call_id] = outcome
+                return None
             for outcome, _ in outcomes:
-                accept_outcome(turn, outcome)
-            return _maybe_emit(blob, turn, triggers)
+                accept_outcome(state.turn, outcome)
+            return _maybe_emit(state, state.turn, triggers)
 
         return await self._update(tenant, run, turn_id, change)
 
@@ -270,12 +263,11 @@ class Aggregator:
             self.keys.turns(request.tenant_id, request.run_id)
         ):
 
-            def change(blob: JsonState | None) -> tuple[JsonState | None, Emission | None]:
-                if not blob or not blob["turn"]:
-                    return blob, None
-                turn = _turn_of(blob["turn"])
-                turn.cancelled = True
-                return _maybe_emit(blob, turn, triggers)
+            def change(state: StoredTurn) -> Emission | None:
+                if state.turn is None:
+                    return None
+                state.turn.cancelled = True
+                return _maybe_emit(state, state.turn, triggers)
 
             results += await self._update(request.tenant_id, request.run_id, int(turn_id), change)
         return results
@@ -285,23 +277,15 @@ class Aggregator:
         tenant_id: str,
         run_id: str,
         turn_id: int,
-        change: Callable[[JsonState | None], tuple[JsonState | None, Emission | None]],
+        change: Callable[[StoredTurn], Emission | None],
         *,
         new: bool = False,
     ) -> list[Emission]:
         key = self.keys.turn(tenant_id, run_id, turn_id)
-        _state, result = await update_json(
-            self.redis,
-            key,
-            change,
-            ttl_s=_STATE_TTL_S,
-            cache=self._stored,
-            default=_turn_data,
-            probably_new=new,
-        )
+        result = await self.turns.update(key, change, probably_new=new)
         if result is None:
             return []
-        self._stored.pop(key, None)  # settled: later updates (duplicates) are rare
+        self.turns.forget(key)  # settled: later updates (duplicates) are rare
         return [result]
 
     async def _stored_outcomes(self, plan: TurnPlan) -> list[CallOutcome]:
@@ -349,35 +333,18 @@ class Aggregator:
         return copies
 
 
-def _maybe_emit(
-    blob: JsonState, turn: TurnState, triggers: list[str]
-) -> tuple[JsonState, Emission | None]:
+def _maybe_emit(state: StoredTurn, turn: TurnState, triggers: list[str]) -> Emission | None:
     """Store the turn; emit its result once per plan epoch.
 
     Emitting again is right only when a record that triggered the first emission comes
     back: its transaction never committed, so nobody has seen that result.
     """
-    blob["turn"] = turn  # encoded by _turn_data when the blob is written
+    state.turn = turn
     if not is_settled(turn):
-        return blob, None
-    emitted = blob.get("emitted")
+        return None
+    emitted = state.emitted
     epoch = turn.plan.epoch
     if emitted is not None and emitted["epoch"] == epoch and not set(emitted["by"]) & set(triggers):
-        return blob, None
-    blob["emitted"] = {"epoch": epoch, "by": triggers, "at": time.time()}
-    return blob, (build_result(turn), turn.plan.planned_at)
-
-
-def _turn_of(stored: TurnState | dict[str, Any] | str) -> TurnState:
-    """The turn in a state blob: the object itself when this process wrote it last (the
-    cached blob), else its stored form (data, or JSON text as older versions wrote it)."""
-    if isinstance(stored, TurnState):
-        return stored
-    return TurnState.from_json(stored) if isinstance(stored, str) else TurnState.from_data(stored)
-
-
-def _turn_data(value: object) -> dict[str, Any]:
-    """json.dumps' ``default``: a TurnState in a blob is written as its data."""
-    if isinstance(value, TurnState):
-        return value.to_data()
-    raise TypeError(f"cannot store {type(value).__name__} in a turn state blob")
+        return None
+    state.emitted = {"epoch": epoch, "by": triggers, "at": time.time()}
+    return build_result(turn), turn.plan.planned_at

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
@@ -303,49 +303,22 @@ async def update_json(
     change: Callable[[JsonState | None], tuple[JsonState | None, T]],
     *,
     ttl_s: int,
-    cache: MutableMapping[str, tuple[bytes, JsonState]] | None = None,
-    default: Callable[[Any], Any] | None = None,
-    probably_new: bool = False,
 ) -> tuple[JsonState | None, T]:
     """Read-modify-write one JSON value atomically (compare-and-set), retrying on a conflict.
 
     ``change`` gets the current value (None when absent) and returns the new value (None
     leaves the key as it is) and a result; it must be pure, because it may run again.
     Two round trips: GET, then a script that sets the value only if it did not change.
-
-    With ``cache`` (for a process that owns the keys it updates, like the aggregator its
-    runs), the value this process wrote last is taken from memory, not read back: one round
-    trip. The compare-and-set still guards it, so a value someone else changed meanwhile
-    fails the write, is read again and the change is made again. ``default`` encodes
-    objects the value holds that JSON cannot, dataclasses included (as ``json.dumps``' own;
-    the value is written with orjson). ``probably_new`` first assumes the key is absent,
-    without reading it (a key that exists fails the compare-and-set and is read then).
     """
     cas = _cas_scripts.get(redis)
     if cas is None:
         cas = _cas_scripts[redis] = redis.register_script(_CAS)
-    guess_absent = probably_new
     while True:
-        known: tuple[bytes, JsonState | None] | None = (
-            cache.pop(key, None) if cache is not None else None
-        )
-        if known is None and guess_absent:
-            known = (b"", None)
-        guess_absent = False
-        if known is None:
-            raw = await redis.get(key)
-            current = raw.encode() if isinstance(raw, str) else raw or b""
-            value = orjson.loads(current) if current else None
-        else:
-            current, value = known
-        state, result = change(value)
+        raw = await redis.get(key)
+        current = raw.encode() if isinstance(raw, str) else raw or b""
+        state, result = change(orjson.loads(current) if current else None)
         if state is None:
             return state, result
         read = hashlib.sha1(current, usedforsecurity=False).hexdigest()
-        # orjson: the aggregator writes a turn's whole state on every update, and json.dumps
-        # was an eighth of its CPU.
-        new = orjson.dumps(state, default=default, option=orjson.OPT_PASSTHROUGH_DATACLASS)
-        if await cas(keys=[key], args=[read, new, ttl_s]):
-            if cache is not None:
-                cache[key] = (new, state)
+        if await cas(keys=[key], args=[read, orjson.dumps(state), ttl_s]):
             return state, result

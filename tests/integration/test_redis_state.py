@@ -141,21 +141,3 @@ async def test_scripts_come_back_after_redis_forgot_them(redis: Redis) -> None:
     async with redis.pipeline(transaction=False) as pipe:
         await script(args=[5], client=pipe)
         assert await pipe.execute() == [10]
-
-
-async def test_cached_and_guessed_values_still_compare_and_set(redis: Redis) -> None:
-    """A cache entry or a guess that the key is new is checked by the write, never trusted."""
-    key = f"test:cas:{uuid.uuid4().hex}"
-    cache: dict[str, tuple[bytes, JsonState]] = {}
-
-    def bump(state: JsonState | None) -> tuple[JsonState, int]:
-        count = (state or {"n": 0})["n"] + 1
-        return {"n": count}, count
-
-    assert (await update_json(redis, key, bump, ttl_s=60, cache=cache, probably_new=True))[1] == 1
-    assert cache[key] == (b'{"n":1}', {"n": 1})
-    await redis.set(key, '{"n":10}')  # someone else wrote meanwhile: the cached value is stale
-    assert (await update_json(redis, key, bump, ttl_s=60, cache=cache))[1] == 11
-    # The key exists: guessing it is new fails the write, which reads it and tries again.
-    assert (await update_json(redis, key, bump, ttl_s=60, probably_new=True))[1] == 12
-    assert await redis.get(key) == b'{"n":12}'

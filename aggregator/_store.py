@@ -1,0 +1,193 @@
+"""Turn state in Redis: one hash per turn, written field by field.
+
+A turn's plan is one field, written once; every accepted outcome is a field of its own. So
+recording the 20th outcome of a turn writes that outcome, not the whole turn again (which
+had cost the aggregator, Redis and its append-only file a turn's size per update).
+
+Every write is a compare-and-set on the hash's version field: two aggregator instances that
+briefly handle the same run (a rebalance) never lose each other's updates. The loser reads
+the turn again and makes its change again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+
+import orjson
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from aggregator._turn import TurnState
+from schemas import CallOutcome, TurnPlan
+from toolfleet.redis import BoundedCache
+
+T = TypeVar("T")
+
+# ARGV: the version read ('' when absent), ttl, the number of fields to delete, their names,
+# then field/value pairs to set. Returns the new version, 0 when the turn changed meanwhile.
+_WRITE = """
+local v = redis.pcall('HGET', KEYS[1], 'v')
+if type(v) == 'table' then
+  -- A turn stored as one JSON string (as versions before 0.2 wrote it): the version read
+  -- is its SHA-1, and the hash replaces it whole.
+  if redis.sha1hex(redis.call('GET', KEYS[1])) ~= ARGV[1] then return 0 end
+  redis.call('DEL', KEYS[1])
+  v = 0
+elseif (v or '') ~= ARGV[1] then
+  return 0
+end
+local deletes = tonumber(ARGV[3])
+if deletes > 0 then redis.call('HDEL', KEYS[1], unpack(ARGV, 4, 3 + deletes)) end
+local version = (tonumber(v) or 0) + 1
+redis.call('HSET', KEYS[1], 'v', version, unpack(ARGV, 4 + deletes))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return version
+"""
+
+_OUTCOME, _EARLY = "o:", "e:"
+
+
+@dataclass
+class StoredTurn:
+    """One turn's state as stored: the turn once its plan is known, outcomes that came
+    before the plan, and the marker of the result emitted for it."""
+
+    turn: TurnState | None = None
+    early: dict[str, CallOutcome] = field(default_factory=dict)
+    """Outcomes whose plan has not arrived yet (another topic, another pace), by call_id."""
+    emitted: dict[str, Any] | None = None
+    """``{"epoch", "by", "at"}`` of the emitted result: which records triggered it."""
+    version: str = ""
+    """The version this state was read at ('' when the turn had no state)."""
+    legacy: bool = False
+    """Read from a JSON string (versions before 0.2): its next write replaces it whole."""
+
+    def fields(self) -> dict[str, object]:
+        """The hash's fields (besides the version), as objects: a field is written again
+        only when its object is a different one with a different value."""
+        out: dict[str, object] = {}
+        turn = self.turn
+        if turn is not None:
+            out["plan"] = turn.plan
+            out |= {_OUTCOME + call_id: o for call_id, o in turn.outcomes.items()}
+            if turn.cancelled:
+                out["cancelled"] = True
+            if turn.released is not None:
+                out["released"] = frozenset(turn.released)
+        out |= {_EARLY + call_id: o for call_id, o in self.early.items()}
+        if self.emitted is not None:
+            out["emitted"] = self.emitted
+        return out
+
+    @classmethod
+    def from_hash(cls, raw: dict[bytes, bytes]) -> StoredTurn:
+        """Decode an HGETALL reply (an empty one is a turn without state)."""
+        stored = cls(version=raw.pop(b"v", b"").decode())
+        plan = raw.pop(b"plan", None)
+        if plan is not None:
+            released = raw.pop(b"released", None)
+            stored.turn = TurnState(
+                plan=TurnPlan.model_validate_json(plan),
+                cancelled=raw.pop(b"cancelled", None) is not None,
+                released=None if released is None else set(orjson.loads(released)),
+            )
+        emitted = raw.pop(b"emitted", None)
+        stored.emitted = None if emitted is None else orjson.loads(emitted)
+        for name, value in raw.items():
+            kind, call_id = name[:2].decode(), name[2:].decode()
+            outcome = CallOutcome.model_validate_json(value)
+            if kind == _OUTCOME and stored.turn is not None:
+                stored.turn.outcomes[call_id] = outcome
+            elif kind == _EARLY:
+                stored.early[call_id] = outcome
+        return stored
+
+    @classmethod
+    def from_blob(cls, raw: bytes) -> StoredTurn:
+        """A turn stored as one JSON string, as versions before 0.2 wrote it."""
+        blob = orjson.loads(raw)
+        turn = blob.get("turn")
+        if isinstance(turn, str):
+            turn = orjson.loads(turn)
+        return cls(
+            turn=TurnState.from_data(turn) if turn else None,
+            early={k: CallOutcome.model_validate_json(v) for k, v in blob["early"].items()},
+            emitted=blob.get("emitted"),
+            version=hashlib.sha1(raw, usedforsecurity=False).hexdigest(),
+            legacy=True,
+        )
+
+
+class TurnStore:
+    """Read-modify-write of turn state, with what this process wrote last kept in memory.
+
+    The aggregator instance that owns a run's partition is the only writer of its turns, so
+    an update usually neither reads nor parses anything: it changes the cached state and
+    writes the fields that changed. The compare-and-set still guards every write.
+    """
+
+    def __init__(self, redis: Redis, *, ttl_s: int, cached: int) -> None:
+        self.redis = redis
+        self.ttl_s = ttl_s
+        self._write = redis.register_script(_WRITE)
+        self._cache: BoundedCache[str, StoredTurn] = BoundedCache(cached)
+
+    async def update(
+        self, key: str, change: Callable[[StoredTurn], T], *, probably_new: bool = False
+    ) -> T:
+        """Apply ``change`` (it mutates the state it gets and returns a result) and write the
+        fields it changed; on a conflict, read the turn again and apply it again.
+
+        ``probably_new`` first assumes the turn has no state, without reading it (a turn
+        that has one fails the compare-and-set and is read then).
+        """
+        guess_absent = probably_new
+        while True:
+            stored = self._cache.pop(key, None)
+            if stored is None:
+                stored = StoredTurn() if guess_absent else await self.read(key)
+            guess_absent = False
+            before = {} if stored.legacy else stored.fields()
+            result = change(stored)
+            after = stored.fields()
+            writes: list[Any] = []
+            for name, value in after.items():
+                old = before.get(name)
+                if old is not value and old != value:
+                    writes += [name, _encode(value)]
+            deletes = [name for name in before if name not in after]
+            if not writes and not deletes:
+                self._cache[key] = stored
+                return result
+            version = await self._write(
+                keys=[key], args=[stored.version, self.ttl_s, len(deletes), *deletes, *writes]
+            )
+            if version:
+                stored.version, stored.legacy = str(version), False
+                self._cache[key] = stored
+                return result
+
+    async def read(self, key: str) -> StoredTurn:
+        """The turn's state as stored (empty when it has none)."""
+        try:
+            raw = await self.redis.hgetall(key)  # the client keeps replies as bytes
+            return StoredTurn.from_hash(cast(dict[bytes, bytes], raw))
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            return StoredTurn.from_blob(cast(bytes, await self.redis.get(key)))
+
+    def forget(self, key: str) -> None:
+        """Drop the cached state (a settled turn: later updates, duplicates, are rare)."""
+        self._cache.pop(key, None)
+
+
+def _encode(value: object) -> bytes:
+    if isinstance(value, TurnPlan | CallOutcome):
+        return value.model_dump_json().encode()
+    if isinstance(value, frozenset):
+        return orjson.dumps(sorted(value))
+    return orjson.dumps(value)
