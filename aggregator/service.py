@@ -49,7 +49,7 @@ class Aggregator:
         self.bus = KafkaBus(settings, service="aggregator")
         self.redis = redis or connect_redis(settings)
         self.keys = Keys.of(settings)
-        self.ledger = Ledger(self.redis, self.keys)
+        self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
         self._stopping = asyncio.Event()
         # Runs handled at once: their Redis steps share round trips (auto-pipelining), so a
@@ -195,10 +195,17 @@ class Aggregator:
         # A plan usually comes first: write without reading (early outcomes fail the write).
         # The run's turn list (for cancellations) is written in the same round trip.
         _, emitted = await asyncio.gather(
-            self.redis.sadd(self.keys.turns(plan.tenant_id, plan.run_id), plan.turn_id),
+            self._list_turn(plan),
             self._update(plan.tenant_id, plan.run_id, plan.turn_id, change, new=True),
         )
         return emitted
+
+    async def _list_turn(self, plan: TurnPlan) -> None:
+        key = self.keys.turns(plan.tenant_id, plan.run_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.sadd(key, plan.turn_id)
+            pipe.expire(key, _STATE_TTL_S)  # as long as the turns it lists
+            await pipe.execute()
 
     async def on_outcomes(
         self, outcomes: list[tuple[CallOutcome, str]], plan: tuple[TurnPlan, str] | None = None

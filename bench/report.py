@@ -473,7 +473,8 @@ def _render_scale(results: Results, add: Any) -> None:
         add(
             f"Retained after completion: {_f(results.retained_per_call)} bytes per finished "
             "call stay in Redis (ledger hash and audit list, sampled with MEMORY USAGE after "
-            "(a)); the ledger sets no TTL, so this grows with every call ever made."
+            "(a)) until the ledger's retention (`TOOLFLEET_LEDGER_RETENTION_S`, 7 days by "
+            "default) expires them."
         )
     add("")
 

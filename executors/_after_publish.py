@@ -22,26 +22,27 @@ from toolfleet.keys import Keys
 from toolfleet.ledger import COMMIT_FUNCTION
 from toolfleet.redis import text
 
-# KEYS: the n ledger entries, then the tool version's window keys (none: commit only).
-# ARGV: n, now, window_s, min_calls, rate, buckets, then per entry its call id and whether it
-# is counted ('-' no, '0' succeeded, '1' failed). Returns what count_calls returns.
+# KEYS: each of the n ledger entries and its audit chain, then the tool version's window
+# keys (none: commit only). ARGV: n, retention_s, now, window_s, min_calls, rate, buckets,
+# then per entry its call id and whether it is counted ('-' no, '0' succeeded, '1' failed).
+# Returns what count_calls returns.
 _COMMIT_AND_COUNT = (
     COMMIT_FUNCTION
     + COUNT_FUNCTION
     + """
-local n = tonumber(ARGV[1])
+local n, retention_s = tonumber(ARGV[1]), tonumber(ARGV[2])
 local ids, failed = {}, 0
 for i = 1, n do
-  commit(KEYS[i])
-  local counted = ARGV[6 + 2 * i]
+  commit(KEYS[2 * i - 1], KEYS[2 * i], retention_s)
+  local counted = ARGV[7 + 2 * i]
   if counted ~= '-' then
-    ids[#ids + 1] = ARGV[5 + 2 * i]
+    ids[#ids + 1] = ARGV[6 + 2 * i]
     if counted == '1' then failed = failed + 1 end
   end
 end
 if #ids == 0 then return {} end
-return count_calls(KEYS[n + 1], KEYS[n + 2], KEYS[n + 3], tonumber(ARGV[2]), ids, failed,
-  tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
+return count_calls(KEYS[2 * n + 1], KEYS[2 * n + 2], KEYS[2 * n + 3], tonumber(ARGV[3]), ids,
+  failed, tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
 """
 )
 
@@ -52,9 +53,12 @@ _Entry = tuple[CallOutcome, bool | None, "asyncio.Future[list[str]]"]
 class AfterPublish:
     """Commits published outcomes and counts executed calls, a loop turn's worth at a time."""
 
-    def __init__(self, redis: Redis, keys: Keys, circuits: CircuitBreaker) -> None:
+    def __init__(
+        self, redis: Redis, keys: Keys, circuits: CircuitBreaker, retention_s: int
+    ) -> None:
         self.keys = keys
         self.circuits = circuits
+        self.retention_s = retention_s
         self._script = redis.register_script(_COMMIT_AND_COUNT)
         self._pending: dict[str | None, list[_Entry]] = {}
         self._writes: set[asyncio.Task[None]] = set()
@@ -82,9 +86,13 @@ class AfterPublish:
             task.add_done_callback(self._writes.discard)
 
     async def _write(self, ref: str | None, entries: Sequence[_Entry]) -> None:
-        keys = [self.keys.call(o.tenant_id, o.call_id) for o, _, _ in entries]
+        keys = []
+        for outcome, _, _ in entries:
+            keys += [self.keys.call(outcome.tenant_id, outcome.call_id),
+                     self.keys.audit(outcome.tenant_id, outcome.call_id)]  # fmt: skip
         # The wall clock: the window's buckets are shared by every worker's clock.
-        args: list[Any] = [len(entries), time.time(), *self.circuits.window_args()]
+        args: list[Any] = [len(entries), self.retention_s, time.time()]
+        args += self.circuits.window_args()
         if ref is not None:
             keys += self.circuits.window_keys(ref)
         for outcome, failed, _ in entries:

@@ -88,11 +88,13 @@ class Worker:
         self.bus = KafkaBus(settings, service=self.service)
         self.redis = connect_redis(settings)
         self.keys = Keys.of(settings)
-        self.ledger = Ledger(self.redis, self.keys)
+        self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
         self.semaphores = FleetSemaphores(self.redis, lease_s=self.limits.lease_s)
         self.circuits = CircuitBreaker(self.redis, settings)
         self.tasks = TaskStore(self.redis, self.keys)
-        self._after_publish = AfterPublish(self.redis, self.keys, self.circuits)
+        self._after_publish = AfterPublish(
+            self.redis, self.keys, self.circuits, settings.ledger_retention_s
+        )
         self._slots = asyncio.Semaphore(self.limits.per_worker)
         # A slot is given back when the tool ends; outcomes still being written and published
         # (Kafka refusing writes, say) are bounded too, so a worker stops taking commands.

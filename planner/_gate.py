@@ -64,7 +64,11 @@ class Gate:
                 return _release(state, resend=True)
             return _release(state)
 
-        await self.redis.sadd(self.keys.gates(plan.tenant_id, plan.run_id), plan.turn_id)
+        gates = self.keys.gates(plan.tenant_id, plan.run_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.sadd(gates, plan.turn_id)
+            pipe.expire(gates, _GATE_TTL_S)  # as long as the gates it lists
+            await pipe.execute()
         _state, released = await self._update(key, start)
         return [c.call_id for c in released]
 

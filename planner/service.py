@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
 from planner._gate import Gate
 from planner._planning import (
@@ -59,7 +60,7 @@ class Planner:
         self.bus = KafkaBus(settings, service="planner")
         self.redis = redis or connect_redis(settings)
         self.keys = Keys.of(settings)
-        self.ledger = Ledger(self.redis, self.keys)
+        self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
         self.tools = ToolDirectory(self.redis, self.keys)
         self.gate = Gate(self.redis, self.keys)
         self._loop: ConsumeLoop | None = None
@@ -169,9 +170,11 @@ class Planner:
             fields[f"sticky:{decision.tool_name}"] = json.dumps(
                 {"approve": sticky, "message": decision.message}
             )
-        await self.redis.hset(
-            self.keys.approvals(decision.tenant_id, decision.run_id), mapping=fields
-        )
+        approvals = self.keys.approvals(decision.tenant_id, decision.run_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(approvals, mapping=fields)
+            self._retain(pipe, approvals)
+            await pipe.execute()
         await self.ledger.append_audit(
             decision.tenant_id,
             decision.call_id,
@@ -184,10 +187,17 @@ class Planner:
     async def on_cancel(self, request: CancelRequest) -> None:
         """Parent cancellation: nothing of the run starts from now on."""
         if request.call_id is None:
-            await self.redis.set(
-                self.keys.cancelled(request.tenant_id, request.run_id), request.reason
-            )
+            cancelled = self.keys.cancelled(request.tenant_id, request.run_id)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(cancelled, request.reason)
+                self._retain(pipe, cancelled)
+                await pipe.execute()
             await self.gate.cancel_run(request.tenant_id, request.run_id)
+
+    def _retain(self, pipe: Pipeline, key: str) -> None:
+        """A run's decisions last as long as its calls' ledger entries (0: forever)."""
+        if self.settings.ledger_retention_s > 0:
+            pipe.expire(key, self.settings.ledger_retention_s)
 
     async def _approvals(self, tenant_id: str, run_id: str) -> ApprovalView:
         raw = await self.redis.hgetall(self.keys.approvals(tenant_id, run_id))

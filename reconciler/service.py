@@ -99,7 +99,7 @@ class Reconciler:
         self.bus = KafkaBus(settings, service="reconciler")
         self.redis = redis or connect_redis(settings)
         self.keys = Keys.of(settings)
-        self.ledger = Ledger(self.redis, self.keys)
+        self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
         self.tools = ToolDirectory(self.redis, self.keys)
         self.tasks = TaskStore(self.redis, self.keys)
         self.tick_s = tick_s

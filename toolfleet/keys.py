@@ -60,7 +60,7 @@ class Keys:
 
     # aggregator
     def turn(self, tenant_id: str, run_id: str, turn_id: int) -> str:
-        """String (JSON): one turn's aggregation state."""
+        """Hash: one turn's aggregation state, a field per outcome (aggregator/_store.py)."""
         return self._tenant(tenant_id, "turn", f"{run_id}:{turn_id}")
 
     def turns(self, tenant_id: str, run_id: str) -> str:

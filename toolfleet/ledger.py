@@ -7,6 +7,11 @@ that receive the same command (a rebalance, a redelivery) can never both start i
 
 ``started`` is written before any user code runs. A call found ``started`` whose holder's
 lease has expired is never run again blindly: its effect is unknown.
+
+Retention: a call whose history is its plain run (one attempt, no approval decision, no
+probe, retry, compensation or human verdict) expires ``retention_s`` after it is committed,
+its audit chain with it. Any other call is marked ``keep`` and stays until an operator
+archives it: that history is what the failure table forbids deleting.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from redis.asyncio import Redis
 from schemas import CallOutcome
 from toolfleet.keys import Keys
 from toolfleet.redis import HashFields, text
+from toolfleet.settings import LEDGER_RETENTION_S
 
 LedgerState = Literal["planned", "dispatched", "started", "finished", "committed"]
 BeginVerdict = Literal["run", "done", "stale", "busy", "unknown", "missing", "cancelled"]
@@ -100,6 +106,25 @@ class LedgerEntry:
         )
 
 
+KEEP_FUNCTION = """
+local function keep(call, audit)
+  redis.call('HSET', call, 'keep', 1)
+  redis.call('PERSIST', call)
+  redis.call('PERSIST', audit)
+end
+"""
+"""Lua: the call's history holds more than its plain run: it never expires."""
+
+RETAIN_FUNCTION = """
+local function retain(call, audit, retention_s)
+  if retention_s > 0 and not redis.call('HGET', call, 'keep') then
+    redis.call('EXPIRE', call, retention_s)
+    redis.call('EXPIRE', audit, retention_s)
+  end
+end
+"""
+"""Lua: a committed call expires after ``retention_s`` (0: never) unless it is kept."""
+
 # Issue an attempt of the call ``call`` (audit chain ``audit``); ``h`` is its HMGET of state,
 # attempts, fencing_token. Unforced (the planner) it is idempotent: a dispatched call gets
 # its current attempt back, a started or finished one nothing. Forced (a retry the
@@ -107,7 +132,9 @@ class LedgerEntry:
 # so the outcome of any older holder is ignored; it also reopens a call whose stored
 # outcome is an unknown effect. ``plan`` records a new entry in state planned from its
 # fields (fingerprint, idem key, run, turn, tool, pool, arguments, index) and returns its h.
-_ISSUE = """
+_ISSUE = (
+    KEEP_FUNCTION
+    + """
 local function issue(call, audit, h, force, now, reason)
   local state = h[1]
   if not force then
@@ -117,6 +144,7 @@ local function issue(call, audit, h, force, now, reason)
   end
   local attempt, token = tonumber(h[2]) + 1, tonumber(h[3]) + 1
   redis.call('HSET', call, 'state', 'dispatched', 'attempts', attempt, 'fencing_token', token)
+  if force then keep(call, audit) end
   redis.call('RPUSH', audit, cjson.encode({event='dispatched', attempt=attempt,
     fencing_token=token, reason=reason, at=now}))
   return {attempt, token}
@@ -129,6 +157,7 @@ local function plan(call, audit, now, f)
   return {'planned', '0', '0'}
 end
 """
+)
 
 # Record a planned call unless it exists (an existing entry is left as it is); with
 # ARGV[10] = '1' also issue its attempt, as _DISPATCH does. ARGV: fingerprint, idem key,
@@ -222,44 +251,68 @@ redis.call('RPUSH', KEYS[2], cjson.encode({event='finished', status=ARGV[3], eff
 return 'ok'
 """
 
-# An outcome decided without running anything (the planner's rejections). ARGV: json, now
-_SETTLE = """
+# An outcome decided without running anything (the planner's rejections). ARGV: json, now,
+# retention_s
+_SETTLE = (
+    RETAIN_FUNCTION
+    + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == false or state == 'finished' or state == 'committed' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'committed', 'outcome', ARGV[1])
 redis.call('RPUSH', KEYS[2], cjson.encode({event='settled_without_running', at=tonumber(ARGV[2])}))
+retain(KEYS[1], KEYS[2], tonumber(ARGV[3]))
 return 1
 """
+)
 
 # The reconciler's (or a human's) verdict on a call: replaces the stored outcome, whatever
 # the state, and appends why. ARGV: outcome json, event json, member
-_RESOLVE = """
+_RESOLVE = (
+    KEEP_FUNCTION
+    + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'committed', 'outcome', ARGV[1], 'lease_until', 0)
 redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('RPUSH', KEYS[2], ARGV[2])
+keep(KEYS[1], KEYS[2])
 return 1
 """
+)
 
-COMMIT_FUNCTION = """
-local function commit(call)
+# Append one event to a call's audit chain and keep the call. ARGV: the event (JSON)
+_APPEND = (
+    KEEP_FUNCTION
+    + """
+redis.call('RPUSH', KEYS[2], ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 1 then keep(KEYS[1], KEYS[2]) end
+"""
+)
+
+COMMIT_FUNCTION = (
+    RETAIN_FUNCTION
+    + """
+local function commit(call, audit, retention_s)
   if redis.call('HGET', call, 'state') == 'finished' then
     redis.call('HSET', call, 'state', 'committed')
+    retain(call, audit, retention_s)
     return 1
   end
   return 0
 end
 """
-"""Lua: mark the entry ``call`` (its key) committed, if it is finished; 1 when it did. Workers
-run it for the outcomes they published (``executors._after_publish``)."""
+)
+"""Lua: mark the entry ``call`` (its key; ``audit`` its chain) committed, if it is finished,
+and let a plain run expire after ``retention_s`` (0: never); 1 when it did. Workers run it
+for the outcomes they published (``executors._after_publish``)."""
 
 
 class Ledger:
     """The Redis call ledger. All writes that gate user code are atomic scripts."""
 
-    def __init__(self, redis: Redis, keys: Keys) -> None:
+    def __init__(self, redis: Redis, keys: Keys, retention_s: int = LEDGER_RETENTION_S) -> None:
         self.redis = redis
         self.keys = keys
+        self.retention_s = retention_s
         self._create = redis.register_script(_CREATE)
         self._create_fresh = redis.register_script(_CREATE_FRESH)
         self._dispatch = redis.register_script(_DISPATCH)
@@ -268,6 +321,7 @@ class Ledger:
         self._finish = redis.register_script(_FINISH)
         self._settle = redis.register_script(_SETTLE)
         self._resolve = redis.register_script(_RESOLVE)
+        self._append = redis.register_script(_APPEND)
 
     async def read(self, tenant_id: str, call_ids: Iterable[str]) -> dict[str, LedgerEntry]:
         """The entries that exist among ``call_ids``, in one round trip."""
@@ -455,7 +509,7 @@ class Ledger:
                 self.keys.call(outcome.tenant_id, outcome.call_id),
                 self.keys.audit(outcome.tenant_id, outcome.call_id),
             ],
-            args=[outcome.model_dump_json(exclude_none=True), time.time()],
+            args=[outcome.model_dump_json(exclude_none=True), time.time(), self.retention_s],
         )
 
     async def set_approval(
@@ -467,12 +521,12 @@ class Ledger:
             "approval_message": message or "",
             "pending_approval": "0",
         }
+        call, audit = self.keys.call(tenant_id, call_id), self.keys.audit(tenant_id, call_id)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.keys.call(tenant_id, call_id), mapping=fields)
-            pipe.rpush(
-                self.keys.audit(tenant_id, call_id),
-                _event("approval", {str(k): v for k, v in fields.items()}, by=by),
-            )
+            pipe.hset(call, mapping={**fields, "keep": "1"})  # a human decision is kept
+            pipe.rpush(audit, _event("approval", {str(k): v for k, v in fields.items()}, by=by))
+            pipe.persist(call)
+            pipe.persist(audit)
             await pipe.execute()
 
     async def set_pending_approval(self, tenant_id: str, call_id: str) -> None:
@@ -487,8 +541,12 @@ class Ledger:
         ]
 
     async def append_audit(self, tenant_id: str, call_id: str, event: str, **data: Any) -> None:
-        """Append one event (probe, retry, compensation, human decision) to the audit chain."""
-        await self.redis.rpush(self.keys.audit(tenant_id, call_id), _event(event, data))
+        """Append one event (probe, retry, compensation, human decision) to the audit chain;
+        the call is kept from now on (see the module's docstring on retention)."""
+        await self._append(
+            keys=[self.keys.call(tenant_id, call_id), self.keys.audit(tenant_id, call_id)],
+            args=[_event(event, data)],
+        )
 
 
 def _event(event: str, data: Mapping[str, Any], **extra: Any) -> str:

@@ -116,7 +116,7 @@ def inspect_call(call_id: str, tenant: str) -> None:
     """Print a call's ledger entry and its audit chain."""
 
     async def work(redis: Redis, _settings: Settings) -> None:
-        ledger = Ledger(redis, Keys.of(_settings))
+        ledger = Ledger(redis, Keys.of(_settings), _settings.ledger_retention_s)
         entry = (await ledger.read(tenant, [call_id])).get(call_id)
         if entry is None:
             raise click.ClickException(f"no call {call_id} for tenant {tenant}")

@@ -8,6 +8,9 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+LEDGER_RETENTION_S = 7 * 24 * 3600
+"""How long a committed call whose history is its plain run stays in the ledger, by default."""
+
 
 def _xdg(var: str, fallback: str) -> Path:
     return Path(os.environ.get(var) or Path.home() / fallback) / "toolfleet"
@@ -54,6 +57,14 @@ class Settings(BaseSettings):
         description="Least time between two of the aggregator's Kafka transactions: under "
         "load its batches grow instead of their number (each one costs the broker several "
         "requests and markers)",
+    )
+
+    ledger_retention_s: int = Field(
+        default=LEDGER_RETENTION_S,
+        ge=0,
+        description="How long a committed call whose history is its plain run stays in the "
+        "ledger (0: forever). A model that reuses an expired call's id runs it again, so keep "
+        "it longer than any run can be replayed or resumed",
     )
 
     # Recovery (the reconciler's budgets; see reconciler/_policy.py).

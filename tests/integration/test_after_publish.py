@@ -38,7 +38,7 @@ async def test_a_burst_of_outcomes_is_committed_and_counted_in_one_step(
     keys = Keys.of(settings)
     ledger = Ledger(redis, keys)
     circuits = CircuitBreaker(redis, settings)
-    after = AfterPublish(redis, keys, circuits)
+    after = AfterPublish(redis, keys, circuits, settings.ledger_retention_s)
     ref = f"tool@{uuid.uuid4().hex[:8]}"
     counted = [await _finished(ledger) for _ in range(5)]
     uncounted = await _finished(ledger)  # e.g. a call that never started: committed only
@@ -61,7 +61,7 @@ async def test_failures_that_open_the_circuit_name_the_window_to_one_caller(
     ledger = Ledger(redis, keys)
     tight = settings.model_copy(update={"circuit_min_calls": 4, "circuit_error_rate": 0.5})
     circuits = CircuitBreaker(redis, tight)
-    after = AfterPublish(redis, keys, circuits)
+    after = AfterPublish(redis, keys, circuits, settings.ledger_retention_s)
     ref = f"tool@{uuid.uuid4().hex[:8]}"
     ok = [await _finished(ledger) for _ in range(2)]
     failed = [await _finished(ledger, "failed") for _ in range(3)]
@@ -69,3 +69,30 @@ async def test_failures_that_open_the_circuit_name_the_window_to_one_caller(
     assert replies[:-1] == [[]] * 4, "only the last failed call files the task"
     assert sorted(replies[-1]) == sorted(o.call_id for o in [*ok, *failed])
     assert (await circuits.check(ref)).state == "open"
+
+
+async def _ttls(redis: Redis, keys: Keys, call_id: str) -> tuple[int, int]:
+    """Seconds left to the call's ledger entry and audit chain (-1: they never expire)."""
+    return await redis.ttl(keys.call("t", call_id)), await redis.ttl(keys.audit("t", call_id))
+
+
+async def test_a_plain_run_expires_after_the_retention_and_a_call_with_history_is_kept(
+    redis: Redis, settings: Settings
+) -> None:
+    keys = Keys.of(settings)
+    ledger = Ledger(redis, keys, retention_s=600)
+    after = AfterPublish(redis, keys, CircuitBreaker(redis, settings), retention_s=600)
+    plain, probed = await _finished(ledger), await _finished(ledger)
+    await ledger.append_audit("t", probed.call_id, "probe", state="applied")
+    await asyncio.gather(after(plain, None), after(probed, None))
+    ttls = await _ttls(redis, keys, plain.call_id)
+    assert all(0 < ttl <= 600 for ttl in ttls), ttls
+    assert await _ttls(redis, keys, probed.call_id) == (-1, -1)
+    # History added later (a human finds the effect wrong) keeps a call that was to expire.
+    await ledger.append_audit("t", plain.call_id, "human_verdict", effect="wrong_effect")
+    assert await _ttls(redis, keys, plain.call_id) == (-1, -1)
+    # Retention 0 keeps everything.
+    forever = Ledger(redis, keys, retention_s=0)
+    kept = await _finished(forever)
+    await AfterPublish(redis, keys, CircuitBreaker(redis, settings), retention_s=0)(kept, None)
+    assert await _ttls(redis, keys, kept.call_id) == (-1, -1)

@@ -68,6 +68,7 @@ async def test_a_plan_with_its_outcomes_in_one_update_emits_what_one_by_one_woul
     assert [c.status for c in result.calls] == [c.status for c in expected.calls]
     # The run's turn is listed for cancellations, written in the same round trip.
     assert await redis.smembers(aggregator.keys.turns("t", together)) == {b"0"}
+    assert await redis.ttl(aggregator.keys.turns("t", together)) > 0
     # A redelivered batch (its transaction never committed) emits again; a duplicate not.
     again = await aggregator.on_outcomes(
         [(_outcome(together, 0), "o:0")], plan=(_plan(together), "p:0")

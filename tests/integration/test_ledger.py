@@ -166,3 +166,27 @@ async def test_a_call_of_a_cancelled_run_never_starts(
     await redis.set(keys.cancelled("t", "run"), "user pressed stop")
     assert (await ledger.begin("t", call_id, token, "w1", 30, run_id="run"))[0] == "cancelled"
     assert (await ledger.read("t", [call_id]))[call_id].state == "dispatched"
+
+
+async def test_retention_lets_a_plain_settled_call_expire_and_keeps_any_other_history(
+    redis: Redis, settings: Settings
+) -> None:
+    keys = Keys.of(settings)
+    ledger = Ledger(redis, keys, retention_s=600)
+    rejected, approved, resolved, retried = (f"call-{uuid.uuid4().hex}" for _ in range(4))
+    await ledger.create("t", [_call(c) for c in (rejected, approved, resolved, retried)])
+
+    async def ttls(call_id: str) -> tuple[int, int]:
+        return await redis.ttl(keys.call("t", call_id)), await redis.ttl(keys.audit("t", call_id))
+
+    # Settled without running (a missing tool): a plain history, it expires.
+    await ledger.settle(_outcome(rejected, 0).model_copy(update={"effect": "not_executed"}))
+    assert all(0 < ttl <= 600 for ttl in await ttls(rejected))
+    # A human's decision, a reconciler's verdict, a forced retry: kept, whatever comes after.
+    await ledger.set_approval("t", approved, False, "no", by="ops")
+    await ledger.settle(_outcome(approved, 0).model_copy(update={"effect": "not_executed"}))
+    await ledger.resolve(_outcome(resolved, 0), "probe_resolved", probe="applied")
+    await ledger.dispatch("t", retried, "probe proved it not applied", force=True)
+    for call_id in (approved, resolved, retried):
+        assert await ttls(call_id) == (-1, -1), call_id
+        assert (await redis.hget(keys.call("t", call_id), "keep")) == b"1"

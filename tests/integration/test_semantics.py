@@ -32,7 +32,7 @@ from tests.integration.test_pipeline import outputs, turn
 from toolfleet.client import FleetClient
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger, LedgerEntry
-from toolfleet.settings import Settings
+from toolfleet.settings import LEDGER_RETENTION_S, Settings
 from toolfleet.testing import LocalFleet, connected_client
 
 pytestmark = pytest.mark.integration
@@ -307,6 +307,16 @@ async def test_an_approved_call_runs_when_the_turn_is_resumed(
     assert outputs(result) == [("a", "done prod"), ("b", "ok")]
     assert await store.count(effects_key(cid(event, "a"))) == 1
     assert await store.count(effects_key(cid(event, "b"))) == 1  # not re-run on resume
+    # Retention: b's plain run expires after the window (once its worker committed it); a's
+    # approval keeps it for good; the run's decisions last as long as its calls.
+    redis, keys = store.redis, store.keys
+
+    async def b_expires() -> bool:
+        return 0 < await redis.ttl(keys.call(TENANT, cid(event, "b"))) <= LEDGER_RETENTION_S
+
+    await wait_for(b_expires)
+    assert await redis.ttl(keys.call(TENANT, cid(event, "a"))) == -1
+    assert 0 < await redis.ttl(keys.approvals(TENANT, event.run_id)) <= LEDGER_RETENTION_S
 
 
 async def test_a_rejected_call_gets_the_rejection_text_and_never_runs(
