@@ -7,4 +7,6 @@
   value: {{ .Values.topicPrefix | quote }}
 - name: TOOLFLEET_METRICS_PORT
   value: {{ .Values.metricsPort | quote }}
+- name: TOOLFLEET_LEDGER_RETENTION_S
+  value: {{ .Values.ledgerRetentionSeconds | quote }}
 {{- end -}}
