@@ -100,7 +100,7 @@ class Scale:
     """Bytes of RSS per call in flight (least squares over the samples), per service."""
     redis_delta: int
     redis_keys_per_call: float
-    """Bytes per call from MEMORY USAGE of a sample of the calls' keys (ledger, audit, turn)."""
+    """Bytes per call from MEMORY USAGE of a sample of the calls' keys (ledger, turn)."""
     cpu_cores: dict[str, float] = field(default_factory=dict)
     """Share of a core each process used while the calls were being put in flight."""
     note: str = ""
@@ -456,9 +456,9 @@ def _render_scale(results: Results, add: Any) -> None:
     add(
         f"Redis: used_memory grew by {_mib(s.redis_delta)} MiB for {s.reached:,} calls in "
         f"flight = **{_f(per_call)} bytes per call** (INFO memory delta; the server is shared "
-        f"with other users, so this is noisy); a sample of the calls' own keys (ledger hash, "
-        f"audit list, 1/20 of the turn's state) gives {_f(s.redis_keys_per_call)} bytes per call "
-        f"(MEMORY USAGE). At {s.target_calls:,} calls: "
+        f"with other users, so this is noisy); a sample of the calls' own keys (ledger entry "
+        f"and audit chain if any, 1/20 of the turn's state) gives "
+        f"{_f(s.redis_keys_per_call)} bytes per call (MEMORY USAGE). At {s.target_calls:,} calls: "
         f"{_mib(s.redis_keys_per_call * s.target_calls)} MiB."
     )
     if s.cpu_cores:
@@ -472,9 +472,9 @@ def _render_scale(results: Results, add: Any) -> None:
         add("")
         add(
             f"Retained after completion: {_f(results.retained_per_call)} bytes per finished "
-            "call stay in Redis (ledger hash and audit list, sampled with MEMORY USAGE after "
-            "(a)) until the ledger's retention (`TOOLFLEET_LEDGER_RETENTION_S`, 7 days by "
-            "default) expires them."
+            "call stay in Redis (ledger entry and audit chain if any, sampled with MEMORY "
+            "USAGE after (a)) until the ledger's retention (`TOOLFLEET_LEDGER_RETENTION_S`, "
+            "7 days by default) expires them."
         )
     add("")
 

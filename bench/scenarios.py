@@ -511,28 +511,39 @@ async def _memory_usage(redis: Redis, pattern: str, sample: int) -> list[int]:
     return sizes
 
 
+async def _ledger_bytes(redis: Redis, keys: Keys, tenant: str, sample: int) -> list[int]:
+    """MEMORY USAGE of up to ``sample`` calls' ledger entries, each with its audit chain if it
+    has one (a plain run has none: its events are in its entry)."""
+    prefix = keys.call(tenant, "")
+    sizes = []
+    async for key in redis.scan_iter(match=prefix + "*", count=1000):
+        call_id = (key.decode() if isinstance(key, bytes) else key).removeprefix(prefix)
+        entry = await redis.memory_usage(key, samples=0)
+        chain = await redis.memory_usage(keys.audit(tenant, call_id), samples=0)
+        if entry:
+            sizes.append(int(entry) + int(chain or 0))
+        if len(sizes) >= sample:
+            break
+    return sizes
+
+
 async def _retained_per_call(ctx: RunContext, settings: Settings) -> float:
-    """Bytes a finished call keeps in Redis: its ledger hash and its audit list."""
-    keys = Keys.of(settings)
+    """Bytes a finished call keeps in Redis: its ledger entry (and audit chain, if any)."""
     redis = Redis.from_url(ctx.base.redis_address())
     try:
-        calls = await _memory_usage(redis, keys.call(ctx.tenant, "*"), 200)
-        audits = await _memory_usage(redis, keys.audit(ctx.tenant, "*"), 200)
+        calls = await _ledger_bytes(redis, Keys.of(settings), ctx.tenant, 200)
     finally:
         await redis.aclose()
-    if not calls:
-        return math.nan
-    return sum(calls) / len(calls) + (sum(audits) / len(audits) if audits else 0.0)
+    return sum(calls) / len(calls) if calls else math.nan
 
 
 async def _in_flight_per_call(
     ctx: RunContext, keys: Keys, tenant: str, calls_per_turn: int
 ) -> float:
-    """Bytes per call in flight: ledger hash + audit list + its share of the turn's state."""
+    """Bytes per call in flight: ledger entry (+ audit chain) + its share of the turn's state."""
     redis = Redis.from_url(ctx.base.redis_address())
     try:
-        calls = await _memory_usage(redis, keys.call(tenant, "*"), 200)
-        audits = await _memory_usage(redis, keys.audit(tenant, "*"), 200)
+        calls = await _ledger_bytes(redis, keys, tenant, 200)
         turns = await _memory_usage(redis, keys.turn(tenant, "*", 0), 50)
         runs = await _memory_usage(redis, keys.turns(tenant, "*"), 50)
     finally:
@@ -541,4 +552,4 @@ async def _in_flight_per_call(
     def mean(xs: list[int]) -> float:
         return sum(xs) / len(xs) if xs else 0.0
 
-    return mean(calls) + mean(audits) + (mean(turns) + mean(runs)) / calls_per_turn
+    return mean(calls) + (mean(turns) + mean(runs)) / calls_per_turn

@@ -106,14 +106,49 @@ class LedgerEntry:
         )
 
 
-KEEP_FUNCTION = """
+AUDIT_FUNCTIONS = """
+local function plain_events(call)
+  local h = redis.call('HMGET', call, 'created_at', 'dispatched_at', 'attempts',
+    'fencing_token', 'dispatch_reason', 'started_at', 'worker_id', 'finished_at', 'outcome',
+    'settled_at')
+  local events = {}
+  if h[1] then events[#events + 1] = cjson.encode({event='planned', at=tonumber(h[1])}) end
+  if h[2] then
+    events[#events + 1] = cjson.encode({event='dispatched', attempt=tonumber(h[3]),
+      fencing_token=tonumber(h[4]), reason=h[5] or 'planned', at=tonumber(h[2])})
+  end
+  if h[6] then
+    events[#events + 1] = cjson.encode({event='started', worker=h[7],
+      fencing_token=tonumber(h[4]), at=tonumber(h[6])})
+  end
+  if h[8] and h[9] then
+    local o = cjson.decode(h[9])
+    events[#events + 1] = cjson.encode({event='finished', status=o.status, effect=o.effect,
+      fencing_token=tonumber(h[4]), at=tonumber(h[8])})
+  end
+  if h[10] then
+    events[#events + 1] = cjson.encode({event='settled_without_running', at=tonumber(h[10])})
+  end
+  return events
+end
 local function keep(call, audit)
+  if redis.call('HGET', call, 'keep') then return end
+  if redis.call('LLEN', audit) == 0 then
+    local events = plain_events(call)
+    if #events > 0 then redis.call('RPUSH', audit, unpack(events)) end
+  end
   redis.call('HSET', call, 'keep', 1)
   redis.call('PERSIST', call)
   redis.call('PERSIST', audit)
 end
 """
-"""Lua: the call's history holds more than its plain run: it never expires."""
+"""Lua: a call's plain run (planned, dispatched, started, finished, or settled without
+running) is recorded in its entry alone, each event's facts in fields of their own.
+``plain_events`` writes them as the audit chain would hold them. ``keep`` is for the first
+event beyond the plain run (an approval, probe, retry, compensation, verdict): it moves the
+plain run's events into the chain, and from then on every event is appended there. The call
+is kept: it never expires. Most calls never get a chain: an append per transition was a
+fifth of the ledger's Redis time, and the chain's key most of a finished call's memory."""
 
 RETAIN_FUNCTION = """
 local function retain(call, audit, retention_s)
@@ -126,14 +161,14 @@ end
 """Lua: a committed call expires after ``retention_s`` (0: never) unless it is kept."""
 
 # Issue an attempt of the call ``call`` (audit chain ``audit``); ``h`` is its HMGET of state,
-# attempts, fencing_token. Unforced (the planner) it is idempotent: a dispatched call gets
+# attempts, fencing_token, keep. Unforced (the planner) it is idempotent: a dispatched call gets
 # its current attempt back, a started or finished one nothing. Forced (a retry the
 # reconciler decided after a probe proved the call not applied) the fencing token is bumped,
 # so the outcome of any older holder is ignored; it also reopens a call whose stored
 # outcome is an unknown effect. ``plan`` records a new entry in state planned from its
 # fields (fingerprint, idem key, run, turn, tool, pool, arguments, index) and returns its h.
 _ISSUE = (
-    KEEP_FUNCTION
+    AUDIT_FUNCTIONS
     + """
 local function issue(call, audit, h, force, now, reason)
   local state = h[1]
@@ -142,18 +177,25 @@ local function issue(call, audit, h, force, now, reason)
     if state == 'dispatched' then return {tonumber(h[2]), tonumber(h[3])} end
     if state ~= 'planned' then return {-3, 0} end
   end
+  if force then keep(call, audit) end  -- before the previous attempt's fields change
   local attempt, token = tonumber(h[2]) + 1, tonumber(h[3]) + 1
-  redis.call('HSET', call, 'state', 'dispatched', 'attempts', attempt, 'fencing_token', token)
-  if force then keep(call, audit) end
-  redis.call('RPUSH', audit, cjson.encode({event='dispatched', attempt=attempt,
-    fencing_token=token, reason=reason, at=now}))
+  if force or h[4] then
+    redis.call('HSET', call, 'state', 'dispatched', 'attempts', attempt, 'fencing_token', token)
+    redis.call('RPUSH', audit, cjson.encode({event='dispatched', attempt=attempt,
+      fencing_token=token, reason=reason, at=now}))
+  elseif reason == 'planned' then
+    redis.call('HSET', call, 'state', 'dispatched', 'attempts', attempt, 'fencing_token', token,
+      'dispatched_at', now)
+  else
+    redis.call('HSET', call, 'state', 'dispatched', 'attempts', attempt, 'fencing_token', token,
+      'dispatched_at', now, 'dispatch_reason', reason)
+  end
   return {attempt, token}
 end
-local function plan(call, audit, now, f)
+local function plan(call, now, f)
   redis.call('HSET', call, 'fingerprint', f[1], 'idempotency_key', f[2], 'run_id', f[3],
     'turn_id', f[4], 'tool_name', f[5], 'pool', f[6], 'state', 'planned', 'attempts', 0,
     'fencing_token', 0, 'created_at', now, 'arguments', f[7], 'index', f[8])
-  redis.call('RPUSH', audit, cjson.encode({event='planned', at=tonumber(now)}))
   return {'planned', '0', '0'}
 end
 """
@@ -166,9 +208,9 @@ end
 _CREATE = (
     _ISSUE
     + """
-local h = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'fencing_token')
+local h = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'fencing_token', 'keep')
 if not h[1] then
-  h = plan(KEYS[1], KEYS[2], ARGV[7], {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6],
+  h = plan(KEYS[1], ARGV[7], {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6],
     ARGV[8], ARGV[9]})
 end
 if ARGV[10] ~= '1' then return {0, 0} end
@@ -187,7 +229,7 @@ if redis.call('EXISTS', unpack(KEYS)) > 0 then return 0 end
 local now = tonumber(ARGV[1])
 for i = 2, #KEYS, 2 do
   local a = (i / 2 - 1) * 8 + 1
-  local h = plan(KEYS[i], KEYS[i + 1], ARGV[1], {ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+  local h = plan(KEYS[i], ARGV[1], {ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
     ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]})
   issue(KEYS[i], KEYS[i + 1], h, false, now, 'planned')
 end
@@ -199,7 +241,7 @@ return (#KEYS - 1) / 2
 _DISPATCH = (
     _ISSUE
     + """
-local h = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'fencing_token')
+local h = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'fencing_token', 'keep')
 if not h[1] then return {-1, 0} end
 return issue(KEYS[1], KEYS[2], h, ARGV[3] == '1', tonumber(ARGV[1]), ARGV[2])
 """
@@ -207,7 +249,8 @@ return issue(KEYS[1], KEYS[2], h, ARGV[3] == '1', tonumber(ARGV[1]), ARGV[2])
 
 # A worker asks to run an attempt. ARGV: token, worker, lease_s
 _BEGIN = """
-local h = redis.call('HMGET', KEYS[1], 'state', 'fencing_token', 'lease_until', 'outcome')
+local h = redis.call('HMGET', KEYS[1], 'state', 'fencing_token', 'lease_until', 'outcome',
+  'keep')
 local state, token = h[1], tonumber(h[2])
 if not state then return {'missing', ''} end
 local t = redis.call('TIME')
@@ -222,8 +265,10 @@ if redis.call('EXISTS', KEYS[4]) == 1 then return {'cancelled', ''} end
 redis.call('HSET', KEYS[1], 'state', 'started', 'worker_id', ARGV[2],
   'lease_until', now + tonumber(ARGV[3]), 'started_at', now)
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[4])
-redis.call('RPUSH', KEYS[2], cjson.encode({event='started', worker=ARGV[2],
-  fencing_token=token, at=now}))
+if h[5] then
+  redis.call('RPUSH', KEYS[2], cjson.encode({event='started', worker=ARGV[2],
+    fencing_token=token, at=now}))
+end
 return {'run', ''}
 """
 
@@ -240,14 +285,17 @@ return 1
 
 # Store the outcome of the current attempt. ARGV: token, outcome json, status, effect, now
 _FINISH = """
-local h = redis.call('HMGET', KEYS[1], 'state', 'fencing_token')
+local h = redis.call('HMGET', KEYS[1], 'state', 'fencing_token', 'keep')
 if h[1] == false then return 'missing' end
 if tonumber(ARGV[1]) ~= tonumber(h[2]) then return 'stale' end
 if h[1] == 'finished' or h[1] == 'committed' then return 'done' end
-redis.call('HSET', KEYS[1], 'state', 'finished', 'outcome', ARGV[2], 'lease_until', 0)
+redis.call('HSET', KEYS[1], 'state', 'finished', 'outcome', ARGV[2], 'lease_until', 0,
+  'finished_at', ARGV[5])
 redis.call('ZREM', KEYS[3], ARGV[6])
-redis.call('RPUSH', KEYS[2], cjson.encode({event='finished', status=ARGV[3], effect=ARGV[4],
-  fencing_token=tonumber(ARGV[1]), at=tonumber(ARGV[5])}))
+if h[3] then
+  redis.call('RPUSH', KEYS[2], cjson.encode({event='finished', status=ARGV[3], effect=ARGV[4],
+    fencing_token=tonumber(ARGV[1]), at=tonumber(ARGV[5])}))
+end
 return 'ok'
 """
 
@@ -256,10 +304,14 @@ return 'ok'
 _SETTLE = (
     RETAIN_FUNCTION
     + """
-local state = redis.call('HGET', KEYS[1], 'state')
+local h = redis.call('HMGET', KEYS[1], 'state', 'keep')
+local state = h[1]
 if state == false or state == 'finished' or state == 'committed' then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'committed', 'outcome', ARGV[1])
-redis.call('RPUSH', KEYS[2], cjson.encode({event='settled_without_running', at=tonumber(ARGV[2])}))
+redis.call('HSET', KEYS[1], 'state', 'committed', 'outcome', ARGV[1], 'settled_at', ARGV[2])
+if h[2] then
+  redis.call('RPUSH', KEYS[2], cjson.encode({event='settled_without_running',
+    at=tonumber(ARGV[2])}))
+end
 retain(KEYS[1], KEYS[2], tonumber(ARGV[3]))
 return 1
 """
@@ -268,23 +320,35 @@ return 1
 # The reconciler's (or a human's) verdict on a call: replaces the stored outcome, whatever
 # the state, and appends why. ARGV: outcome json, event json, member
 _RESOLVE = (
-    KEEP_FUNCTION
+    AUDIT_FUNCTIONS
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+keep(KEYS[1], KEYS[2])  -- before the outcome it replaces is gone
 redis.call('HSET', KEYS[1], 'state', 'committed', 'outcome', ARGV[1], 'lease_until', 0)
 redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('RPUSH', KEYS[2], ARGV[2])
-keep(KEYS[1], KEYS[2])
 return 1
 """
 )
 
-# Append one event to a call's audit chain and keep the call. ARGV: the event (JSON)
+# Append one event to a call's audit chain and keep the call. ARGV: the event (JSON), then
+# field/value pairs to set on its entry first (an approval decision).
 _APPEND = (
-    KEEP_FUNCTION
+    AUDIT_FUNCTIONS
     + """
-redis.call('RPUSH', KEYS[2], ARGV[1])
+if #ARGV > 1 then redis.call('HSET', KEYS[1], unpack(ARGV, 2)) end
 if redis.call('EXISTS', KEYS[1]) == 1 then keep(KEYS[1], KEYS[2]) end
+redis.call('RPUSH', KEYS[2], ARGV[1])
+"""
+)
+
+# The audit chain, and a plain run's events from the entry (none once the call is kept).
+_AUDIT = (
+    AUDIT_FUNCTIONS
+    + """
+local chain = redis.call('LRANGE', KEYS[2], 0, -1)
+if redis.call('HGET', KEYS[1], 'keep') then return {chain, {}} end
+return {chain, plain_events(KEYS[1])}
 """
 )
 
@@ -322,6 +386,7 @@ class Ledger:
         self._settle = redis.register_script(_SETTLE)
         self._resolve = redis.register_script(_RESOLVE)
         self._append = redis.register_script(_APPEND)
+        self._audit = redis.register_script(_AUDIT)
 
     async def read(self, tenant_id: str, call_ids: Iterable[str]) -> dict[str, LedgerEntry]:
         """The entries that exist among ``call_ids``, in one round trip."""
@@ -521,24 +586,29 @@ class Ledger:
             "approval_message": message or "",
             "pending_approval": "0",
         }
-        call, audit = self.keys.call(tenant_id, call_id), self.keys.audit(tenant_id, call_id)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(call, mapping={**fields, "keep": "1"})  # a human decision is kept
-            pipe.rpush(audit, _event("approval", {str(k): v for k, v in fields.items()}, by=by))
-            pipe.persist(call)
-            pipe.persist(audit)
-            await pipe.execute()
+        event = _event("approval", {str(k): v for k, v in fields.items()}, by=by)
+        await self._append(
+            keys=[self.keys.call(tenant_id, call_id), self.keys.audit(tenant_id, call_id)],
+            args=[event, *(x for pair in fields.items() for x in pair)],
+        )
 
     async def set_pending_approval(self, tenant_id: str, call_id: str) -> None:
         """Remember that the call waits for a decision, so needs_approval is not asked again."""
         await self.redis.hset(self.keys.call(tenant_id, call_id), "pending_approval", "1")
 
     async def audit(self, tenant_id: str, call_id: str) -> list[dict[str, Any]]:
-        """The call's audit chain, oldest first."""
-        return [
-            json.loads(e)
-            for e in await self.redis.lrange(self.keys.audit(tenant_id, call_id), 0, -1)
-        ]
+        """The call's audit chain, oldest first; a plain run's events come from its entry."""
+        chain, plain = await self._audit(
+            keys=[self.keys.call(tenant_id, call_id), self.keys.audit(tenant_id, call_id)]
+        )
+        events = [json.loads(e) for e in chain]
+        ran = [json.loads(e) for e in plain]
+        if not events or not ran:
+            return events or ran
+        # A chain written before plain runs lived in the entry (0.1) holds some of them.
+        known = {(e["event"], e.get("at")) for e in events}
+        events += [e for e in ran if (e["event"], e.get("at")) not in known]
+        return sorted(events, key=lambda e: float(e.get("at") or 0))
 
     async def append_audit(self, tenant_id: str, call_id: str, event: str, **data: Any) -> None:
         """Append one event (probe, retry, compensation, human decision) to the audit chain;

@@ -69,9 +69,8 @@ async def test_a_fresh_turn_is_recorded_as_create_and_dispatch_would_record_it(
 
     async def stored(call_id: str) -> tuple[dict[bytes, bytes], list[str]]:
         entry = await redis.hgetall(keys.call("t", call_id))
-        entry.pop(b"created_at")
-        chain = await redis.lrange(keys.audit("t", call_id), 0, -1)
-        return entry, [json.loads(e)["event"] for e in chain]
+        entry.pop(b"created_at"), entry.pop(b"dispatched_at")
+        return entry, [e["event"] for e in await ledger.audit("t", call_id)]
 
     for a, b in zip(fresh, usual, strict=True):
         assert await stored(a) == await stored(b)
@@ -179,9 +178,14 @@ async def test_retention_lets_a_plain_settled_call_expire_and_keeps_any_other_hi
     async def ttls(call_id: str) -> tuple[int, int]:
         return await redis.ttl(keys.call("t", call_id)), await redis.ttl(keys.audit("t", call_id))
 
-    # Settled without running (a missing tool): a plain history, it expires.
+    # Settled without running (a missing tool): a plain history, it expires (and has no
+    # chain of its own: its events are in its entry).
     await ledger.settle(_outcome(rejected, 0).model_copy(update={"effect": "not_executed"}))
-    assert all(0 < ttl <= 600 for ttl in await ttls(rejected))
+    entry_ttl, chain_ttl = await ttls(rejected)
+    assert 0 < entry_ttl <= 600 and chain_ttl == -2
+    assert [e["event"] for e in await ledger.audit("t", rejected)] == [
+        "planned", "settled_without_running"
+    ]  # fmt: skip
     # A human's decision, a reconciler's verdict, a forced retry: kept, whatever comes after.
     await ledger.set_approval("t", approved, False, "no", by="ops")
     await ledger.settle(_outcome(approved, 0).model_copy(update={"effect": "not_executed"}))
@@ -190,3 +194,57 @@ async def test_retention_lets_a_plain_settled_call_expire_and_keeps_any_other_hi
     for call_id in (approved, resolved, retried):
         assert await ttls(call_id) == (-1, -1), call_id
         assert (await redis.hget(keys.call("t", call_id), "keep")) == b"1"
+
+
+async def test_a_retry_keeps_the_first_attempts_events_before_its_own(
+    redis: Redis, call_id: str, settings: Settings
+) -> None:
+    """A plain run's events live in its entry; the first event beyond it (a probe) moves
+    them into the chain before the retry overwrites the entry's fields."""
+    keys = Keys.of(settings)
+    ledger = Ledger(redis, keys)
+    await ledger.create("t", [_call(call_id)], dispatch=[call_id])
+    await ledger.begin("t", call_id, 1, "w1", 30)
+    plain = await ledger.audit("t", call_id)
+    assert [(e["event"], e.get("attempt"), e.get("worker")) for e in plain] == [
+        ("planned", None, None), ("dispatched", 1, None), ("started", None, "w1"),
+    ]  # fmt: skip
+    assert plain[1]["reason"] == "planned" and plain[2]["fencing_token"] == 1
+    assert not await redis.exists(keys.audit("t", call_id))
+
+    await ledger.append_audit("t", call_id, "probe", state="not_applied")
+    assert await ledger.dispatch("t", call_id, "probe: not applied", force=True) == (2, 2)
+    await ledger.begin("t", call_id, 2, "w2", 30)
+    assert await ledger.finish(_outcome(call_id, 2)) == "ok"
+    events = await ledger.audit("t", call_id)
+    assert [(e["event"], e.get("fencing_token"), e.get("worker")) for e in events] == [
+        ("planned", None, None), ("dispatched", 1, None), ("started", 1, "w1"),
+        ("probe", None, None), ("dispatched", 2, None), ("started", 2, "w2"),
+        ("finished", 2, None),
+    ]  # fmt: skip
+    assert events[:3] == plain
+    assert events[4]["reason"] == "probe: not applied"
+    assert (events[-1]["status"], events[-1]["effect"]) == ("succeeded", "applied")
+
+
+async def test_a_chain_written_before_plain_runs_lived_in_the_entry_reads_without_doubles(
+    redis: Redis, call_id: str, settings: Settings
+) -> None:
+    """During an upgrade: 0.1 appended every transition, this version finishes the call."""
+    keys = Keys.of(settings)
+    ledger = Ledger(redis, keys)
+    await ledger.create("t", [_call(call_id)], dispatch=[call_id])
+    fields = await redis.hmget(keys.call("t", call_id), ["created_at", "dispatched_at"])
+    # As Lua's cjson wrote them: 14 significant digits.
+    created, dispatched = (float(f"{float(v):.14g}") for v in fields)
+    await redis.hdel(keys.call("t", call_id), "dispatched_at")  # 0.1 did not write it
+    await redis.rpush(
+        keys.audit("t", call_id),
+        json.dumps({"event": "planned", "at": created}),
+        json.dumps({"event": "dispatched", "attempt": 1, "fencing_token": 1,
+                    "reason": "planned", "at": dispatched}),
+    )  # fmt: skip
+    await ledger.begin("t", call_id, 1, "w1", 30)
+    assert await ledger.finish(_outcome(call_id, 1)) == "ok"
+    events = [e["event"] for e in await ledger.audit("t", call_id)]
+    assert events == ["planned", "dispatched", "started", "finished"]
