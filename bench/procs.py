@@ -209,7 +209,7 @@ def peak_rss_bytes(pid: int) -> int:
 class CpuMeter:
     """Over one window: CPU seconds of each named process, the machine's busy share, and (given
     a Redis URL) how many calls and microseconds each Redis command took (INFO commandstats,
-    which counts the commands Lua scripts run too)."""
+    which counts the commands Lua scripts run too) and how many AOF rewrites Redis started."""
 
     def __init__(self, pids: Mapping[str, int], redis_url: str | None = None) -> None:
         self.pids = dict(pids)
@@ -224,11 +224,16 @@ class CpuMeter:
         """Share of all cores that were busy (0..1) over the window."""
         self.redis_commands: dict[str, tuple[int, float]] = {}
         """Redis command -> (calls, microseconds) over the window."""
+        self.aof_rewrites = 0
+        """AOF rewrites that ran during the window (each forks Redis and copies its dataset)."""
+        self._rewrites = 0
 
     def start(self) -> None:
         self._began = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         self._machine = psutil.cpu_times()
-        self._commands = self._command_stats()
+        self._commands, started, running = self._command_stats()
+        # One already running when the window began costs the window too.
+        self._rewrites = started - running
         self._t0 = time.monotonic()
 
     def stop(self) -> dict[str, float]:
@@ -244,7 +249,8 @@ class CpuMeter:
                 self._machine.idle + getattr(self._machine, "iowait", 0.0)
             )
             self.machine_busy = 1.0 - idle / total if total > 0 else 0.0
-        after = self._command_stats()
+        after, started, _running = self._command_stats()
+        self.aof_rewrites = started - self._rewrites
         self.redis_commands = {
             name: (calls - self._commands.get(name, (0, 0.0))[0],
                    usec - self._commands.get(name, (0, 0.0))[1])
@@ -253,18 +259,23 @@ class CpuMeter:
         }  # fmt: skip
         return self.used
 
-    def _command_stats(self) -> dict[str, tuple[int, float]]:
+    def _command_stats(self) -> tuple[dict[str, tuple[int, float]], int, int]:
+        """Redis command -> (calls, microseconds) so far, the AOF rewrites started so far
+        (Redis counts one when it forks) and whether one is running."""
         if self.redis_url is None:
-            return {}
+            return {}, 0, 0
         client = redis.Redis.from_url(self.redis_url)
         try:
             stats = client.info("commandstats")
+            persistence = client.info("persistence")
         except redis.RedisError:
-            return {}
+            return {}, 0, 0
         finally:
             client.close()
-        return {
+        commands = {
             str(name).removeprefix("cmdstat_"): (int(v["calls"]), float(v["usec"]))
             for name, v in stats.items()
             if isinstance(v, dict)
         }
+        started = int(persistence.get("aof_rewrites", 0))
+        return commands, started, int(persistence.get("aof_rewrite_in_progress", 0))

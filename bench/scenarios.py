@@ -132,6 +132,7 @@ class Bench:
             meter.used,
             meter.machine_busy,
             meter.redis_commands,
+            meter.aof_rewrites,
         )
         self.results.throughput.append(row)
         progress(
