@@ -288,9 +288,15 @@ async def test_redis_data_survives_a_restart(private: Private, running: infra.In
     client = aioredis.Redis.from_url(running.redis_url, decode_responses=True)
     try:
         await client.mset(keys)
-        # The append-only file, fsynced on every write, is the only persistence.
-        config = await client.config_get("appendonly", "appendfsync", "save")
-        assert config == {"appendonly": "yes", "appendfsync": "always", "save": ""}
+        # The append-only file, fsynced on every write, is the only persistence; ledger
+        # entries (which hold their outcome) stay compact listpacks.
+        config = await client.config_get(
+            "appendonly", "appendfsync", "save", "hash-max-listpack-value"
+        )
+        assert config == {
+            "appendonly": "yes", "appendfsync": "always", "save": "",
+            "hash-max-listpack-value": "1024",
+        }  # fmt: skip
     finally:
         await client.aclose()
 

@@ -98,7 +98,7 @@ def _redis(stack: contextlib.ExitStack, image: str) -> ServiceStatus:
     from testcontainers.redis import RedisContainer
 
     container: Any = RedisContainer(image).with_command(
-        "redis-server --appendonly yes --appendfsync everysec"
+        "redis-server --appendonly yes --appendfsync everysec --hash-max-listpack-value 1024"
     )
     started = stack.enter_context(container)
     host = started.get_container_host_ip()

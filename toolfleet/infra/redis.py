@@ -75,6 +75,9 @@ def start_redis(settings: Settings, *, timeout: float = READY_TIMEOUT) -> Servic
             # No RDB snapshots on top: the AOF is the persistence, and a snapshot forks and
             # writes the whole dataset every minute a busy ledger changes 10,000 keys.
             "--save", "",
+            # A ledger entry holds its outcome (~0.5 KB): with Redis's 64-byte default every
+            # entry became a hash table of 2.1 KB; as a listpack it takes 1.1 KB.
+            "--hash-max-listpack-value", "1024",
             "--dir", str(home),
             "--daemonize", "no",
         ]  # fmt: skip
