@@ -151,6 +151,8 @@ class Bench:
         note: str = "",
     ) -> Latency:
         factory = TurnFactory(self.ctx.tenant, "bench_noop", LATENCY_CALLS, query_args)
+        redis_watch = self.meter({})  # a rewrite of a grown dataset shows in the tail
+        redis_watch.start()
         result = await open_loop(
             target,
             factory,
@@ -159,6 +161,10 @@ class Bench:
             measure_s=self.d.latency,
             check=check,
         )
+        redis_watch.stop()
+        if redis_watch.aof_rewrites:
+            rewrites = f"Redis rewrote its AOF {redis_watch.aof_rewrites}x during the run"
+            note = f"{note}; {rewrites}" if note else rewrites
         row = _latency_row(system, rate, result, note)
         self.results.latency.append(row)
         progress(
