@@ -39,10 +39,16 @@ if type(v) == 'table' then
 elseif (v or '') ~= ARGV[1] then
   return 0
 end
+-- In chunks: Lua's unpack takes at most ~8,000 values (a turn of thousands of calls).
 local deletes = tonumber(ARGV[3])
-if deletes > 0 then redis.call('HDEL', KEYS[1], unpack(ARGV, 4, 3 + deletes)) end
-local version = (tonumber(v) or 0) + 1
-redis.call('HSET', KEYS[1], 'v', version, unpack(ARGV, 4 + deletes))
+for i = 4, 3 + deletes, 1000 do
+  redis.call('HDEL', KEYS[1], unpack(ARGV, i, math.min(i + 999, 3 + deletes)))
+end
+local version, first = (tonumber(v) or 0) + 1, 4 + deletes
+redis.call('HSET', KEYS[1], 'v', version, unpack(ARGV, first, math.min(first + 999, #ARGV)))
+for i = first + 1000, #ARGV, 1000 do
+  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return version
 """

@@ -14,7 +14,8 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from redis.asyncio import Redis
@@ -136,23 +137,44 @@ class Aggregator:
         emitted: list[Emission] = []
         plan: tuple[TurnPlan, str] | None = None
         outcomes: list[tuple[CallOutcome, str]] = []
+        group: list[Record] = []  # the records behind plan and outcomes
         async with self._slots:
             for record in records:
                 message = await self._decode(record)
                 trigger = f"{record.topic}:{record.partition}:{record.offset}"
                 if isinstance(message, CallOutcome):
                     outcomes.append((message, trigger))
+                    group.append(record)
                     continue
                 if plan is not None or outcomes:
-                    emitted += await self.on_outcomes(outcomes, plan=plan)
-                plan, outcomes = None, []
+                    emitted += await self._isolated(group, self.on_outcomes(outcomes, plan=plan))
+                plan, outcomes, group = None, [], []
                 if isinstance(message, TurnPlan):
                     plan = (message, trigger)
+                    group.append(record)
                 elif isinstance(message, CancelRequest):
-                    emitted += await self.on_cancel(message, [trigger])
+                    emitted += await self._isolated([record], self.on_cancel(message, [trigger]))
             if plan is not None or outcomes:
-                emitted += await self.on_outcomes(outcomes, plan=plan)
+                emitted += await self._isolated(group, self.on_outcomes(outcomes, plan=plan))
         return emitted
+
+    async def _isolated(
+        self, records: list[Record], update: Coroutine[Any, Any, list[Emission]]
+    ) -> list[Emission]:
+        """Run one state update; if it fails for a reason other than Kafka or Redis being
+        away, dead-letter its records and go on: one bad turn must not stop every other
+        run's results (a crash here would meet the same records after every restart)."""
+        try:
+            return await update
+        except TRANSIENT_ERRORS:
+            raise  # the whole batch is read again
+        except Exception as exc:
+            log.exception("turn update failed", extra={"records": len(records)})
+            reason = f"aggregator failed: {type(exc).__name__}: {exc}"
+            for record in records:
+                await self.bus.dead_letter(record, reason)
+                MESSAGES.labels("aggregator", record.topic, "dead_lettered").inc()
+            return []
 
     async def _decode(self, record: Record) -> TurnPlan | CallOutcome | CancelRequest | None:
         """The record's message; invalid bytes are dead-lettered (None)."""

@@ -1,5 +1,6 @@
 """The aggregator on the real Redis and Kafka: a plan and the outcomes right behind it in one
-state update; a failed transaction that commits nothing and is read again."""
+state update; a failed transaction that commits nothing and is read again; a turn whose update
+fails for good is dead-lettered while every other run goes on."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from redis.asyncio import Redis
 
 import aggregator.service
 from aggregator.service import Aggregator
-from schemas import CallOutcome, PlannedCall, TurnPlan, TurnResult
+from schemas import CallOutcome, DeadLetter, PlannedCall, TurnPlan, TurnResult
 from tests.conftest import aggregator_caught_up, wait_for
 from toolfleet.bus import KafkaBus
 from toolfleet.settings import Settings
@@ -114,11 +115,14 @@ async def _ends(settings: Settings, topic: str) -> dict[int, int]:
         await consumer.stop()
 
 
-async def _results(settings: Settings) -> list[TurnResult]:
+async def _results(settings: Settings, topic: str = "turn-results") -> list[TurnResult]:
     """Every committed TurnResult on the topic."""
-    partitions = [
-        TopicPartition(settings.topic("turn-results"), p) for p in range(settings.partitions)
-    ]
+    return [TurnResult.decode(raw) for raw in await _committed(settings, topic)]
+
+
+async def _committed(settings: Settings, topic: str) -> list[bytes]:
+    """The value of every committed record on ``topic``."""
+    partitions = [TopicPartition(settings.topic(topic), p) for p in range(settings.partitions)]
     consumer = AIOKafkaConsumer(
         bootstrap_servers=settings.kafka_servers(),
         isolation_level="read_committed",
@@ -129,10 +133,10 @@ async def _results(settings: Settings) -> list[TurnResult]:
     try:
         await consumer.seek_to_beginning(*partitions)
         ends = await consumer.end_offsets(partitions)
-        found: list[TurnResult] = []
+        found: list[bytes] = []
         while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
             batch = await consumer.getmany(timeout_ms=500)
-            found += [TurnResult.decode(r.value or b"") for rs in batch.values() for r in rs]
+            found += [r.value or b"" for rs in batch.values() for r in rs]
         return found
     finally:
         await consumer.stop()
@@ -194,3 +198,34 @@ async def test_a_failed_transaction_is_read_again_and_every_turn_is_emitted_once
         await bus.stop()
     emitted = Counter(r.run_id for r in await _results(own))
     assert emitted == dict.fromkeys(first + later, 1)
+
+
+async def test_a_turn_whose_update_fails_for_good_is_dead_lettered_and_the_rest_go_on(
+    own: Settings, redis: Redis
+) -> None:
+    """Something else holds the poisoned turn's key (a list): its update fails in Redis on
+    every attempt. Crashing would meet the same records after every restart."""
+    runs = [f"run-{uuid.uuid4().hex}" for _ in range(4)]
+    poisoned = runs[1]
+    service = Aggregator(own)
+    await redis.rpush(service.keys.turn("t", poisoned, 0), "not a turn")
+    bus = KafkaBus(own, service="test")
+    await bus.start()
+    await _publish_plans(bus, runs, 1)
+    await _publish_outcomes(bus, runs, 1)
+    task = asyncio.create_task(service.run())
+    try:
+        await wait_for(lambda: aggregator_caught_up(own), within=60)
+        assert not task.done(), "the aggregator must keep running"
+    finally:
+        service.stop()
+        await task
+        await bus.stop()
+    emitted = Counter(r.run_id for r in await _results(own))
+    assert emitted == {run: 1 for run in runs if run != poisoned}
+    letters = [DeadLetter.model_validate_json(raw) for raw in await _committed(own, "dead-letter")]
+    assert sorted(letter.original_topic for letter in letters) == [
+        own.topic("outcomes"), own.topic("plans"),
+    ]  # fmt: skip
+    assert all(letter.key == poisoned.encode() for letter in letters)
+    assert all("WRONGTYPE" in letter.reason for letter in letters), letters[0].reason

@@ -120,3 +120,19 @@ async def test_a_turn_stored_as_one_json_string_is_read_and_replaced_by_the_hash
     assert sorted(stored.turn.outcomes) == ["c0", "c1"]
     assert stored.turn.plan == turn.plan
     assert stored.emitted == emitted
+
+
+async def test_a_turn_of_thousands_of_calls_is_written_and_cleared_in_one_update(
+    redis: Redis,
+) -> None:
+    """More fields than one Lua unpack takes (~8,000 values) in one write, and in one delete."""
+    key = f"test:turn:{uuid.uuid4().hex}"
+    store = _store(redis)
+
+    def many(state: StoredTurn) -> None:
+        state.early.update({f"c{i}": _outcome(i) for i in range(5_000)})
+
+    await store.update(key, many)
+    assert await redis.hlen(key) == 5_001  # and the version
+    await _store(redis).update(key, lambda s: s.early.clear())
+    assert await redis.hkeys(key) == [b"v"]
