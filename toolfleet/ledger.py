@@ -225,7 +225,9 @@ return issue(KEYS[1], KEYS[2], h, false, tonumber(ARGV[7]), 'planned')
 _CREATE_FRESH = (
     _ISSUE
     + """
-if redis.call('EXISTS', unpack(KEYS)) > 0 then return 0 end
+for i = 1, #KEYS, 1000 do  -- in chunks: Lua's unpack takes at most ~8,000 values
+  if redis.call('EXISTS', unpack(KEYS, i, math.min(i + 999, #KEYS))) > 0 then return 0 end
+end
 local now = tonumber(ARGV[1])
 for i = 2, #KEYS, 2 do
   local a = (i / 2 - 1) * 8 + 1

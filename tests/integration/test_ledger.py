@@ -91,6 +91,13 @@ async def test_a_fresh_turn_writes_nothing_if_the_ledger_knows_a_call_or_the_run
     assert await ledger.create_fresh("t", run, [_call(new)]) is None
     assert await redis.exists(keys.call("t", new)) == 0
     assert await ledger.create_fresh("t", "run", [_call(new)]) == [(1, 1)]
+    # Thousands of calls (more keys than one Lua unpack takes): a known one at the end
+    # still stops it; without it, all are recorded.
+    many = [_call(f"call-{uuid.uuid4().hex}") for _ in range(5_000)]
+    assert await ledger.create_fresh("t", "run", [*many, _call(known)]) is None
+    assert await redis.exists(keys.call("t", many[0].call_id)) == 0
+    assert await ledger.create_fresh("t", "run", many) == [(1, 1)] * 5_000
+    assert len(await ledger.read("t", [c.call_id for c in many])) == 5_000
 
 
 async def test_only_one_of_many_concurrent_workers_may_start_an_attempt(
