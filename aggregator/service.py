@@ -28,7 +28,7 @@ from toolfleet.errors import InvalidMessageError
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
 from toolfleet.metrics import MESSAGES, TURN_LATENCY
-from toolfleet.redis import connect_redis, text
+from toolfleet.redis import add_to_set, connect_redis, text
 from toolfleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -216,18 +216,12 @@ class Aggregator:
 
         # A plan usually comes first: write without reading (early outcomes fail the write).
         # The run's turn list (for cancellations) is written in the same round trip.
+        turns = self.keys.turns(plan.tenant_id, plan.run_id)
         _, emitted = await asyncio.gather(
-            self._list_turn(plan),
+            add_to_set(self.redis, turns, plan.turn_id, _STATE_TTL_S),
             self._update(plan.tenant_id, plan.run_id, plan.turn_id, change, new=True),
         )
         return emitted
-
-    async def _list_turn(self, plan: TurnPlan) -> None:
-        key = self.keys.turns(plan.tenant_id, plan.run_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.sadd(key, plan.turn_id)
-            pipe.expire(key, _STATE_TTL_S)  # as long as the turns it lists
-            await pipe.execute()
 
     async def on_outcomes(
         self, outcomes: list[tuple[CallOutcome, str]], plan: tuple[TurnPlan, str] | None = None

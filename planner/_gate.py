@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from planner._planning import next_to_release
 from schemas import CallOutcome, PlannedCall, TurnConfig, TurnPlan
 from toolfleet.keys import Keys
-from toolfleet.redis import JsonState, update_json
+from toolfleet.redis import JsonState, add_to_set, update_json
 
 _GATE_TTL_S = 7 * 24 * 3600
 
@@ -65,10 +65,7 @@ class Gate:
             return _release(state)
 
         gates = self.keys.gates(plan.tenant_id, plan.run_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.sadd(gates, plan.turn_id)
-            pipe.expire(gates, _GATE_TTL_S)  # as long as the gates it lists
-            await pipe.execute()
+        await add_to_set(self.redis, gates, plan.turn_id, _GATE_TTL_S)
         _state, released = await self._update(key, start)
         return [c.call_id for c in released]
 

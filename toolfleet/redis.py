@@ -279,6 +279,15 @@ def connect_redis(settings: Settings) -> Redis:
     return AutoPipelinedRedis(connection_pool=pool, decode_responses=False)
 
 
+async def add_to_set(redis: Redis, key: str, member: str | int, ttl_s: int) -> None:
+    """Add ``member`` to the set ``key`` and keep the set ``ttl_s`` from now (a run's list of
+    its turns, say, lasting as long as what it lists), in one round trip."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.sadd(key, member)
+        pipe.expire(key, ttl_s)
+        await pipe.execute()
+
+
 def text(value: bytes | str) -> str:
     """A Redis reply as text (the client keeps replies as bytes)."""
     return value.decode() if isinstance(value, bytes) else value
