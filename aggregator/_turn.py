@@ -23,6 +23,7 @@ from schemas import (
     TurnPlan,
     TurnResult,
 )
+from toolfleet.effects import fails_turn, settles_call
 from toolfleet.errors import ToolfleetError
 
 TurnStatus = Literal["completed", "interrupted", "failed", "cancelled"]
@@ -205,7 +206,10 @@ def build_result(state: TurnState) -> TurnResult:
         if interrupted:
             interruptions.append(
                 Interruption(
-                    call_id=call.call_id, tool_name=call.tool_name, arguments=call.arguments
+                    call_id=call.call_id,
+                    tool_name=call.tool_name,
+                    arguments=call.arguments,
+                    reason=call.reason,
                 )
             )
         records.append(_record(state, call))
@@ -240,8 +244,7 @@ def _planned(state: TurnState, call_id: str) -> PlannedCall | None:
 
 
 def _settles(call: PlannedCall, outcome: CallOutcome) -> bool:
-    # An unresolved effect settles the call only when the model is to be told right away.
-    return outcome.resolved or call.on_unknown == "report_now"
+    return settles_call(outcome, call.on_unknown)
 
 
 def _settled(state: TurnState, call: PlannedCall) -> CallOutcome | None:
@@ -268,13 +271,7 @@ def _parent_cancelled(state: TurnState, outcome: CallOutcome) -> bool:
 def _fails_turn(state: TurnState, outcome: CallOutcome) -> bool:
     if _parent_cancelled(state, outcome):
         return False
-    if outcome.fails_turn:
-        return True
-    # The executor applies the policy itself (fails_turn); this covers a definite failure it
-    # did not flag. Timeouts, lost workers (unresolved) and cancellations are not tool errors
-    # here: they fail the turn only with fails_turn, as the SDK's timeout default does.
-    policy = state.plan.config.failure_policy
-    return policy == "fail_turn" and outcome.status == "failed" and outcome.resolved
+    return fails_turn(outcome, state.plan.config.failure_policy)
 
 
 def _error_of(call: PlannedCall, outcome: CallOutcome) -> TurnError:

@@ -44,14 +44,17 @@ from executors._tool import (
     ToolErrorFunction,
     default_tool_error_function,
 )
+from toolfleet.effects import EffectVerdict, NotExecuted
 
 __all__ = [
     "ApprovalFunction",
     "CallHooks",
     "CompensateFunction",
+    "EffectVerdict",
     "GuardrailBehavior",
     "GuardrailResult",
     "InputGuardrail",
+    "NotExecuted",
     "OnUnknown",
     "OutputGuardrail",
     "ProbeFunction",

@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 
 from schemas import CallOutcome
 from toolfleet.circuit import COUNT_FUNCTION, CircuitBreaker
+from toolfleet.effects import counts_against_circuit
 from toolfleet.keys import Keys
 from toolfleet.ledger import COMMIT_FUNCTION
 from toolfleet.redis import text
@@ -72,7 +73,7 @@ class AfterPublish:
         """
         loop = asyncio.get_running_loop()
         reply: asyncio.Future[list[str]] = loop.create_future()
-        failed = None if ref is None else outcome.status in ("failed", "timed_out")
+        failed = None if ref is None else counts_against_circuit(outcome.status)
         if not self._pending:
             loop.call_soon(self._write_pending)
         self._pending.setdefault(ref, []).append((outcome, failed, reply))

@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from schemas import ExecutionCommand
+from toolfleet.effects import ProbeAnswer
+from toolfleet.errors import ToolfleetError
+
+UpstreamRecorder = Callable[[str], Awaitable[None]]
+"""Writes a call's upstream reference durably (the worker's ledger write)."""
+
+
+class _UpstreamRef:
+    """The upstream reference of one attempt, shared by every copy of its context."""
+
+    def __init__(self, value: str | None, recorder: UpstreamRecorder | None) -> None:
+        self.value = value
+        self.recorder = recorder
+        self.loop: asyncio.AbstractEventLoop | None = None
 
 
 @dataclass(frozen=True)
@@ -31,6 +47,36 @@ class ToolContext:
     worker_id: str | None = None
     deadline_at: float | None = None
     """Unix time the turn ends, if the turn has a deadline."""
+    _upstream: _UpstreamRef = field(
+        default_factory=lambda: _UpstreamRef(None, None), repr=False, compare=False
+    )
+
+    @property
+    def upstream_ref(self) -> str | None:
+        """The upstream's own id for what this call did (ticket T-9, charge ch_123), once
+        recorded; probes and compensations receive the one the call recorded."""
+        return self._upstream.value
+
+    async def record_upstream_ref(self, ref: str) -> None:
+        """Record the upstream's id for what this call did, as soon as the tool knows it.
+
+        Written to the ledger before this returns, so it survives a failure (or a crash) later
+        in the body; probes, compensations, ``toolfleet inspect call`` and the audit chain see
+        it. Outside a worker (a direct call, a test) it is only kept on the context.
+        """
+        if not isinstance(ref, str) or not ref:
+            raise ToolfleetError("record_upstream_ref needs the upstream's id as a non-empty str")
+        self._upstream.value = ref
+        if self._upstream.recorder is not None:
+            await self._upstream.recorder(ref)
+
+    def record_upstream_ref_blocking(self, ref: str) -> None:
+        """``record_upstream_ref`` for a sync tool, which runs in a worker thread."""
+        loop = self._upstream.loop
+        if loop is None or self._upstream.recorder is None:
+            self._upstream.value = ref
+            return
+        asyncio.run_coroutine_threadsafe(self.record_upstream_ref(ref), loop).result()
 
     @classmethod
     def from_command(
@@ -39,8 +85,13 @@ class ToolContext:
         *,
         worker_id: str | None = None,
         args: dict[str, Any] | None = None,
+        record_upstream: UpstreamRecorder | None = None,
     ) -> ToolContext:
-        """Build the context of the attempt a command describes."""
+        """Build the context of the attempt a command describes; ``record_upstream`` is how
+        the worker writes an upstream reference durably."""
+        upstream = _UpstreamRef(command.upstream_ref, record_upstream)
+        if record_upstream is not None:
+            upstream.loop = asyncio.get_running_loop()
         return cls(
             tenant_id=command.tenant_id,
             run_id=command.run_id,
@@ -54,10 +105,11 @@ class ToolContext:
             args=dict(args or {}),
             worker_id=worker_id,
             deadline_at=command.deadline_at,
+            _upstream=upstream,
         )
 
 
-ProbeState = Literal["applied", "not_applied", "unknown", "wrong_effect"]
+ProbeState = ProbeAnswer
 """What a probe found upstream for an idempotency key."""
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from executors._context import ToolContext
 
-GuardrailBehavior = Literal["allow", "reject_content", "raise_exception"]
+GuardrailBehavior = Literal["allow", "reject_content", "raise_exception", "wrong_effect"]
 """What a guardrail decided."""
 
 
@@ -43,6 +43,14 @@ class GuardrailResult:
     def raise_exception(cls, output_info: Any = None) -> GuardrailResult:
         """Trip the wire: the whole turn fails with a tripwire error."""
         return cls(behavior="raise_exception", output_info=output_info)
+
+    @classmethod
+    def wrong_effect(cls, message: str, output_info: Any = None) -> GuardrailResult:
+        """Output guardrails only: the call took effect, but not the one asked for. The
+        effect becomes ``wrong_effect``: the reconciler asks for approval of the tool's
+        compensation, and the run's later side-effecting calls wait for a human meanwhile;
+        ``message`` is what the model sees once it is told."""
+        return cls(behavior="wrong_effect", message=message, output_info=output_info)
 
 
 InputGuardrail = Callable[
@@ -81,5 +89,10 @@ def check_guardrail_result(kind: str, guardrail: object, result: object) -> Guar
         raise TypeError(
             f"{kind} guardrail {guardrail_name(guardrail)} returned {type(result).__name__}; "
             "return GuardrailResult.allow(), .reject_content(message) or .raise_exception()"
+        )
+    if kind == "input" and result.behavior == "wrong_effect":
+        raise TypeError(
+            f"input guardrail {guardrail_name(guardrail)} returned wrong_effect, but nothing has "
+            "run yet; only output guardrails can find an effect wrong"
         )
     return result

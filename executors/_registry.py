@@ -16,7 +16,9 @@ from executors._tool import (
     default_tool_error_function,
 )
 from schemas import EffectClass, ToolSpec
+from toolfleet.effects import ClassifyHook
 from toolfleet.errors import ConfigurationError, ToolNotFoundError
+from toolfleet.versions import newest_version, version_order
 
 if TYPE_CHECKING:
     from agents import FunctionTool
@@ -25,10 +27,13 @@ if TYPE_CHECKING:
 
 
 class ToolRegistry:
-    """Tools by lookup key (``name`` or ``namespace.name``); ``toolfleet worker`` serves one."""
+    """Tools by lookup key (``name`` or ``namespace.name``) and version; ``toolfleet worker``
+    serves one. Several versions of one tool may be served side by side (declare each with
+    its own ``version=``): a command names the version it wants, else it gets the newest."""
 
     def __init__(self, *, hooks: CallHooks | None = None) -> None:
-        self._tools: dict[str, Tool] = {}
+        self._tools: dict[str, dict[str, Tool]] = {}
+        self._declared: list[Tool] = []
         self.hooks = hooks
         """Lifecycle hooks (on_tool_start / on_tool_end) the worker runs once per call."""
 
@@ -56,6 +61,9 @@ class ToolRegistry:
         on_unknown: OnUnknown | None = None,
         is_enabled: bool = True,
         pool: str | None = None,
+        definite_errors: Sequence[type[BaseException]] = (),
+        classify: ClassifyHook | None = None,
+        unattended: str | None = None,
     ) -> Callable[[Callable[..., Any]], Tool]: ...
 
     def tool(
@@ -78,6 +86,9 @@ class ToolRegistry:
         on_unknown: OnUnknown | None = None,
         is_enabled: bool = True,
         pool: str | None = None,
+        definite_errors: Sequence[type[BaseException]] = (),
+        classify: ClassifyHook | None = None,
+        unattended: str | None = None,
     ) -> Tool | Callable[[Callable[..., Any]], Tool]:
         """Declare a tool: ``@tools.tool`` or ``@tools.tool(effect=..., timeout=...)``.
 
@@ -88,8 +99,14 @@ class ToolRegistry:
           or "raise_exception" (the turn fails with ToolTimeoutError).
         - ``failure_error_function(ctx, exc) -> str`` words a failure for the model; the
           default is the SDK's fixed text; ``None`` makes any failure fail the turn.
-        - ``needs_approval``: bool or ``(ctx, args) -> bool``; default True only for
-          irreversible tools.
+        - ``needs_approval``: bool or ``(ctx, args) -> bool``; by default (the release
+          gate) True for irreversible tools and for non_idempotent tools without a probe.
+        - ``unattended="why"``: run a gated tool without approval anyway; the reason is
+          published to the registry and printed by ``toolfleet tools review``.
+        - ``definite_errors``: exception types that prove nothing took effect (the tool's own
+          validation errors, say): not executed, never retried, no human task.
+        - ``classify(exc) -> EffectVerdict | None``: the tool's own mapping of exceptions
+          (None: the standard table of ``toolfleet.effects``).
         - ``on_unknown``: default "report_now" for read_only tools, else
           "reconcile_then_report".
         - ``pool``: serve the tool only in this pool (default: every pool serving the registry).
@@ -114,6 +131,9 @@ class ToolRegistry:
                     on_unknown=on_unknown,
                     is_enabled=is_enabled,
                     pool=pool,
+                    definite_errors=definite_errors,
+                    classify=classify,
+                    unattended=unattended,
                 )
             )
 
@@ -122,34 +142,43 @@ class ToolRegistry:
         return register
 
     def add(self, tool: Tool) -> Tool:
-        """Register an already built Tool; a second tool with the same lookup key is an error."""
+        """Register an already built Tool; a second tool with the same lookup key and version
+        is an error (another version of the same tool is not)."""
         key = tool.lookup_key
-        if key in self._tools:
+        versions = self._tools.setdefault(key, {})
+        if tool.version in versions:
             raise ConfigurationError(
-                f"tool {key!r} is declared twice in this registry; give one of them another "
-                "name or namespace"
+                f"tool {key!r} version {tool.version!r} is declared twice in this registry; "
+                "give one of them another name, namespace or version"
             )
-        self._tools[key] = tool
+        versions[tool.version] = tool
+        self._declared.append(tool)
         return tool
 
     def add_function_tool(
         self,
         function_tool: FunctionTool,
         *,
-        effect: EffectClass = "non_idempotent",
+        effect: EffectClass | None = None,
         on_unknown: OnUnknown | None = "report_now",
         pool: str | None = None,
         version: str = "1",
         probe: ProbeFunction | None = None,
         compensate: CompensateFunction | None = None,
+        definite_errors: Sequence[type[BaseException]] = (),
+        classify: ClassifyHook | None = None,
+        unattended: str | None = None,
     ) -> Tool:
         """Serve an OpenAI Agents SDK ``FunctionTool`` (``@function_tool``) unchanged.
 
         Its name, schema, ``needs_approval``, timeout settings, ``failure_error_function``,
         ``is_enabled`` and tool guardrails keep their in-process meaning (see
-        ``executors._sdk``); ``effect``, ``on_unknown`` (default "report_now", as DESIGN.md
-        sets for SDK tools), ``pool``, ``version``, ``probe`` and ``compensate`` are toolfleet's
-        own options. Needs the ``openai-agents`` package.
+        ``executors._sdk``); ``effect``, ``on_unknown`` (default "report_now": the SDK's
+        texts), ``pool``, ``version``, ``probe``, ``compensate``, ``definite_errors``,
+        ``classify`` and ``unattended`` are toolfleet's own options (see ``tool``). Without
+        ``effect`` the tool is treated as non_idempotent but keeps the SDK's approval
+        behaviour (no release gate); ``toolfleet tools review`` lists it. Needs the
+        ``openai-agents`` package.
         """
         from executors._sdk import FunctionToolAdapter
 
@@ -162,6 +191,9 @@ class ToolRegistry:
                 version=version,
                 probe=probe,
                 compensate=compensate,
+                definite_errors=definite_errors,
+                classify=classify,
+                unattended=unattended,
             )
         )
 
@@ -171,7 +203,7 @@ class ToolRegistry:
         function_tools: Iterable[FunctionTool],
         *,
         hooks: CallHooks | None = None,
-        effect: EffectClass = "non_idempotent",
+        effect: EffectClass | None = None,
         pool: str | None = None,
     ) -> ToolRegistry:
         """A registry serving these SDK function tools (same options for all of them)."""
@@ -180,35 +212,49 @@ class ToolRegistry:
             registry.add_function_tool(function_tool, effect=effect, pool=pool)
         return registry
 
-    def get(self, key: str) -> Tool:
-        """The tool a model calls ``key`` (``name`` or ``namespace.name``).
+    def get(self, key: str, version: str | None = None) -> Tool:
+        """The tool a model calls ``key`` (``name`` or ``namespace.name``), in ``version``, or
+        the newest version this registry holds when ``version`` is None.
 
-        Raises ToolNotFoundError when this registry has no such tool.
+        Raises ToolNotFoundError when this registry has no such tool or version.
         """
-        tool = self._tools.get(key)
+        tool = self.find(key, version)
         if tool is None:
+            if version is not None and key in self._tools:
+                raise ToolNotFoundError(f"Tool '{key}' version '{version}' not found.")
             raise ToolNotFoundError(f"Tool '{key}' not found.")
         return tool
 
-    def find(self, key: str) -> Tool | None:
-        """The tool called ``key``, or None."""
-        return self._tools.get(key)
+    def find(self, key: str, version: str | None = None) -> Tool | None:
+        """The tool called ``key`` in ``version`` (None: the newest), or None."""
+        versions = self._tools.get(key)
+        if not versions:
+            return None
+        return versions.get(newest_version(versions) if version is None else version)
+
+    def versions(self, key: str) -> list[str]:
+        """The versions of ``key`` this registry holds, oldest first (empty when none)."""
+        return version_order(self._tools.get(key, ()))
 
     def for_pool(self, pool: str) -> list[Tool]:
-        """The tools a worker of ``pool`` serves: those pinned to it and those not pinned."""
-        return [t for t in self._tools.values() if t.pool is None or t.pool == pool]
+        """The tools a worker of ``pool`` serves (every version): those pinned to it and those
+        not pinned, in declaration order."""
+        return [t for t in self._declared if t.pool is None or t.pool == pool]
 
     def specs(self, pool: str) -> list[ToolSpec]:
         """Registry entries of the tools a worker of ``pool`` serves, in declaration order."""
         return [t.spec(pool) for t in self.for_pool(pool)]
 
     def __iter__(self) -> Iterator[Tool]:
-        return iter(list(self._tools.values()))
+        """Every tool, every version, in declaration order."""
+        return iter(list(self._declared))
 
     def __len__(self) -> int:
-        return len(self._tools)
+        """How many tools (each version counts) this registry holds."""
+        return len(self._declared)
 
     def __contains__(self, key: object) -> bool:
+        """Whether some version of the tool called ``key`` is here."""
         return key in self._tools
 
     def __repr__(self) -> str:

@@ -13,16 +13,17 @@ Order (SDK-LIFECYCLE item 6), for a command not yet approved:
    body only), then output guardrails (they see failure and timeout texts too, as in the SDK),
    then ``hooks.on_tool_end`` with the accepted output.
 
-Effects (business level), as DESIGN.md distinguishes them:
+Effects (business level) are judged by ``toolfleet.effects``, the one home of those rules:
 
 - ``applied``: the body returned.
 - ``not_executed``: nothing of the tool ran (approval pending, guardrail rejection, invalid
-  arguments), or the body raised an ordinary exception: the tool itself reported a definite
-  failure. A tool that can fail after a partial side effect should let its probe tell.
-- ``unknown``: the body was stopped from outside (timeout, tool-local cancellation) or died of
-  a BaseException (KeyboardInterrupt, SystemExit, ...). A timeout never proves
-  ``not_executed``, for read_only tools too; the reconciler may treat those as safe. Such
-  outcomes carry ``resolved=False``.
+  arguments), or what the body raised proves the request took no effect (``NotExecuted``, a
+  declared definite error, the tool's ``classify``, connection refused, HTTP 4xx, ...); the
+  outcome says whether trying again can help (``retry``).
+- ``unknown``: every other exception the body raised (a read timeout, a reset connection, an
+  HTTP 5xx: the response was lost, not the effect), a timeout or a tool-local cancellation,
+  and BaseExceptions. Such outcomes carry ``resolved=False``: the reconciler takes over.
+- A read_only tool cannot have applied anything: its unknown effect is ``not_executed``.
 - An output guardrail's rejection keeps the body's effect and sets status ``rejected``.
 
 A failure that fails the turn (no failure handler, ``failure_policy="fail_turn"``, tripwires,
@@ -46,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from executors._capture import Captured, abandon, capture, error_of
-from executors._context import ToolContext
+from executors._context import ToolContext, UpstreamRecorder
 from executors._errors import (
     ToolCancelledError,
     ToolInputGuardrailTripwireTriggered,
@@ -55,7 +56,8 @@ from executors._errors import (
 )
 from executors._guardrails import GuardrailResult, check_guardrail_result, guardrail_name
 from executors._tool import Tool
-from schemas import CallError, CallOutcome, CallStatus, Effect, ExecutionCommand
+from schemas import CallError, CallOutcome, CallStatus, Effect, ExecutionCommand, RetryHint
+from toolfleet.effects import effect_for_class
 from toolfleet.errors import ModelBehaviorError
 
 
@@ -106,6 +108,8 @@ class _Body:
     effect: Effect
     output: Any
     error: CallError | None = None
+    retry: RetryHint | None = None
+    retry_after_s: float | None = None
 
 
 async def run_call(
@@ -116,17 +120,24 @@ async def run_call(
     hooks: CallHooks | None = None,
     on_started: Callable[[], Awaitable[None]] | None = None,
     cancel_call: asyncio.Future[None] | None = None,
+    record_upstream: UpstreamRecorder | None = None,
 ) -> CallOutcome:
     """Run one call of ``tool`` as ``command`` describes and return its outcome.
 
     Raises CancelledError on parent cancellation and whatever ``on_started`` raises; every
     other failure is an outcome. Resolving ``cancel_call`` (``set_result(None)``) cancels only
     the tool body: a tool-local cancellation, which follows the failure policy like any tool
-    failure.
+    failure. ``record_upstream`` writes what the tool passes to ``ctx.record_upstream_ref``.
     """
     loop = asyncio.get_running_loop()
     run = _CallRun(
-        tool, command, worker_id, hooks, on_started, cancel_call=cancel_call or loop.create_future()
+        tool,
+        command,
+        worker_id,
+        hooks,
+        on_started,
+        cancel_call=cancel_call or loop.create_future(),
+        record_upstream=record_upstream,
     )
     return await run.run()
 
@@ -143,6 +154,7 @@ class _CallRun:
         on_started: Callable[[], Awaitable[None]] | None,
         *,
         cancel_call: asyncio.Future[None],
+        record_upstream: UpstreamRecorder | None = None,
     ) -> None:
         self.tool = tool
         self.cancel_call = cancel_call
@@ -150,7 +162,9 @@ class _CallRun:
         self.worker_id = worker_id
         self.hooks = hooks
         self.on_started = on_started
-        self.ctx = ToolContext.from_command(command, worker_id=worker_id)
+        self.ctx = ToolContext.from_command(
+            command, worker_id=worker_id, record_upstream=record_upstream
+        )
         self.started_at: float | None = None
         # A turn-level "fail_turn" policy is the SDK's failure_error_function=None for every tool.
         self.failure_fn = (
@@ -293,11 +307,14 @@ class _CallRun:
             return await (self._timed_out() if timed_out else self._cancelled(exc))
         if isinstance(exc, Exception):
             error = error_of(exc, str(exc))
+            verdict = self.tool.classify_failure(exc, now=time.time())
+            effect = effect_for_class(self.tool.effect, verdict.effect)
             if self.failure_fn is None:
                 message = _run_error_message(self.tool, exc)
-                raise _TurnFailed("failed", "not_executed", error_of(exc, message))
-            text = await self._user(self.failure_fn, self.ctx, exc, effect="not_executed")
-            return _Body("failed", "not_executed", text, error)
+                raise _TurnFailed("failed", effect, error_of(exc, message))
+            text = await self._user(self.failure_fn, self.ctx, exc, effect=effect)
+            retry = verdict.retry if effect == "not_executed" else None
+            return _Body("failed", effect, text, error, retry, verdict.retry_after_s)
         # KeyboardInterrupt, SystemExit, custom BaseExceptions: never formatted for the model,
         # as the SDK's failure handlers only take Exceptions; the turn fails.
         raise _TurnFailed("failed", "unknown", error_of(exc, str(exc) or type(exc).__name__))
@@ -326,7 +343,7 @@ class _CallRun:
 
     async def _accept(self, body: _Body) -> CallOutcome:
         """Output guardrails, then on_tool_end, then the outcome."""
-        status, output = body.status, body.output
+        status, output, effect = body.status, body.output, body.effect
         for guardrail in self.tool.output_guardrails:
             result = await self._user(
                 guardrail, self.ctx, self.ctx.args, body.output, effect=body.effect
@@ -335,6 +352,9 @@ class _CallRun:
             if verdict.behavior == "raise_exception":
                 tripwire = ToolOutputGuardrailTripwireTriggered(guardrail_name(guardrail))
                 raise _TurnFailed("rejected", body.effect, error_of(tripwire, str(tripwire)))
+            if verdict.behavior == "wrong_effect":
+                effect, status, output = "wrong_effect", "rejected", verdict.message or ""
+                break
             if verdict.behavior == "reject_content":
                 status, output = "rejected", verdict.message or ""
                 break
@@ -342,8 +362,13 @@ class _CallRun:
         # text/image/file outputs, which toolfleet's str-only wire cannot carry).
         text = output if isinstance(output, str) else str(output)
         if self.hooks is not None:
-            await self._user(self.hooks.on_tool_end, self.ctx, self.tool, text, effect=body.effect)
-        return self._outcome(status, body.effect, text, body.error)
+            await self._user(self.hooks.on_tool_end, self.ctx, self.tool, text, effect=effect)
+        outcome = self._outcome(status, effect, text, body.error)
+        if effect == "wrong_effect":
+            return outcome.model_copy(update={"resolved": False})  # the reconciler's now
+        if body.retry is None:
+            return outcome
+        return outcome.model_copy(update={"retry": body.retry, "retry_after_s": body.retry_after_s})
 
     def _verdict(
         self, kind: str, guardrail: object, result: object, effect: Effect
@@ -394,8 +419,7 @@ class _CallRun:
         fails_turn: bool = False,
     ) -> CallOutcome:
         command = self.command
-        if effect == "unknown" and self.tool.effect == "read_only":
-            effect = "not_executed"  # a read-only tool cannot have applied anything
+        effect = effect_for_class(self.tool.effect, effect)
         return CallOutcome(
             tenant_id=command.tenant_id,
             run_id=command.run_id,

@@ -25,9 +25,10 @@ tenant, run, attempt). The user's run context object does not travel to the flee
 agent made the call. Structured tool outputs (images, files) cannot be carried on toolfleet's
 string-only wire; they reach the model as their ``str()``.
 
-toolfleet-only options can be given alongside: ``effect`` (default ``non_idempotent``),
-``on_unknown`` (default ``report_now``: the SDK's timeout text, see DESIGN.md), ``pool``,
-``version``, ``probe`` and ``compensate``.
+toolfleet-only options can be given alongside: ``effect`` (undeclared: treated as
+``non_idempotent``, with the SDK's approval behaviour kept; declared: under the release gate),
+``on_unknown`` (default ``report_now``: the SDK's texts), ``pool``, ``version``, ``probe``,
+``compensate``, ``definite_errors``, ``classify`` and ``unattended``.
 
 The SDK is imported lazily: toolfleet itself works without ``openai-agents`` installed.
 """
@@ -37,6 +38,7 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+from collections.abc import Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +53,7 @@ from executors._tool import (
     Tool,
 )
 from schemas import EffectClass
+from toolfleet.effects import ClassifyHook
 from toolfleet.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -102,12 +105,15 @@ class FunctionToolAdapter(Tool):
         self,
         function_tool: FunctionTool,
         *,
-        effect: EffectClass = "non_idempotent",
+        effect: EffectClass | None = None,
         on_unknown: OnUnknown | None = "report_now",
         pool: str | None = None,
         version: str = "1",
         probe: ProbeFunction | None = None,
         compensate: CompensateFunction | None = None,
+        definite_errors: Sequence[type[BaseException]] = (),
+        classify: ClassifyHook | None = None,
+        unattended: str | None = None,
     ) -> None:
         _require_sdk()
         from agents import FunctionTool
@@ -133,11 +139,14 @@ class FunctionToolAdapter(Tool):
             function_tool.on_invoke_tool, _FailureHandlingFunctionToolInvoker
         )
         self._sdk_failure_function = resolve_function_tool_failure_error_function(function_tool)
-        needs_approval: bool | ApprovalFunction
+        needs_approval: bool | ApprovalFunction | None
         if callable(function_tool.needs_approval):
             needs_approval = self._needs_approval
-        else:
+        elif function_tool.needs_approval or effect is None:
+            # Undeclared effect: the SDK's behaviour, no new interruptions.
             needs_approval = bool(function_tool.needs_approval)
+        else:
+            needs_approval = None  # a declared effect class puts the tool under the gate
         is_enabled = function_tool.is_enabled
         super().__init__(
             self._body,
@@ -145,7 +154,8 @@ class FunctionToolAdapter(Tool):
             description=function_tool.description,
             namespace=getattr(function_tool, "_tool_namespace", None) or None,
             version=version,
-            effect=effect,
+            effect=effect or "non_idempotent",
+            effect_declared=effect is not None,
             timeout=function_tool.timeout_seconds,
             timeout_behavior=function_tool.timeout_behavior,
             timeout_error_function=(
@@ -165,11 +175,19 @@ class FunctionToolAdapter(Tool):
             # A callable is_enabled depends on the run context: the agent side evaluates it.
             is_enabled=is_enabled if isinstance(is_enabled, bool) else True,
             pool=pool,
+            definite_errors=definite_errors,
+            classify=classify,
+            unattended=unattended,
         )
         if probe is not None:
             self.probe(probe)
         if compensate is not None:
             self.compensate(compensate)
+
+    @property
+    def serves_sdk_tool(self) -> bool:
+        """Always: this tool is an Agents SDK function tool served unchanged."""
+        return True
 
     @property
     def parameters_schema(self) -> dict[str, Any]:

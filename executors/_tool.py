@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from executors._context import ProbeResult, ToolContext
 from executors._guardrails import InputGuardrail, OutputGuardrail
 from schemas import EffectClass, ToolSpec
+from toolfleet.effects import ClassifyHook, EffectVerdict, classify_exception, gated_by_default
 from toolfleet.errors import ConfigurationError, ModelBehaviorError
 from toolfleet.texts import DEFAULT_ERROR
 
@@ -83,6 +84,10 @@ class Tool:
         on_unknown: OnUnknown | None = None,
         is_enabled: bool = True,
         pool: str | None = None,
+        definite_errors: Sequence[type[BaseException]] = (),
+        classify: ClassifyHook | None = None,
+        unattended: str | None = None,
+        effect_declared: bool = True,
     ) -> None:
         if not callable(func):
             raise ConfigurationError(f"a tool must be a function, got {type(func).__name__}")
@@ -115,15 +120,32 @@ class Tool:
         self.failure_error_function = _optional_callable(
             self.name, "failure_error_function", failure_error_function
         )
-        if needs_approval is None:
-            # DESIGN.md: irreversible tools need approval unless they say otherwise.
-            needs_approval = effect == "irreversible"
-        if not isinstance(needs_approval, bool) and not callable(needs_approval):
+        if (
+            needs_approval is not None
+            and not isinstance(needs_approval, bool)
+            and not callable(needs_approval)
+        ):
             raise ConfigurationError(
                 f"tool {self.name!r}: needs_approval must be a bool or a callable, "
                 f"got {type(needs_approval).__name__}"
             )
-        self.needs_approval: bool | ApprovalFunction = needs_approval
+        # None: the release gate decides, once the probe is known (it is declared later).
+        self._declared_approval: bool | ApprovalFunction | None = needs_approval
+        self.effect_declared = effect_declared
+        if unattended is not None and (not isinstance(unattended, str) or not unattended.strip()):
+            raise ConfigurationError(
+                f"tool {self.name!r}: unattended must say why the tool may run without a "
+                "human's approval and without a probe (a non-empty string)"
+            )
+        self.unattended_reason = unattended
+        for error_type in definite_errors:
+            if not (isinstance(error_type, type) and issubclass(error_type, BaseException)):
+                raise ConfigurationError(
+                    f"tool {self.name!r}: definite_errors must be exception classes, got "
+                    f"{error_type!r}"
+                )
+        self.definite_errors: tuple[type[BaseException], ...] = tuple(definite_errors)
+        self.classify_function = _optional_callable(self.name, "classify", classify)
         self.input_guardrails: tuple[InputGuardrail, ...] = _callables(
             self.name, "input_guardrails", input_guardrails
         )
@@ -156,6 +178,25 @@ class Tool:
     def parameters_schema(self) -> dict[str, Any]:
         """The JSON schema of the arguments, as published to the registry."""
         return self.args_model.model_json_schema()
+
+    @property
+    def needs_approval(self) -> bool | ApprovalFunction:
+        """The declared approval policy, or the release gate's default when none was declared
+        (see ``toolfleet.effects.gated_by_default``)."""
+        if self._declared_approval is not None:
+            return self._declared_approval
+        return gated_by_default(
+            self.effect,
+            self.probe_function is not None,
+            unattended_reason=self.unattended_reason,
+            effect_declared=self.effect_declared,
+        )
+
+    def classify_failure(self, exc: BaseException, now: float) -> EffectVerdict:
+        """What ``exc``, raised by the body after ``started``, proves about the effect."""
+        return classify_exception(
+            exc, definite=self.definite_errors, hook=self.classify_function, now=now
+        )
 
     def probe(self, func: _ProbeT) -> _ProbeT:
         """Declare how to look the call up upstream by idempotency key (decorator)."""
@@ -195,7 +236,17 @@ class Tool:
             enabled=self.is_enabled,
             has_probe=self.probe_function is not None,
             has_compensate=self.compensate_function is not None,
+            effect_declared=self.effect_declared,
+            sdk_tool=self.serves_sdk_tool,
+            unattended_reason=self.unattended_reason,
+            definite_errors=[f"{t.__module__}.{t.__qualname__}" for t in self.definite_errors],
+            has_classify=self.classify_function is not None,
         )
+
+    @property
+    def serves_sdk_tool(self) -> bool:
+        """Whether this tool is an Agents SDK function tool served unchanged."""
+        return False
 
     def parse_arguments(self, arguments: str) -> dict[str, Any]:
         """Decode and validate raw JSON arguments into ``{parameter: value}``.

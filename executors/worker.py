@@ -27,9 +27,10 @@ from executors._recovery import run_compensate, run_probe
 from executors._registry import ToolRegistry
 from executors._runner import run_call
 from executors._tool import Tool
-from schemas import CallError, CallOutcome, CancelRequest, Effect, ExecutionCommand, HumanTask
+from schemas import CallError, CallOutcome, CancelRequest, ExecutionCommand, HumanTask
 from toolfleet.bus import COMMIT_INTERVAL_S, TRANSIENT_ERRORS, KafkaBus, Record
 from toolfleet.circuit import CircuitBreaker, version_ref
+from toolfleet.effects import counts_against_circuit, effect_of_probe, fleet_retries
 from toolfleet.errors import InvalidMessageError, ToolfleetError, ToolNotFoundError
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
@@ -42,7 +43,7 @@ from toolfleet.semaphore import FleetSemaphores
 from toolfleet.settings import Settings
 from toolfleet.spans import SpanBatcher
 from toolfleet.tasks import TaskStore, new_task_id
-from toolfleet.texts import CIRCUIT_OPEN, unknown_outcome_text
+from toolfleet.texts import CIRCUIT_OPEN, UNKNOWN_OUTCOME, unknown_outcome_text
 from toolfleet.topics import command_topic
 
 T = TypeVar("T")
@@ -201,10 +202,11 @@ class Worker:
         command = ExecutionCommand.decode(record.value or b"")
         COMMANDS.labels(self.service, self.pool, command.kind).inc()
         try:
-            tool = self.registry.get(command.tool_name)
+            # No version: the newest this worker serves (older planners, the reconciler).
+            tool = self.registry.get(command.tool_name, command.tool_version)
         except ToolNotFoundError as missing:
-            # The planner saw the tool in the registry, this worker does not serve it: a
-            # deployment mismatch. Nothing ran; say so instead of hiding the command.
+            # The planner saw the tool (or version) in the registry, this worker does not
+            # serve it: a deployment mismatch. Nothing ran; say so instead of hiding the command.
             await self._publish(_not_served(command, self.worker_id, str(missing)))
             return
         if command.kind == "probe":
@@ -242,7 +244,7 @@ class Worker:
             lambda: self._mark_published(outcome, counted_in=ref if ran and not trial else None)
         )
         if trial:
-            failed = outcome.status in ("failed", "timed_out")
+            failed = counts_against_circuit(outcome.status)
             await _persist(lambda: self.circuits.trial_result(ref, failed))
         if opened:
             await _persist(lambda: self._file_circuit_task(ref, tool, outcome, opened))
@@ -285,6 +287,9 @@ class Worker:
                 raise _NotStarted(verdict)
             self._leases[key] = command
 
+        async def record_upstream(ref: str) -> None:
+            await _persist(lambda: self.ledger.record_upstream_ref(command, ref))
+
         try:
             outcome = await run_call(
                 tool,
@@ -293,6 +298,7 @@ class Worker:
                 hooks=self.registry.hooks,
                 on_started=gate,
                 cancel_call=cancel_call,
+                record_upstream=record_upstream,
             )
         except _NotStarted as refused:
             return await self._refused(command, refused.verdict)
@@ -316,23 +322,42 @@ class Worker:
                 lambda: self.ledger.set_pending_approval(command.tenant_id, command.call_id)
             )
             return outcome
-        if outcome.effect == "unknown" and tool.on_unknown == "reconcile_then_report":
-            outcome = outcome.model_copy(
-                update={"output": unknown_outcome_text(tool.spec(self.pool)), "resolved": False}
-            )
+        outcome = self._as_reported(tool, command, outcome)
         final = outcome
         if await _persist(lambda: self.ledger.finish(final)) == "stale":
             log.info("dropping a fenced-off attempt's outcome", extra={"call": command.call_id})
             return None
         return outcome
 
+    def _as_reported(
+        self, tool: Tool, command: ExecutionCommand, outcome: CallOutcome
+    ) -> CallOutcome:
+        """What the turn is told now: a retry the fleet will make is not final, and an unknown
+        effect is never worded as a failure to try again (the SDK's own texts stay for SDK
+        tools under report_now)."""
+        if fleet_retries(
+            outcome.effect,
+            outcome.retry,
+            tool.effect,
+            attempt=command.attempt,
+            max_attempts=self.settings.recovery_max_attempts,
+            retry_after_s=outcome.retry_after_s,
+        ):
+            return outcome.model_copy(update={"resolved": False})
+        if outcome.effect != "unknown":
+            return outcome
+        if tool.on_unknown == "reconcile_then_report":
+            return outcome.model_copy(
+                update={"output": unknown_outcome_text(tool.spec(self.pool)), "resolved": False}
+            )
+        if outcome.status == "failed" and not tool.serves_sdk_tool:
+            return outcome.model_copy(update={"output": UNKNOWN_OUTCOME.format(name=tool.name)})
+        return outcome
+
     async def _probe(self, tool: Tool, command: ExecutionCommand) -> CallOutcome:
         """Look the call's effect up upstream; probes are read-only and run without a gate."""
         result = await run_probe(tool, command, worker_id=self.worker_id)
-        effects: dict[str, Effect] = {
-            "applied": "applied", "not_applied": "not_executed", "wrong_effect": "wrong_effect",
-        }  # fmt: skip
-        effect = effects.get(result.state, "unknown")
+        effect = effect_of_probe(result.state)
         detail = CallError(type="ProbeResult", message=result.detail) if result.detail else None
         return CallOutcome(
             **identity(command, self.worker_id),
@@ -396,7 +421,7 @@ class Worker:
         if verdict == "cancelled":  # queued when its run was cancelled: never starts
             return _ended(command, self.worker_id, "skipped")
         if verdict == "unknown":
-            spec = self.registry.get(command.tool_name).spec(self.pool)
+            spec = self.registry.get(command.tool_name, command.tool_version).spec(self.pool)
             return lost(command, spec, worker_id=self.worker_id, source="executor")
         if verdict == "missing":
             raise InvalidMessageError(

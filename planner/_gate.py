@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 
 from planner._planning import next_to_release
 from schemas import CallOutcome, PlannedCall, TurnConfig, TurnPlan
+from toolfleet.effects import fails_turn
 from toolfleet.keys import Keys
 from toolfleet.redis import JsonState, add_to_set, update_json
 
@@ -85,7 +86,7 @@ class Gate:
             redelivered = outcome.call_id in state["finished"]
             if not redelivered:
                 state["finished"].append(outcome.call_id)
-            newly_failed = _fails_turn(outcome, state["policy"]) and not state["failed"]
+            newly_failed = fails_turn(outcome, state["policy"]) and not state["failed"]
             state["failed"] = state["failed"] or newly_failed
             if state["failed"] and (newly_failed or redelivered):
                 # Queued calls never start after a turn-failing failure; say so, so the
@@ -119,13 +120,6 @@ class Gate:
         state, released = await update_json(self.redis, key, change, ttl_s=_GATE_TTL_S)
         calls = [PlannedCall.model_validate(c) for c in (state or {}).get("calls", [])]
         return state, [c for c in calls if c.call_id in released]
-
-
-def _fails_turn(outcome: CallOutcome, policy: str) -> bool:
-    """As the aggregator judges it: a flagged failure, or a definite one under fail_turn."""
-    return outcome.fails_turn or (
-        policy == "fail_turn" and outcome.status == "failed" and outcome.resolved
-    )
 
 
 def _ids(calls: list[dict[str, Any]]) -> list[str]:

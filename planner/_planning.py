@@ -183,12 +183,20 @@ def plan_turn(
     approvals: ApprovalView,
     now: float,
     epoch: int = 0,
+    routes: Mapping[str, str] | None = None,
+    held: Set[str] = frozenset(),
 ) -> PlanResult:
     """Decide every call of ``event``; a turn error leaves nothing to dispatch or write.
 
+    ``routes`` (lookup key -> version) names the version dispatched calls of a tool must run
+    (an operator's pin or an automatic rollback, see ``planner._versions``); ``tools`` then
+    holds that version's spec. Other calls run the newest version their worker serves.
+
     ``tools`` is keyed by lookup key, ``ledger`` by call_id (entries of this tenant). A resumed
     event (``resume=True``) goes through the same path: the ledger is consulted first for every
-    call, which is what resumption needs and what a redelivered response needs too.
+    call, which is what resumption needs and what a redelivered response needs too. ``held``
+    names the run's calls with a wrong effect not yet compensated: while there is one, every
+    new call of a tool that is not read_only waits for a human (an approval releases it).
     """
     agent = event.agent.name
     decided: list[tuple[PlannedCall, bool, Decision | None]] = []
@@ -200,7 +208,7 @@ def plan_turn(
             # A call the ledger settles needs no tool: its output exists or its run is under way.
             if c.key not in tools and not _settled_by_ledger(ledger.get(c.item.call_id)):
                 raise _TurnFailed(f"Tool {c.key} not found in agent {agent}", c.item.call_id)
-        decided = [_plan_call(c, event, tools, ledger, approvals) for c in calls]
+        decided = [_plan_call(c, event, tools, ledger, approvals, held=held) for c in calls]
         for planned, _, _ in decided:  # the SDK re-checks is_enabled right before invoking
             tool = tools.get(planned.tool_name)
             if planned.disposition == "dispatch" and tool is not None and not tool.enabled:
@@ -209,6 +217,8 @@ def plan_turn(
                 raise _TurnFailed(text, planned.call_id)
     except _TurnFailed as failure:
         error, decided = failure.error, []
+    if routes:
+        decided = [(_routed(planned, routes), ok, applied) for planned, ok, applied in decided]
     plan = TurnPlan(
         tenant_id=event.tenant_id,
         run_id=event.run_id,
@@ -237,12 +247,22 @@ def plan_turn(
                 call.fingerprint,
                 key,
                 create=planned.call_id not in ledger,
-                pending_approval=planned.disposition == "interrupt",
+                # A held call is not asked for approval: once the run is no longer held it
+                # is planned as usual again.
+                pending_approval=planned.disposition == "interrupt" and planned.reason is None,
                 approval=applied.state if applied is not None else None,
                 approval_message=applied.message if applied is not None else None,
             )
         )
     return PlanResult(plan, dispatch, updates)
+
+
+def _routed(planned: PlannedCall, routes: Mapping[str, str]) -> PlannedCall:
+    """A dispatched call of a routed tool, naming the version its command must run."""
+    version = routes.get(planned.tool_name)
+    if planned.disposition != "dispatch" or version is None:
+        return planned
+    return planned.model_copy(update={"tool_version": version})
 
 
 def next_to_release(
@@ -313,11 +333,14 @@ def _plan_call(
     tools: Mapping[str, ToolSpec],
     ledger: Mapping[str, LedgerView],
     approvals: ApprovalView,
+    *,
+    held: Set[str],
 ) -> tuple[PlannedCall, bool, Decision | None]:
     """One call's disposition, whether its command is pre-approved, and the decision applied."""
     tool, entry = tools.get(call.key), ledger.get(call.item.call_id)
     disposition: Disposition = "dispatch"
     output: str | None = None
+    reason: str | None = None
     status: CallStatus | None = None
     effect: Effect | None = None
     approved, applied = False, None
@@ -333,6 +356,8 @@ def _plan_call(
         disposition, approved, applied = _partition(call, event, tool, entry, approvals)
         if disposition == "reject" and applied is not None:
             output, status, effect = applied.message, "rejected", "not_executed"
+        elif held and not approved and tool.effect_class != "read_only":
+            disposition, reason = "interrupt", held_reason(held)
     planned = PlannedCall(
         call_id=call.item.call_id,
         tool_name=call.key,
@@ -345,8 +370,19 @@ def _plan_call(
         effect=effect,
         effect_class=tool.effect_class if tool is not None else "non_idempotent",
         on_unknown=tool.on_unknown if tool is not None else "reconcile_then_report",
+        reason=reason,
     )
     return planned, approved, applied
+
+
+def held_reason(held: Set[str]) -> str:
+    """Why a held run's call waits: which calls' wrong effects are not compensated yet."""
+    calls = ", ".join(sorted(held))
+    return (
+        f"held for a human: call {calls} of this run had a wrong effect that is not "
+        "compensated yet; an operator approves this call, or it runs once the compensation "
+        "is resolved"
+    )
 
 
 def _partition(

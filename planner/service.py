@@ -27,6 +27,7 @@ from planner._planning import (
     PlanResult,
     plan_turn,
 )
+from planner._versions import choose_version, circuits_to_check
 from schemas import (
     ApprovalDecision,
     CallOutcome,
@@ -38,6 +39,7 @@ from schemas import (
     TurnConfig,
 )
 from toolfleet.bus import ConsumeLoop, KafkaBus, Record
+from toolfleet.circuit import CircuitBreaker
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger, LedgerEntry, NewCall
 from toolfleet.metrics import COMMANDS, PLAN_LATENCY
@@ -62,6 +64,9 @@ class Planner:
         self.keys = Keys.of(settings)
         self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
         self.tools = ToolDirectory(self.redis, self.keys)
+        self.circuits = CircuitBreaker(self.redis, settings)
+        self._routing: dict[str, str] = {}
+        """Lookup key -> why its calls go where they go, as last logged (logged on change)."""
         self.gate = Gate(self.redis, self.keys)
         self._loop: ConsumeLoop | None = None
 
@@ -110,10 +115,10 @@ class Planner:
         """Plan one model response, record it in the ledger, then publish plan and commands."""
         began = time.perf_counter()
         items = event.function_calls
-        tools = await self.tools.specs(needed=(_lookup(c.namespace, c.name) for c in items))
+        tools, routes = await self._routed([_lookup(c.namespace, c.name) for c in items])
         capped = event.config.max_concurrency is not None
-        fresh = None if event.resume or capped else await self._plan_fresh(event, tools)
-        result, issued = fresh or await self._plan_from_ledger(event, record, tools)
+        fresh = None if event.resume or capped else await self._plan_fresh(event, tools, routes)
+        result, issued = fresh or await self._plan_from_ledger(event, record, tools, routes)
         dispatches = {d.call.call_id: d for d in result.dispatch}
         # The ledger is written; plan and commands may now travel together (the aggregator
         # keeps outcomes that overtake their plan). All acks are awaited before the offset
@@ -210,16 +215,62 @@ class Planner:
             (per_call if kind == "call" else sticky)[name] = decision
         return ApprovalView(per_call=per_call, sticky=sticky)
 
+    async def _routed(self, needed: list[str]) -> tuple[dict[str, ToolSpec], dict[str, str]]:
+        """The spec each tool is planned with, and the versions dispatched calls must run.
+
+        A tool with several live versions, or a pin, goes where ``choose_version`` says (a
+        pin, else the newest healthy version: automatic rollback) and is planned with that
+        version's spec (its pool, effect class, approval). The circuits this needs are read
+        in one MGET, cached, and only for tools that have a choice to make: the common turn
+        costs no read beyond the cached directory.
+        """
+        catalog = await self.tools.catalog(needed)
+        choosing = [
+            key
+            for key in dict.fromkeys(needed)
+            if key in catalog.versions and (len(catalog.versions[key]) > 1 or key in catalog.pins)
+        ]
+        if not choosing:
+            return catalog.specs, {}
+        auto = self.settings.auto_rollback
+        refs = [
+            ref
+            for key in choosing
+            for ref in circuits_to_check(
+                key, catalog.versions[key], pin=catalog.pins.get(key), auto_rollback=auto
+            )
+        ]
+        open_refs = await self.circuits.open_among(refs) if refs else set()
+        specs, routes = catalog.specs, {}
+        for key in choosing:
+            live = catalog.versions[key]
+            choice = choose_version(
+                key, live, open_refs, pin=catalog.pins.get(key), auto_rollback=auto
+            )
+            if self._routing.get(key) != (why := choice.describe()):
+                self._routing[key] = why
+                log.info("tool routing", extra={"tool": key, "routing": why})
+            if choice.explicit:
+                if specs is catalog.specs:
+                    specs = dict(catalog.specs)  # the directory's cache is shared: copy once
+                specs[key], routes[key] = live[choice.version], choice.version
+        return specs, routes
+
     async def _plan_from_ledger(
-        self, event: ModelResponseEvent, record: Record, tools: Mapping[str, ToolSpec]
+        self,
+        event: ModelResponseEvent,
+        record: Record,
+        tools: Mapping[str, ToolSpec],
+        routes: Mapping[str, str],
     ) -> tuple[PlanResult, list[Issued]]:
         """Plan from what the ledger and the approval state hold, then record the plan; with
         each call dispatched now, its attempt and token (None when no command is due)."""
         items = event.function_calls
         # Both reads in one round trip.
-        entries, approvals = await asyncio.gather(
+        entries, approvals, held = await asyncio.gather(
             self.ledger.read(event.tenant_id, (c.call_id for c in items if c.call_id)),
             self._approvals(event.tenant_id, event.run_id),
+            self.redis.smembers(self.keys.held(event.tenant_id, event.run_id)),
         )
         # A resumed turn gets a newer plan epoch; the offset keeps it stable on redelivery.
         epoch = record.offset + 1 if event.resume else 0
@@ -230,6 +281,8 @@ class Planner:
             approvals=approvals,
             now=time.time(),
             epoch=epoch,
+            routes=routes,
+            held={text(m) for m in held},
         )
         if result.failed:
             return result, []
@@ -239,7 +292,7 @@ class Planner:
         return result, await self._record(event, result.ledger_updates, dispatch=now)
 
     async def _plan_fresh(
-        self, event: ModelResponseEvent, tools: Mapping[str, ToolSpec]
+        self, event: ModelResponseEvent, tools: Mapping[str, ToolSpec], routes: Mapping[str, str]
     ) -> tuple[PlanResult, list[Issued]] | None:
         """The plan of a turn whose calls are all new and dispatched at once, recorded in one
         round trip without reading the ledger first, with each dispatch's attempt and
@@ -247,11 +300,18 @@ class Planner:
         is not that simple, or when the ledger knows one of its calls or the run has
         approval decisions: then it is planned from what the ledger holds.
 
-        With no entry and no decision stored, planning from an empty ledger is exactly
-        planning from the stored state, and the script checks that before writing.
+        With no entry, no decision and no wrong-effect hold stored, planning from an empty
+        ledger is exactly planning from the stored state, and the script checks that before
+        writing.
         """
         result = plan_turn(
-            event, tools=tools, ledger={}, approvals=ApprovalView(), now=time.time(), epoch=0
+            event,
+            tools=tools,
+            ledger={},
+            approvals=ApprovalView(),
+            now=time.time(),
+            epoch=0,
+            routes=routes,
         )
         updates = result.ledger_updates
         simple = (
@@ -381,6 +441,7 @@ def _command(
         turn_id=turn_id,
         call_id=call.call_id,
         tool_name=call.tool_name,
+        tool_version=call.tool_version,
         arguments=call.arguments,
         index=call.index,
         pool=call.pool or "default",

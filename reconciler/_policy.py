@@ -1,8 +1,13 @@
-"""The failure table of DESIGN.md as a pure function: what to do next about one call.
+"""The recovery table as a pure function: what to do next about one call.
 
-- not_executed (no effect): retry only if replay-safe, same key, within an attempt limit;
-- unknown (maybe): probe by idempotency key; after the probe budget, a human task; never
-  re-submit blindly;
+What an outcome's effect is, and whether trying again can help, is ``toolfleet.effects``'s to
+say; this module decides what follows from it:
+
+- not_executed, transient (the request never left, HTTP 429, ``NotExecuted(retryable=True)``):
+  retried only if replay-safe, same key, backoff with jitter or Retry-After, attempt limit;
+- unknown (maybe): probe by idempotency key; an idempotent tool without a probe is
+  re-submitted with the same key (its upstream dedupes); after the probe budget, or without a
+  probe, a human task; never re-submitted blindly;
 - wrong_effect (yes): compensation after approval, linked in the audit chain; history is
   only appended.
 
@@ -15,9 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from schemas import EffectClass
-
-REPLAY_SAFE: frozenset[EffectClass] = frozenset({"read_only", "idempotent"})
-"""Effect classes whose calls may be submitted again with the same idempotency key."""
+from toolfleet.effects import REPLAY_SAFE, effect_for_class, fleet_retries, retry_delay
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class RecoveryPolicy:
     max_backoff_s: float = 10.0
     report_after_s: float = 30.0
     """How long a reconcile_then_report turn waits for a human before the model is told."""
+    retry_backoff_s: float = 0.2
+    """First backoff step of a transient retry; doubles per attempt, with jitter."""
 
 
 @dataclass(frozen=True)
@@ -67,13 +72,16 @@ class ResolveNotApplied:
     """The effect is not there and will not be retried: the call did not run."""
 
     reason: str
+    output: str | None = None
+    """What the model sees (the last attempt's own text); None: the standard failure text."""
 
 
 @dataclass(frozen=True)
 class Retry:
-    """Submit the call again, same idempotency key, as a new fenced attempt."""
+    """Submit the call again, same idempotency key, as a new fenced attempt, after a delay."""
 
     reason: str
+    delay_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -108,12 +116,56 @@ Resolution = Literal[
 
 
 def decide_unknown(case: CallCase, policy: RecoveryPolicy) -> Action:
-    """A call's effect became unknown (timeout, lost worker, broker error after start)."""
-    if case.effect_class == "read_only":
+    """A call's effect became unknown (a transport error or exception after start, a
+    timeout, a lost worker, a broker error after start)."""
+    if effect_for_class(case.effect_class, "unknown") == "not_executed":
         return _not_applied_or_retry(case, policy, "a read-only call cannot have applied")
-    if not case.has_probe:
-        return HandOver("effect unknown and the tool declares no probe")
-    return Probe(0.0)
+    if case.has_probe:
+        return Probe(0.0)
+    if case.effect_class == "idempotent":
+        if case.attempts < policy.max_attempts:
+            return Retry(
+                "effect unknown and no probe; the tool is idempotent: re-submitted with the "
+                "same idempotency key, which its upstream dedupes"
+            )
+        return HandOver(
+            f"effect still unknown after {case.attempts} attempts of an idempotent tool "
+            "without a probe"
+        )
+    return HandOver("effect unknown and the tool declares no probe")
+
+
+def decide_transient(
+    case: CallCase,
+    policy: RecoveryPolicy,
+    *,
+    output: str | None,
+    retry_after_s: float | None,
+    jitter: float,
+) -> Action:
+    """An attempt proved not executed, and trying again can help (the worker left it
+    unresolved for the fleet's retry). ``jitter`` is a random number in [0, 1)."""
+    if fleet_retries(
+        "not_executed",
+        "transient",
+        case.effect_class,
+        attempt=case.attempts,
+        max_attempts=policy.max_attempts,
+        retry_after_s=retry_after_s,
+    ):
+        delay = retry_delay(
+            case.attempts, retry_after_s, base_s=policy.retry_backoff_s,
+            cap_s=policy.max_backoff_s, jitter=jitter,
+        )  # fmt: skip
+        return Retry(
+            f"attempt {case.attempts} not executed (transient); replay-safe "
+            f"({case.effect_class}), same idempotency key",
+            delay,
+        )
+    return ResolveNotApplied(
+        f"not executed (transient), and no attempt is left of {policy.max_attempts}",
+        output=output,
+    )
 
 
 def decide_probe(
@@ -132,6 +184,11 @@ def decide_probe(
         return Probe(delay)
     why = f"; last answer: {detail}" if detail else ""
     return HandOver(f"effect still unknown after {case.probes} probes{why}")
+
+
+def decide_wrong_effect(case: CallCase, found_by: str) -> Action:
+    """Something other than a probe (an output guardrail) found the call's effect wrong."""
+    return _wrong_effect(case, f"{found_by} found the effect wrong")
 
 
 def decide_resolution(case: CallCase, resolution: Resolution, output: str | None) -> Action:

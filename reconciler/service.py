@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
 
 from redis.asyncio import Redis
@@ -29,7 +30,9 @@ from reconciler._policy import (
     Retry,
     decide_probe,
     decide_resolution,
+    decide_transient,
     decide_unknown,
+    decide_wrong_effect,
 )
 from schemas import (
     CallOutcome,
@@ -39,6 +42,7 @@ from schemas import (
     ToolSpec,
 )
 from toolfleet.bus import ConsumeLoop, KafkaBus, Record
+from toolfleet.effects import probe_answer
 from toolfleet.errors import ToolfleetError
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger, LedgerEntry, NewCall, lease_member
@@ -80,7 +84,10 @@ return redis.call('HINCRBY', KEYS[1], 'probes', 1)
 """
 
 
-_MINE = (b'"effect":"unknown"', b'"kind":"probe"', b'"kind":"compensate"')
+_MINE = (
+    b'"effect":"unknown"', b'"effect":"wrong_effect"', b'"retry":"transient"',
+    b'"kind":"probe"', b'"kind":"compensate"',
+)  # fmt: skip
 """How the outcomes the reconciler acts on read on the wire (compact JSON, Message.encode)."""
 
 
@@ -157,19 +164,32 @@ class Reconciler:
 
     # --- inputs -----------------------------------------------------------------------------
     async def on_outcome(self, outcome: CallOutcome) -> None:
-        """Start reconciling an unknown effect, or take a probe's or compensation's answer."""
+        """Start reconciling an unknown or wrong effect or a transient failure the fleet
+        retries, or take a probe's or compensation's answer."""
         if outcome.kind == "probe":
             await self._on_probe(outcome)
         elif outcome.kind == "compensate":
             await self._on_compensated(outcome)
-        elif outcome.effect == "unknown" and outcome.source != "human":
+        elif outcome.source == "human" or (outcome.resolved and outcome.effect != "unknown"):
+            return
+        elif outcome.effect in ("unknown", "wrong_effect") or outcome.retry == "transient":
             claimed = await self._claim(
                 keys=[self.keys.recon(outcome.tenant_id, outcome.call_id)],
                 args=[outcome.fencing_token],
             )
-            if claimed:
-                case, _entry, _spec = await self._case(outcome.tenant_id, outcome.call_id)
+            if not claimed:
+                return
+            case, _entry, _spec = await self._case(outcome.tenant_id, outcome.call_id)
+            if outcome.effect == "unknown":
                 await self._act(outcome, decide_unknown(case, self.policy))
+            elif outcome.effect == "wrong_effect":
+                await self._act(outcome, decide_wrong_effect(case, "an output guardrail"))
+            else:
+                action = decide_transient(
+                    case, self.policy, output=outcome.output,
+                    retry_after_s=outcome.retry_after_s, jitter=random.random(),
+                )  # fmt: skip
+                await self._act(outcome, action)
 
     async def on_resolution(self, resolution: TaskResolution) -> None:
         """An operator's answer: resolve the call, or run / refuse its compensation."""
@@ -199,16 +219,13 @@ class Reconciler:
         probes = await self._take_probe(keys=[self.keys.recon(answer.tenant_id, answer.call_id)])
         if int(probes) < 0:
             return  # a duplicate answer, or one for a reconciliation that moved on
-        answers = {
-            "applied": "applied", "not_executed": "not_applied", "wrong_effect": "wrong_effect",
-        }  # fmt: skip
-        state = answers.get(answer.effect, "unknown")
+        state = probe_answer(answer.effect)
         detail = answer.error.message if answer.error else None
         await self.ledger.append_audit(
             answer.tenant_id, answer.call_id, "probe", answer=state, detail=detail
         )
         case, entry, _spec = await self._case(answer.tenant_id, answer.call_id)
-        action = decide_probe(case, state, answer.output, detail, self.policy)  # type: ignore[arg-type]
+        action = decide_probe(case, state, answer.output, detail, self.policy)
         await self._act(self._latest(entry), action)
 
     async def _on_compensated(self, answer: CallOutcome) -> None:
@@ -227,6 +244,7 @@ class Reconciler:
         await self.ledger.resolve(
             compensated, "compensated", compensation=answer.call_id, output=answer.output
         )
+        await self.redis.srem(self.keys.held(tenant, entry.run_id), original_id)
         # A turn still waiting for this call learns what happened; a reported one ignores it.
         told = compensated.model_copy(
             update={"resolved": True, "output": COMPENSATED.format(name=entry.tool_name)}
@@ -255,9 +273,12 @@ class Reconciler:
             )  # fmt: skip
         elif isinstance(action, ResolveNotApplied):
             await self._resolve(
-                about, status="failed", effect="not_executed", output=DEFAULT_ERROR,
-                source=source, why=action.reason,
+                about, status="failed", effect="not_executed",
+                output=action.output or DEFAULT_ERROR, source=source, why=action.reason,
             )  # fmt: skip
+        elif isinstance(action, Retry) and action.delay_s > 0:
+            due = {"tenant": tenant, "call_id": call_id, "do": "retry", "why": action.reason}
+            await self.redis.zadd(self.keys.due, {json.dumps(due): time.time() + action.delay_s})
         elif isinstance(action, Retry):
             await self._retry(tenant, call_id, action.reason)
         elif isinstance(action, HandOver):
@@ -269,9 +290,12 @@ class Reconciler:
             await self._send_compensation(tenant, call_id)
 
     async def _record_wrong_effect(self, about: CallOutcome) -> None:
-        """The ledger keeps what was wrong; the compensation will be linked to it."""
+        """The ledger keeps what was wrong; the compensation will be linked to it. Until it
+        is compensated, the run's later side-effecting calls wait for a human (planner)."""
         wrong = about.model_copy(update={"effect": "wrong_effect", "source": "reconciler"})
         await self.ledger.resolve(wrong, "wrong_effect", output=about.output)
+        held = self.keys.held(about.tenant_id, about.run_id)
+        await self.redis.sadd(held, about.call_id)
 
     async def _send_probe(self, tenant: str, call_id: str) -> None:
         entry = (await self.ledger.read(tenant, [call_id])).get(call_id)
@@ -326,6 +350,7 @@ class Reconciler:
             update={
                 "kind": "execute", "status": status, "effect": effect, "output": output,
                 "resolved": True, "source": source, "error": None, "finished_at": time.time(),
+                "retry": None, "retry_after_s": None,
             }
         )  # fmt: skip
         await self.ledger.resolve(resolved, f"resolved_{effect}", reason=why, by=source)
@@ -392,6 +417,8 @@ class Reconciler:
             due = json.loads(raw)
             if due["do"] == "probe":
                 await self._send_probe(due["tenant"], due["call_id"])
+            elif due["do"] == "retry":
+                await self._retry(due["tenant"], due["call_id"], due["why"])
             else:
                 await self._report_unknown(due["tenant"], due["call_id"])
         for tenant, call_id in await self.ledger.expired_leases(time.time()):
@@ -453,5 +480,6 @@ def _command(
         idempotency_key=entry.idempotency_key,
         fingerprint=entry.fingerprint,
         approved=True,
+        upstream_ref=entry.upstream_ref,
         issued_at=time.time(),
     )

@@ -20,6 +20,9 @@ Effect = Literal["not_executed", "applied", "unknown", "wrong_effect", "compensa
 EffectClass = Literal["read_only", "idempotent", "non_idempotent", "irreversible"]
 """What a tool's side effect allows: replay-safe (read_only, idempotent) or not."""
 
+RetryHint = Literal["transient", "permanent"]
+"""Whether trying a not-executed call again can help (see toolfleet.effects)."""
+
 ErrorSeverity = Literal["cancellation", "error", "base_exception"]
 """Rank of a failure for the deterministic failure choice: base_exception > error > cancellation."""
 
@@ -44,6 +47,12 @@ class PlannedCall(WireModel):
     arguments: str
     disposition: Disposition
     pool: str | None = Field(default=None, description="Worker pool of a dispatched call.")
+    tool_version: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The version a dispatched call was routed to (an operator's pin or an "
+        "automatic rollback); None: the newest version the worker serves.",
+    )
     output: str | None = Field(
         default=None, description="Output already decided (reuse, reject, not_found)."
     )
@@ -51,6 +60,9 @@ class PlannedCall(WireModel):
     effect: Effect | None = Field(default=None, description="Set when already decided.")
     effect_class: EffectClass = "non_idempotent"
     on_unknown: Literal["report_now", "reconcile_then_report"] = "reconcile_then_report"
+    reason: str | None = Field(
+        default=None, description="Why an interrupted call waits (a held run, say)."
+    )
 
 
 class TurnError(WireModel):
@@ -87,6 +99,12 @@ class ExecutionCommand(Message):
     call_id: str = Field(min_length=1)
     kind: Literal["execute", "probe", "compensate"] = "execute"
     tool_name: str = Field(min_length=1)
+    tool_version: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Run this version of the tool (a worker that does not serve it answers "
+        "not_executed); None: the newest version the worker serves.",
+    )
     arguments: str
     index: int = Field(ge=0)
     pool: str = Field(min_length=1)
@@ -106,6 +124,10 @@ class ExecutionCommand(Message):
     capped: bool = Field(
         default=False,
         description="The turn has max_concurrency: its outcome frees a slot at the planner.",
+    )
+    upstream_ref: str | None = Field(
+        default=None,
+        description="For probe and compensate: the upstream's own id the call recorded.",
     )
     issued_at: float
 
@@ -131,7 +153,15 @@ class CallOutcome(Message):
     )
     resolved: bool = Field(
         default=True,
-        description="False while the reconciler still has to resolve an unknown effect.",
+        description="False while the reconciler still has to resolve an unknown effect, or "
+        "the fleet will retry a not-executed call.",
+    )
+    retry: RetryHint | None = Field(
+        default=None,
+        description="For not_executed: whether trying again can help (transient) or not.",
+    )
+    retry_after_s: float | None = Field(
+        default=None, ge=0, description="The upstream's Retry-After, when it gave one."
     )
     source: Literal["executor", "reconciler", "human", "planner"] = "executor"
     capped: bool = Field(
@@ -222,6 +252,20 @@ class ToolSpec(WireModel):
     enabled: bool = True
     has_probe: bool = False
     has_compensate: bool = False
+    effect_declared: bool = Field(
+        default=True,
+        description="False for an Agents SDK tool served unchanged whose effect class nobody "
+        "declared (it keeps the SDK's behaviour: no release gate).",
+    )
+    sdk_tool: bool = Field(default=False, description="Served unchanged from the Agents SDK.")
+    unattended_reason: str | None = Field(
+        default=None, description="Why the tool runs without approval and without a probe."
+    )
+    definite_errors: list[str] = Field(
+        default_factory=list,
+        description="Exception types the tool declares definite failures (not executed).",
+    )
+    has_classify: bool = Field(default=False, description="The tool maps its own exceptions.")
 
     @property
     def lookup_key(self) -> str:

@@ -24,6 +24,11 @@ class Interruption(WireModel):
     call_id: str
     tool_name: str
     arguments: str
+    reason: str | None = Field(
+        default=None,
+        description="Why the call waits when it is more than its approval policy: a run held "
+        "after a wrong effect, say.",
+    )
 
 
 class CallRecord(WireModel):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -150,6 +151,26 @@ class CircuitBreaker:
         self._cache.pop(ref, None)
         CIRCUIT_OPEN.labels(ref).set(0)
         return bool(removed)
+
+    async def open_among(self, refs: Iterable[str]) -> set[str]:
+        """Which of ``refs`` have an open circuit (half-open ones count as open).
+
+        The planner asks on every turn that has versions to choose between: states are
+        cached like ``check``'s, and those not cached are read in one MGET (``open_circuits``
+        scans the whole keyspace, far too slow for that path).
+        """
+        now = time.time()
+        wanted = list(dict.fromkeys(refs))
+        stale = [
+            ref
+            for ref in wanted
+            if (cached := self._cache.get(ref)) is None or now - cached[0] >= self.cache_s
+        ]
+        if stale:
+            raw = await self.redis.mget([self.keys.circuit("state", ref) for ref in stale])
+            for ref, state in zip(stale, raw, strict=True):
+                self._cache[ref] = (now, json.loads(state) if state else None)
+        return {ref for ref in wanted if self._cache[ref][1] is not None}
 
     async def open_circuits(self) -> dict[str, dict[str, float]]:
         """Every open circuit and its state."""

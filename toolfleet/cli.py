@@ -54,6 +54,7 @@ def reconciler() -> None:
         probe_budget=settings.recovery_probe_budget,
         probe_backoff_s=settings.recovery_probe_backoff_s,
         report_after_s=settings.recovery_report_after_s,
+        retry_backoff_s=settings.recovery_retry_backoff_s,
     )
     run_service("reconciler", settings, lambda: Reconciler(settings, policy))
 

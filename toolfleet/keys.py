@@ -58,6 +58,11 @@ class Keys:
         """Set: the capped turns of a run."""
         return self._tenant(tenant_id, "gates", run_id)
 
+    def held(self, tenant_id: str, run_id: str) -> str:
+        """Set: the run's calls with a wrong effect not yet compensated; while it has members,
+        the run's later side-effecting calls wait for a human."""
+        return self._tenant(tenant_id, "held", run_id)
+
     # aggregator
     def turn(self, tenant_id: str, run_id: str, turn_id: int) -> str:
         """Hash: one turn's aggregation state, a field per outcome (aggregator/_store.py)."""
@@ -89,8 +94,17 @@ class Keys:
     # fleet-wide
     @property
     def tools(self) -> str:
-        """Hash: the tool registry, lookup key -> ToolSpec."""
+        """Hash: the tool registry, lookup key -> ToolSpec of its newest live version."""
         return f"{self.namespace}:tools"
+
+    def tool_versions(self, lookup_key: str) -> str:
+        """Hash: the live (served) versions of one tool, version -> ToolSpec."""
+        return f"{self.namespace}:tools:versions:{lookup_key}"
+
+    @property
+    def tool_pins(self) -> str:
+        """Hash: lookup key -> the version an operator pinned new calls to."""
+        return f"{self.namespace}:tools:pins"
 
     def semaphore(self, scope: str, name: str) -> str:
         """Sorted set: holders of one fleet-wide semaphore."""

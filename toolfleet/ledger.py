@@ -16,6 +16,7 @@ archives it: that history is what the failure table forbids deleting.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Iterable, Mapping
@@ -24,7 +25,7 @@ from typing import Any, Literal
 
 from redis.asyncio import Redis
 
-from schemas import CallOutcome
+from schemas import CallOutcome, ExecutionCommand
 from toolfleet.keys import Keys
 from toolfleet.redis import HashFields, text
 from toolfleet.settings import LEDGER_RETENTION_S
@@ -77,6 +78,13 @@ class LedgerEntry:
     pending_approval: bool
     lease_until: float
     worker_id: str | None
+    upstream_ref: str | None = None
+    """The upstream's own id for what the call did (ticket T-9), as the tool recorded it."""
+
+    @property
+    def arguments_digest(self) -> str:
+        """sha256 of the raw arguments: names what was asked without printing its values."""
+        return hashlib.sha256(self.arguments.encode()).hexdigest()
 
     @classmethod
     def from_hash(cls, tenant_id: str, call_id: str, raw: Mapping[bytes, bytes]) -> LedgerEntry:
@@ -103,6 +111,7 @@ class LedgerEntry:
             pending_approval=h.get("pending_approval") == "1",
             lease_until=float(h.get("lease_until", "0")),
             worker_id=h.get("worker_id") or None,
+            upstream_ref=h.get("upstream_ref") or None,
         )
 
 
@@ -120,6 +129,10 @@ local function plain_events(call)
   if h[6] then
     events[#events + 1] = cjson.encode({event='started', worker=h[7],
       fencing_token=tonumber(h[4]), at=tonumber(h[6])})
+  end
+  local ref = redis.call('HMGET', call, 'upstream_ref', 'upstream_ref_at')
+  if ref[1] and ref[2] then
+    events[#events + 1] = cjson.encode({event='upstream_ref', ref=ref[1], at=tonumber(ref[2])})
   end
   if h[8] and h[9] then
     local o = cjson.decode(h[9])
@@ -218,10 +231,10 @@ return issue(KEYS[1], KEYS[2], h, false, tonumber(ARGV[7]), 'planned')
 """
 )
 
-# A turn whose calls are all new, in one script: KEYS are the run's approval state, then
-# each call's entry and audit chain; ARGV: now, then the 8 fields of each call. Records and
-# dispatches every call (attempt 1, token 1 each) only if none of those keys exists;
-# returns the number of calls dispatched, 0 when it wrote nothing.
+# A turn whose calls are all new, in one script: KEYS are the run's approval state and its
+# wrong-effect hold, then each call's entry and audit chain; ARGV: now, then the 8 fields of
+# each call. Records and dispatches every call (attempt 1, token 1 each) only if none of
+# those keys exists; returns the number of calls dispatched, 0 when it wrote nothing.
 _CREATE_FRESH = (
     _ISSUE
     + """
@@ -229,13 +242,13 @@ for i = 1, #KEYS, 1000 do  -- in chunks: Lua's unpack takes at most ~8,000 value
   if redis.call('EXISTS', unpack(KEYS, i, math.min(i + 999, #KEYS))) > 0 then return 0 end
 end
 local now = tonumber(ARGV[1])
-for i = 2, #KEYS, 2 do
-  local a = (i / 2 - 1) * 8 + 1
+for i = 3, #KEYS, 2 do
+  local a = (i - 3) / 2 * 8 + 1
   local h = plan(KEYS[i], ARGV[1], {ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
     ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]})
   issue(KEYS[i], KEYS[i + 1], h, false, now, 'planned')
 end
-return (#KEYS - 1) / 2
+return (#KEYS - 2) / 2
 """
 )
 
@@ -272,6 +285,21 @@ if h[5] then
     fencing_token=token, at=now}))
 end
 return {'run', ''}
+"""
+
+# The running attempt recorded the upstream's id for what it did. ARGV: token, ref.
+# Returns 0 when the attempt is no longer the current one (fenced off).
+_UPSTREAM_REF = """
+local h = redis.call('HMGET', KEYS[1], 'state', 'fencing_token', 'keep')
+if h[1] ~= 'started' or tonumber(h[2]) ~= tonumber(ARGV[1]) then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+redis.call('HSET', KEYS[1], 'upstream_ref', ARGV[2], 'upstream_ref_at', now)
+if h[3] then
+  redis.call('RPUSH', KEYS[2], cjson.encode({event='upstream_ref', ref=ARGV[2],
+    fencing_token=tonumber(ARGV[1]), at=now}))
+end
+return 1
 """
 
 # ARGV: token, worker, lease_s
@@ -384,6 +412,7 @@ class Ledger:
         self._dispatch = redis.register_script(_DISPATCH)
         self._begin = redis.register_script(_BEGIN)
         self._renew = redis.register_script(_RENEW)
+        self._upstream_ref = redis.register_script(_UPSTREAM_REF)
         self._finish = redis.register_script(_FINISH)
         self._settle = redis.register_script(_SETTLE)
         self._resolve = redis.register_script(_RESOLVE)
@@ -453,10 +482,11 @@ class Ledger:
         self, tenant_id: str, run_id: str, calls: list[NewCall]
     ) -> list[tuple[int, int]] | None:
         """Record and dispatch ``calls`` in one script, only if none of them has an entry or
-        an audit chain yet and the run has no approval decisions: (attempt, fencing token)
+        an audit chain yet and the run has no approval decisions and no wrong-effect hold:
+        (attempt, fencing token)
         per call, as ``create`` returns them; None when it wrote nothing (the caller then
         reads the ledger and plans as usual)."""
-        keys = [self.keys.approvals(tenant_id, run_id)]
+        keys = [self.keys.approvals(tenant_id, run_id), self.keys.held(tenant_id, run_id)]
         args: list[Any] = [time.time()]
         for c in calls:
             keys += [self.keys.call(tenant_id, c.call_id), self.keys.audit(tenant_id, c.call_id)]
@@ -522,6 +552,19 @@ class Ledger:
             await self._renew(
                 keys=[self.keys.call(tenant_id, call_id), self.keys.leases],
                 args=[token, worker_id, lease_s, lease_member(tenant_id, call_id)],
+            )
+        )
+
+    async def record_upstream_ref(self, command: ExecutionCommand, ref: str) -> bool:
+        """Store the upstream reference the running attempt of ``command`` recorded (durable
+        before it returns); False when that attempt was fenced off meanwhile."""
+        return bool(
+            await self._upstream_ref(
+                keys=[
+                    self.keys.call(command.tenant_id, command.call_id),
+                    self.keys.audit(command.tenant_id, command.call_id),
+                ],
+                args=[command.fencing_token, ref],
             )
         )
 

@@ -11,16 +11,23 @@ from typing import Any, TypeVar
 import click
 from redis.asyncio import Redis
 
-from reconciler._policy import REPLAY_SAFE
 from schemas import TaskResolution, ToolSpec
 from toolfleet.bus import KafkaBus
-from toolfleet.circuit import CircuitBreaker
+from toolfleet.circuit import CircuitBreaker, version_ref
+from toolfleet.effects import Budgets, attendance, needs_review, review_rows
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
 from toolfleet.redis import connect_redis
-from toolfleet.registry import ToolDirectory
+from toolfleet.registry import (
+    ToolDirectory,
+    live_versions,
+    pin_version,
+    pinned_version,
+    unpin_version,
+)
 from toolfleet.settings import Settings
 from toolfleet.tasks import TaskStore
+from toolfleet.versions import version_order
 
 T = TypeVar("T")
 
@@ -123,6 +130,7 @@ def inspect_call(call_id: str, tenant: str) -> None:
         fields: dict[str, Any] = {
             k: v for k, v in vars(entry).items() if k not in ("outcome", "arguments")
         }
+        fields["arguments_digest"] = entry.arguments_digest
         click.echo(json.dumps(fields, indent=2, default=str))
         if entry.outcome is not None:
             click.echo("outcome: " + entry.outcome.model_dump_json(exclude_none=True))
@@ -148,19 +156,67 @@ def describe_tool(name: str) -> None:
         spec = (await ToolDirectory(redis, Keys.of(settings)).specs(needed=[name])).get(name)
         if spec is None:
             raise click.ClickException(f"no tool {name} in the registry; is its pool running?")
-        click.echo(
-            f"{spec.lookup_key}@{spec.version}  pool={spec.pool}  effect={spec.effect_class}  "
-            f"needs_approval={spec.needs_approval}  on_unknown={spec.on_unknown}  "
-            f"probe={'yes' if spec.has_probe else 'no'}  "
-            f"compensate={'yes' if spec.has_compensate else 'no'}"
-        )
-        rows = failure_table(spec, settings)
-        width = [max(len(r[i]) for r in rows) for i in range(3)]
-        for row in rows:
-            click.echo("  ".join(cell.ljust(width[i]) for i, cell in enumerate(row[:3])) + "  "
-                       + row[3])  # fmt: skip
+        _print_review(spec, settings)
 
     _with_redis(work)
+
+
+@tools.command("review")
+def review_tools() -> None:
+    """The review material of every served tool; exits 1 if one runs unattended without a
+    probe and without a recorded reason."""
+
+    async def work(redis: Redis, settings: Settings) -> list[str]:
+        specs = await ToolDirectory(redis, Keys.of(settings)).specs()
+        flagged = []
+        for spec in sorted(specs.values(), key=lambda s: s.lookup_key):
+            _print_review(spec, settings)
+            click.echo("")
+            if needs_review(spec):
+                flagged.append(spec.lookup_key)
+        return flagged
+
+    flagged = _with_redis(work)
+    if flagged:
+        click.echo(
+            f"{len(flagged)} tool(s) run unattended without a probe: {', '.join(flagged)}. "
+            "Declare a probe, require approval, or record why with unattended='...'.",
+            err=True,
+        )
+        raise SystemExit(1)
+
+
+def _print_review(spec: ToolSpec, settings: Settings) -> None:
+    unattended, why = attendance(spec)
+    definite = ", ".join(spec.definite_errors) or "none"
+    click.echo(
+        f"{spec.lookup_key}@{spec.version}  pool={spec.pool}  effect={spec.effect_class}"
+        f"{'' if spec.effect_declared else ' (undeclared)'}  "
+        f"needs_approval={spec.needs_approval}  on_unknown={spec.on_unknown}  "
+        f"probe={'yes' if spec.has_probe else 'no'}  "
+        f"compensate={'yes' if spec.has_compensate else 'no'}"
+    )
+    click.echo(f"  runs unattended: {'yes' if unattended else 'no'} ({why})")
+    click.echo(
+        f"  definite errors: {definite}; classify hook: {'yes' if spec.has_classify else 'no'}"
+    )
+    rows = [("signal", "effect", "may have applied", "first action", "forbidden",
+             "human takes over")]  # fmt: skip
+    rows += [
+        (r.signal, r.effect, r.may_have_applied, r.first_action, r.forbidden, r.human)
+        for r in review_rows(spec, _budgets(settings))
+    ]
+    for row in rows:
+        click.echo("  " + " | ".join(row))
+
+
+def _budgets(settings: Settings) -> Budgets:
+    return Budgets(
+        max_attempts=settings.recovery_max_attempts,
+        probe_budget=settings.recovery_probe_budget,
+        circuit_error_rate=settings.circuit_error_rate,
+        circuit_window_s=settings.circuit_window_s,
+    )
 
 
 @tools.command("resume")
@@ -187,39 +243,97 @@ def list_circuits() -> None:
     _with_redis(work)
 
 
-def failure_table(spec: ToolSpec, settings: Settings) -> list[tuple[str, str, str, str]]:
-    """(signal, may have applied, recovery action, human takeover point) for one tool."""
-    safe = spec.effect_class in REPLAY_SAFE
-    retry = (
-        f"retry, same idempotency key, up to {settings.recovery_max_attempts} attempts"
-        if safe
-        else "none automatic (not replay-safe)"
-    )
-    if spec.effect_class == "read_only":
-        unknown_action, unknown_human = "treated as not applied; " + retry, "never"
-    elif spec.has_probe:
-        unknown_action = (
-            f"probe by idempotency key (up to {settings.recovery_probe_budget} probes): "
-            f"applied -> resolved; not applied -> {retry}"
+@tools.command("versions")
+@click.argument("name")
+def list_versions(name: str) -> None:
+    """A tool's live versions, which one new calls go to and why, its pin and circuits."""
+
+    async def work(redis: Redis, settings: Settings) -> None:
+        from planner._versions import choose_version
+
+        keys = Keys.of(settings)
+        live = await _live_or_fail(redis, keys, name)
+        pin = await pinned_version(redis, keys, name)
+        circuits = await _circuit_states(redis, keys, [version_ref(name, v) for v in live])
+        opened = {ref for ref, state in circuits.items() if state is not None}
+        auto = settings.auto_rollback
+        choice = choose_version(name, live, opened, pin=pin, auto_rollback=auto)
+        click.echo(f"new calls: {choice.describe()}")
+        click.echo(f"pin: {pin or 'none'}  automatic rollback: {'on' if auto else 'off'}")
+        for version in reversed(version_order(live)):
+            spec, state = live[version], circuits[version_ref(name, version)]
+            circuit = (
+                f"open ({state['failed']:.0f} of {state['calls']:.0f} calls failed)"
+                if state is not None
+                else "closed"
+            )
+            marker = "  <- new calls" if version == choice.version else ""
+            click.echo(
+                f"  {version_ref(name, version)}  pool={spec.pool}  effect={spec.effect_class}  "
+                f"circuit={circuit}{marker}"
+            )
+
+    _with_redis(work)
+
+
+@tools.command("rollback")
+@click.argument("name")
+@click.option("--to", "version", required=True, help="A live version of NAME.")
+def rollback_tool(name: str, version: str) -> None:
+    """Send new calls of NAME to an earlier VERSION (a pin, until `toolfleet tools unpin`).
+
+    Calls the failing version made stay on its circuit's human task until reconciled.
+    """
+    _with_redis(lambda redis, settings: _pin(redis, settings, name, version))
+
+
+@tools.command("pin")
+@click.argument("name")
+@click.argument("version")
+def pin_tool(name: str, version: str) -> None:
+    """Send every new call of NAME to VERSION, whatever its circuit says, until unpinned."""
+    _with_redis(lambda redis, settings: _pin(redis, settings, name, version))
+
+
+@tools.command("unpin")
+@click.argument("name")
+def unpin_tool(name: str) -> None:
+    """Drop NAME's pin: new calls go to the newest healthy live version again."""
+
+    async def work(redis: Redis, settings: Settings) -> None:
+        unpinned = await unpin_version(redis, Keys.of(settings), name)
+        click.echo(f"{name}: {'unpinned' if unpinned else 'was not pinned'}")
+
+    _with_redis(work)
+
+
+async def _pin(redis: Redis, settings: Settings, name: str, version: str) -> None:
+    """Pin ``name`` to a live ``version``; the ledger and human tasks are left as they are."""
+    keys = Keys.of(settings)
+    live = await _live_or_fail(redis, keys, name)
+    if version not in live:
+        versions = ", ".join(version_order(live))
+        raise click.ClickException(
+            f"{version_ref(name, version)} is not live; live versions of {name}: {versions}"
         )
-        unknown_human = "probe budget spent, or not applied and not replay-safe"
-    else:
-        unknown_action, unknown_human = "no probe declared", "at once"
-    compensation = (
-        "compensate after approval, linked in the audit chain"
-        if spec.has_compensate
-        else "no compensate action declared"
+    await pin_version(redis, keys, name, version)
+    click.echo(
+        f"{name}: new calls go to {version_ref(name, version)} (pinned; planners pick it up "
+        "within seconds). Open circuit tasks stay open until their calls are reconciled."
     )
-    maybe = "no" if spec.effect_class == "read_only" else "maybe"
-    return [
-        ("signal", "may have applied", "recovery", "human takes over"),
-        ("invalid arguments / guardrail / approval rejected", "no", "none (model is told)",
-         "never"),
-        ("tool raised an error", "no", "none (model is told)", "never"),
-        ("timeout", maybe, unknown_action, unknown_human),
-        ("worker lost (lease expired)", maybe, unknown_action, unknown_human),
-        ("broker error after start", maybe, unknown_action, unknown_human),
-        ("wrong effect (operator)", "yes", compensation, "approval of the compensation"),
-        (f"error rate >= {settings.circuit_error_rate:.0%} over {settings.circuit_window_s:g} s",
-         "-", "circuit opens: later calls not executed", "task lists the calls to reconcile"),
-    ]  # fmt: skip
+
+
+async def _live_or_fail(redis: Redis, keys: Keys, name: str) -> dict[str, ToolSpec]:
+    live = await live_versions(redis, keys, name)
+    if not live:
+        raise click.ClickException(f"no tool {name} in the registry; is its pool running?")
+    return live
+
+
+async def _circuit_states(
+    redis: Redis, keys: Keys, refs: list[str]
+) -> dict[str, dict[str, float] | None]:
+    """Each ref's circuit state (None: closed), read without touching half-open trials
+    (``CircuitBreaker.check`` may claim one)."""
+    raw = await redis.mget([keys.circuit("state", ref) for ref in refs])
+    return {ref: json.loads(state) if state else None for ref, state in zip(refs, raw, strict=True)}

@@ -6,6 +6,7 @@ import time
 from typing import Literal
 
 from schemas import CallError, CallOutcome, ExecutionCommand, ToolSpec
+from toolfleet.effects import effect_for_class
 from toolfleet.texts import unknown_outcome_text
 
 
@@ -37,12 +38,12 @@ def lost(
 
     A read-only tool cannot have applied anything; every other tool's effect is unknown.
     """
-    read_only = spec is not None and spec.effect_class == "read_only"
+    effect = effect_for_class(spec.effect_class if spec else "non_idempotent", "unknown")
     return CallOutcome(
         **identity(command, worker_id),
         status="failed",
-        effect="not_executed" if read_only else "unknown",
-        resolved=read_only or (spec is not None and spec.on_unknown == "report_now"),
+        effect=effect,
+        resolved=effect != "unknown" or (spec is not None and spec.on_unknown == "report_now"),
         output=unknown_outcome_text(spec) if spec else None,
         error=CallError(
             type="WorkerLost",

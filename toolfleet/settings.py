@@ -72,6 +72,12 @@ class Settings(BaseSettings):
     recovery_probe_budget: int = Field(default=4, ge=1)
     recovery_probe_backoff_s: float = Field(default=0.5, gt=0)
     recovery_report_after_s: float = Field(default=30.0, ge=0)
+    recovery_retry_backoff_s: float = Field(
+        default=0.2,
+        gt=0,
+        description="First backoff step of the fleet's retry of a transient not-executed call "
+        "(doubles per attempt, with jitter; an upstream's Retry-After replaces it)",
+    )
 
     # Circuit breaker per tool version (see toolfleet/circuit.py).
     circuit_window_s: float = Field(default=60.0, gt=0)
@@ -80,6 +86,11 @@ class Settings(BaseSettings):
     circuit_cache_s: float = Field(default=1.0, ge=0, description="How long workers cache it")
     circuit_half_open_after_s: float | None = Field(
         default=None, description="Let one call through after this long; None: operator only"
+    )
+    auto_rollback: bool = Field(
+        default=True,
+        description="When a tool version's circuit opens and an earlier live version of the "
+        "same tool is healthy, the planner routes new calls to that one (planner/_versions.py)",
     )
 
     # Local infrastructure (toolfleet infra up).

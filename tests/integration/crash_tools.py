@@ -41,7 +41,10 @@ def in_flight_keys(scope: str) -> tuple[str, str]:
     return f"test:inflight:{scope}", f"test:peak:{scope}"
 
 
-@tools.tool(effect="non_idempotent", timeout=60, on_unknown="report_now")
+@tools.tool(
+    effect="non_idempotent", timeout=60, on_unknown="report_now",
+    unattended="a test counter: the crash tests count its effects themselves",
+)  # fmt: skip
 async def charge(ctx: ToolContext, amount: int, hold_ms: int = 0) -> str:
     """Records who holds the call, holds it, then applies its one side effect."""
     _redis().set(holder_key(ctx.call_id), ctx.worker_id or "")

@@ -47,7 +47,9 @@ async def sleep_then_echo(ctx: ToolContext, text: str, ms: int = 0) -> str:
     return text
 
 
-@tools.tool(effect="non_idempotent", timeout=60)
+@tools.tool(
+    effect="non_idempotent", timeout=60, unattended="a test counter: the tests check its effects"
+)
 async def charge(ctx: ToolContext, amount: int, hold_ms: int = 0) -> str:
     """Counts a side effect, then holds the call open for ``hold_ms``."""
     _redis().set(starts_key(ctx.call_id), ctx.worker_id or "")

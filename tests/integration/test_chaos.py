@@ -1,4 +1,6 @@
-"""Chaos: 1,000 calls while one of two workers is SIGKILLed every few seconds and restarted."""
+"""Chaos: 1,000 calls while one of two workers is SIGKILLed every few seconds and restarted,
+and a fifth of the charges lose their response the way real HTTP clients do (a refused
+connection before the request left; a read timeout, a reset or a 502 after the charge)."""
 
 from __future__ import annotations
 
@@ -56,9 +58,11 @@ async def test_every_call_applies_exactly_once_or_waits_for_a_human_while_worker
     fleet: LocalFleet, client: FleetClient, redis: Redis, keys: Keys
 ) -> None:
     rng = random.Random(11)
+    losses = ["none"] * 16 + ["refused", "timeout", "reset", "http_502"]
     events = [
         turn(*((f"c{i}", "charge_card", {"amount": i, "before_ms": rng.randint(0, 150),
-                                         "after_ms": rng.randint(0, 150)})
+                                         "after_ms": rng.randint(0, 150),
+                                         "lose": rng.choice(losses)})
                for i in range(CALLS_PER_TURN)))
         for _ in range(TURNS)
     ]  # fmt: skip
@@ -103,6 +107,11 @@ async def test_every_call_applies_exactly_once_or_waits_for_a_human_while_worker
             if call_id in tasks:
                 assert tasks[call_id].task.reason
                 counts[f"human task (charged {applies})"] += 1
+                continue
+            if record.effect == "not_executed":
+                # Only a request that provably never left may say so: it charged nothing.
+                assert applies == 0, f"{call_id} is recorded not_executed but was charged"
+                counts["not executed (never left)"] += 1
                 continue
             assert (record.effect, applies) == ("applied", 1), (call_id, record)
             ledger_outcome = entries[call_id].outcome

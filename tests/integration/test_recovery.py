@@ -17,6 +17,7 @@ from tests.integration.test_pipeline import turn
 from tests.integration.upstream_tools import count_key, effect_key, executions_key
 from toolfleet.circuit import CircuitBreaker
 from toolfleet.client import FleetClient
+from toolfleet.effects import CLASSIFICATION
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
 from toolfleet.settings import Settings
@@ -207,5 +208,7 @@ async def test_tools_describe_prints_the_failure_table(
 ) -> None:
     printed = await asyncio.to_thread(_toolfleet, fleet, "tools", "describe", "pay")
     assert "effect=non_idempotent" in printed and "probe=yes" in printed
-    assert "worker lost (lease expired)" in printed
+    assert "runs unattended: yes (its probe can establish any unknown effect)" in printed
+    for signal, _effect, _retry in CLASSIFICATION:  # the table comes from toolfleet.effects
+        assert signal in printed
     assert "compensate after approval" in printed

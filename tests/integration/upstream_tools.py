@@ -11,6 +11,7 @@ import os
 from functools import cache
 from typing import Literal
 
+import httpx
 import redis
 
 from executors import ProbeResult, ToolContext, ToolRegistry
@@ -88,7 +89,10 @@ async def put_record(ctx: ToolContext, value: str, drop_first: bool = False) -> 
 put_record.probe(_probe)
 
 
-@tools.tool(effect="non_idempotent", timeout=0.5)
+@tools.tool(
+    effect="non_idempotent", timeout=0.5,
+    unattended="a notification: an operator settles an unknown one by hand",
+)  # fmt: skip
 async def notify(ctx: ToolContext, value: str, mode: Mode = "ok") -> str:
     """Non-idempotent upstream write without a probe."""
     return await _call_upstream(ctx, value, mode)
@@ -107,12 +111,29 @@ def applies_key(idempotency_key: str) -> str:
     return f"test:upstream:charges:{idempotency_key}"
 
 
+Lost = Literal["none", "refused", "timeout", "reset", "http_502"]
+"""How a charge's response is lost: never (none), before the request left (refused), or after
+the upstream charged (a read timeout, a reset connection, a 502 from a proxy)."""
+
+
 @tools.tool(effect="non_idempotent", timeout=10)
-async def charge_card(ctx: ToolContext, amount: int, before_ms: int, after_ms: int) -> str:
+async def charge_card(
+    ctx: ToolContext, amount: int, before_ms: int, after_ms: int, lose: Lost = "none"
+) -> str:
     """A non-idempotent charge: work, apply (no dedupe upstream), work, answer."""
     await asyncio.sleep(before_ms / 1000)
+    if lose == "refused":
+        raise ConnectionRefusedError(111, "Connection refused")
     _redis().incr(applies_key(ctx.idempotency_key))
     await asyncio.sleep(after_ms / 1000)
+    if lose == "timeout":
+        raise TimeoutError("The read operation timed out")
+    if lose == "reset":
+        raise ConnectionResetError(104, "Connection reset by peer")
+    if lose == "http_502":
+        request = httpx.Request("POST", "https://payments.invalid/charges")
+        response = httpx.Response(502, request=request)
+        raise httpx.HTTPStatusError("502 Bad Gateway", request=request, response=response)
     return f"charged {amount}"
 
 

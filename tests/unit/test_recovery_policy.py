@@ -16,6 +16,7 @@ from reconciler._policy import (
     Retry,
     decide_probe,
     decide_resolution,
+    decide_transient,
     decide_unknown,
 )
 
@@ -37,6 +38,29 @@ def test_unknown_effect_is_probed_first() -> None:
 def test_unknown_effect_without_a_probe_goes_to_a_human_at_once() -> None:
     action = decide_unknown(case(has_probe=False), POLICY)
     assert isinstance(action, HandOver) and "no probe" in action.reason
+
+
+def test_an_idempotent_tool_without_a_probe_is_resubmitted_with_the_same_key() -> None:
+    action = decide_unknown(case(effect_class="idempotent", has_probe=False), POLICY)
+    assert isinstance(action, Retry) and "same idempotency key" in action.reason
+    spent = decide_unknown(case(effect_class="idempotent", has_probe=False, attempts=2), POLICY)
+    assert isinstance(spent, HandOver) and "after 2 attempts" in spent.reason
+
+
+def test_a_transient_not_executed_call_is_retried_with_backoff_only_if_replay_safe() -> None:
+    def transient(**fields: Any) -> Any:
+        return decide_transient(case(**fields), POLICY, output="busy", retry_after_s=None,
+                                jitter=0.0)  # fmt: skip
+
+    action = transient(effect_class="idempotent")
+    assert isinstance(action, Retry) and action.delay_s == POLICY.retry_backoff_s / 2
+    after = decide_transient(case(effect_class="read_only"), POLICY, output="busy",
+                             retry_after_s=3.0, jitter=0.9)  # fmt: skip
+    assert isinstance(after, Retry) and after.delay_s == 3.0
+    # Out of attempts, or not replay-safe: the last attempt's own text is what the model sees.
+    for final in (transient(effect_class="idempotent", attempts=2),
+                  transient(effect_class="non_idempotent")):  # fmt: skip
+        assert isinstance(final, ResolveNotApplied) and final.output == "busy"
 
 
 def test_probe_applied_resolves_with_the_upstream_output() -> None:

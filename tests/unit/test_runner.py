@@ -18,7 +18,15 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool_guardrails import ToolGuardrailFunctionOutput, tool_input_guardrail
 from agents.tracing import set_tracing_disabled
 
-from executors import CallHooks, GuardrailResult, Tool, ToolContext, ToolRegistry, run_call
+from executors import (
+    CallHooks,
+    GuardrailResult,
+    NotExecuted,
+    Tool,
+    ToolContext,
+    ToolRegistry,
+    run_call,
+)
 from schemas import CallOutcome, ExecutionCommand
 from toolfleet.errors import ConfigurationError
 
@@ -37,6 +45,8 @@ def command(arguments: str = "{}", **overrides: Any) -> ExecutionCommand:
 
 
 def make(func: Any, **options: Any) -> Tool:
+    # The runner's mechanics, not the release gate (tested on its own): run unattended.
+    options.setdefault("unattended", "a unit test of the runner's mechanics")
     return ToolRegistry().tool(name="tool", **options)(func)
 
 
@@ -54,6 +64,7 @@ async def body(ctx: ToolContext, action: str = "ok") -> Any:
         "raise": ValueError("secret detail"), "own_timeout": TimeoutError("upstream"),
         "cancel": asyncio.CancelledError(), "interrupt": KeyboardInterrupt("stop"),
         "exit": SystemExit(3), "custom": Custom("stop"),
+        "refused": ConnectionRefusedError("refused"), "declined": NotExecuted("card declined"),
     }  # fmt: skip
     if action in raises:
         raise raises[action]
@@ -107,6 +118,9 @@ async def run(tool: Tool, arguments: str = "{}", log: Log | None = None, **kw: A
 NOT_RUN, NO_HANDLER = "not_executed", {"failure_error_function": None}
 SUCCEEDED = ("succeeded", "applied", "done", False)  # status, effect, output, fails_turn
 HANDLED, FAILS = ("failed", NOT_RUN, DEFAULT_ERROR, False), ("failed", NOT_RUN, None, True)
+# An exception after started is a transport signal: the effect is unknown unless it proves
+# otherwise (toolfleet.effects); the model-visible text is the runner's, the worker rewords it.
+MAYBE, MAYBE_FAILS = ("failed", "unknown", DEFAULT_ERROR, False), ("failed", "unknown", None, True)
 DIES, PENDING = ("failed", "unknown", None, True), ("pending_approval", NOT_RUN, None, False)
 TIMED_OUT = ("timed_out", "unknown", TIMEOUT_TEXT, False)
 TIMEOUT_ERROR = ("ToolTimeoutError", TIMEOUT_TEXT, "error")  # type, message, severity
@@ -120,13 +134,22 @@ OUTCOMES = [  # rule: tool options, arguments, command overrides -> outcome, err
     ("success_is_succeeded_and_applied", {}, do("ok"), {}, SUCCEEDED, None),
     ("non_str_output_is_stringified_like_the_sdk", {}, do("dict"), {},
      ("succeeded", "applied", "{'a': 1}", False), None),
-    ("tool_exception_gives_the_default_text_and_not_executed", {}, do("raise"), {}, HANDLED,
+    ("tool_exception_gives_the_default_text_and_an_unknown_effect", {}, do("raise"), {}, MAYBE,
      ("ValueError", "secret detail", "error")),
-    ("no_failure_handler_fails_the_turn", NO_HANDLER, do("raise"), {}, FAILS, RUNNING_ERROR),
+    ("read_only_tool_exception_is_not_executed", {"effect": "read_only"}, do("raise"), {},
+     HANDLED, ("ValueError", "secret detail", "error")),
+    ("not_executed_raised_by_the_tool_is_not_executed", {}, do("declined"), {}, HANDLED,
+     ("NotExecuted", "card declined", "error")),
+    ("a_refused_connection_is_not_executed", {}, do("refused"), {}, HANDLED,
+     ("ConnectionRefusedError", "refused", "error")),
+    ("a_declared_definite_error_is_not_executed", {"definite_errors": [ValueError]},
+     do("raise"), {}, HANDLED, ("ValueError", "secret detail", "error")),
+    ("no_failure_handler_fails_the_turn", NO_HANDLER, do("raise"), {}, MAYBE_FAILS,
+     RUNNING_ERROR),
     ("fail_turn_policy_overrides_the_handler", {}, do("raise"), {"failure_policy": "fail_turn"},
-     FAILS, RUNNING_ERROR),
-    ("tools_own_timeout_error_is_an_ordinary_error", {"timeout": 10}, do("own_timeout"), {},
-     HANDLED, ("TimeoutError", "upstream", "error")),
+     MAYBE_FAILS, RUNNING_ERROR),
+    ("tools_own_timeout_error_is_a_lost_response", {"timeout": 10}, do("own_timeout"), {},
+     MAYBE, ("TimeoutError", "upstream", "error")),
     ("timeout_gives_the_sdk_text_and_unknown", {"timeout": 0.05}, do("sleep"), {}, TIMED_OUT,
      TIMEOUT_ERROR),
     # Issue 4: transport signals map to unknown for every tool that is not read_only.
@@ -275,7 +298,7 @@ ORDER = [  # rule: options(log), arguments, command overrides -> events, outcome
     ("handled_failures_pass_output_guardrails_and_on_tool_end_as_in_the_sdk",
      lambda g: {"output_guardrails": [g("out")]}, '{"n": -1}', {},
      ["started", "on_tool_start", "body", f"out:{{'n': -1}}:{DEFAULT_ERROR}",
-      f"on_tool_end:{DEFAULT_ERROR}"], HANDLED, None),
+      f"on_tool_end:{DEFAULT_ERROR}"], MAYBE, None),
     ("guardrail_exception_fails_the_turn",
      lambda g: {"input_guardrails": [g("in", raises=RuntimeError("bug"))]}, "{}", {},
      ["started", "in:{'n': 0}"], FAILS, "Error running tool tool: bug"),
@@ -423,3 +446,22 @@ def test_sync_tool_timeouts_are_refused_as_in_the_sdk() -> None:
         function_tool(do, timeout=1.0)
     with pytest.raises(ConfigurationError, match="only supported for async"):
         make(do, timeout=1.0)
+
+
+async def test_an_output_guardrail_that_finds_the_effect_wrong_hands_it_to_the_reconciler() -> None:
+    def check(ctx: ToolContext, args: dict[str, Any], output: Any) -> GuardrailResult:
+        return GuardrailResult.wrong_effect("The booking went to the wrong date.")
+
+    out = await run(make(body, output_guardrails=[check]), do("ok"))
+    assert (out.status, out.effect, out.output) == (
+        "rejected", "wrong_effect", "The booking went to the wrong date.",
+    )  # fmt: skip
+    assert not out.resolved  # the reconciler asks for the compensation's approval
+
+    def confused(ctx: ToolContext, args: dict[str, Any]) -> GuardrailResult:
+        return GuardrailResult.wrong_effect("nothing ran yet")
+
+    failed = await run(make(body, input_guardrails=[confused]), do("ok"))
+    assert failed.fails_turn and "only output guardrails" in (
+        failed.error.message if failed.error else ""
+    )

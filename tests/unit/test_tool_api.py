@@ -46,6 +46,11 @@ def _tool(func: Callable[..., Any], **options: Any) -> Tool:
     return ToolRegistry().tool(**options)(func)
 
 
+def _unattended(func: Callable[..., Any], **options: Any) -> Tool:
+    """A tool for tests of how calls run, not of the release gate."""
+    return _tool(func, unattended="a unit test of how calls run", **options)
+
+
 async def _noop() -> str:
     return ""
 
@@ -135,14 +140,32 @@ def test_invalid_options_are_configuration_errors(options: dict[str, Any], messa
 
 
 def test_defaults_that_depend_on_the_effect_class() -> None:
-    # on_unknown: report_now only for read_only; needs_approval: True only for irreversible.
+    # on_unknown: report_now only for read_only.
     assert (_tool(_noop, effect="read_only").on_unknown, _tool(_noop).on_unknown) == (
         "report_now", "reconcile_then_report",
     )  # fmt: skip
-    assert _tool(_noop, effect="irreversible").needs_approval is True
-    assert _tool(_noop, effect="irreversible", needs_approval=False).needs_approval is False
-    assert _tool(_noop).needs_approval is False
     assert _tool(_noop, timeout=2).timeout == 2.0  # seconds, as a float
+
+
+def test_the_release_gate_asks_a_human_unless_the_effect_can_be_established() -> None:
+    # irreversible: always asks, probe or not; only an explicit needs_approval=False opts out.
+    assert _tool(_noop, effect="irreversible").needs_approval is True
+    assert _tool(_noop, effect="irreversible", unattended="why").needs_approval is True
+    assert _tool(_noop, effect="irreversible", needs_approval=False).needs_approval is False
+    # non_idempotent (also the default): asks until a probe is declared (after the decorator).
+    gated = _tool(_noop)
+    assert (gated.needs_approval, gated.spec("p").needs_approval) == (True, "always")
+    gated.probe(_probe_applied)
+    assert (gated.needs_approval, gated.spec("p").needs_approval) == (False, "never")
+    # An opt-out records why; it is published with the spec.
+    opted = _tool(_noop, unattended="notifications are harmless to repeat")
+    assert opted.needs_approval is False
+    assert opted.spec("p").unattended_reason == "notifications are harmless to repeat"
+    with pytest.raises(ConfigurationError, match="unattended must say why"):
+        _tool(_noop, unattended=" ")
+    # Replay-safe classes never ask by default.
+    assert _tool(_noop, effect="read_only").needs_approval is False
+    assert _tool(_noop, effect="idempotent").needs_approval is False
 
 
 def test_context_is_the_first_parameter_by_annotation_or_by_name() -> None:
@@ -239,7 +262,7 @@ def test_spec_describes_the_tool_for_the_registry_of_a_pool() -> None:
         on_unknown="reconcile_then_report", timeout_s=1.5, enabled=True, has_probe=True,
         has_compensate=False,
     )  # fmt: skip
-    assert _tool(_noop).spec("p").needs_approval == "never"
+    assert _unattended(_noop).spec("p").needs_approval == "never"
     assert _tool(_noop, needs_approval=policy).spec("p").needs_approval == "callable"
     # A tool pinned to a pool publishes that pool, and only workers of that pool serve it.
     tools.tool(name="gpu_only", pool="gpu")(_noop)
@@ -258,7 +281,7 @@ async def test_tool_context_carries_the_call_identity_and_validated_args() -> No
         seen.append(ctx)
         return "ok"
 
-    await _run(_tool(spy, name="tool"), '{"n": "5"}')
+    await _run(_unattended(spy, name="tool"), '{"n": "5"}')
     assert seen == [
         ToolContext("t1", "r1", 2, "call_1", "tool", '{"n": "5"}', "idem-1", 2, 7, {"n": 5}, "w1")
     ]
@@ -268,7 +291,7 @@ async def test_sync_tool_runs_in_a_worker_thread_without_context() -> None:
     def where(a: int) -> str:
         return f"{a}:{threading.get_ident()}"
 
-    out = await _run(_tool(where), '{"a": 1}')
+    out = await _run(_unattended(where), '{"a": 1}')
     assert out.output is not None and out.output.startswith("1:")
     assert out.output != f"1:{threading.get_ident()}"
     assert _tool(where)(2).startswith("2:")  # calling the Tool calls the function itself
@@ -279,7 +302,7 @@ async def test_base_exception_in_a_sync_tool_thread_is_captured(exc: type[BaseEx
     def sync_body() -> str:
         raise exc("stop")
 
-    out = await _run(_tool(sync_body))
+    out = await _run(_unattended(sync_body))
     assert out.fails_turn and out.error is not None and out.error.severity == "base_exception"
 
 
@@ -293,7 +316,7 @@ async def test_timed_out_tool_has_unwound_before_run_call_returns() -> None:
             cleaned.set()
         return ""
 
-    await _run(_tool(stuck, timeout=0.05))
+    await _run(_unattended(stuck, timeout=0.05))
     assert cleaned.is_set()
 
 
@@ -311,7 +334,7 @@ async def test_failure_and_timeout_formatters_may_be_sync_or_async(is_async: boo
         raise ValueError("detail")
 
     fmt = async_words if is_async else words
-    tool = _tool(fails, timeout=0.05, failure_error_function=fmt, timeout_error_function=fmt)
+    tool = _unattended(fails, timeout=0.05, failure_error_function=fmt, timeout_error_function=fmt)
     assert (await _run(tool)).output == "call_1 ValueError: detail"
     timed_out = await _run(tool, '{"sleep": true}')
     assert timed_out.output == "call_1 ToolTimeoutError: Tool 'fails' timed out after 0.05 seconds."
