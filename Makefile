@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test lint unit demo bench infra-up infra-down clean
+.PHONY: setup test lint unit demo bench fuzz chaos infra-up infra-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,14 @@ bench: setup
 	test $(VENV)/.bench-installed -nt pyproject.toml || \
 	  { $(BIN)/python -m pip install -q -e '.[dev,bench]' && touch $(VENV)/.bench-installed; }
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+## fuzz: 5,000 hostile messages on every inbound topic; prints the figures
+fuzz: setup
+	TOOLFLEET_FUZZ_MESSAGES=5000 $(BIN)/pytest -q -s tests/integration/test_fuzz.py
+
+## chaos: 3,000 charges while workers are SIGKILLed; prints the figures
+chaos: setup
+	TOOLFLEET_CHAOS_TURNS=600 $(BIN)/pytest -q -s tests/integration/test_chaos.py
 
 infra-up: setup
 

@@ -22,8 +22,8 @@ from redis.asyncio import Redis
 
 from aggregator._store import StoredTurn, TurnStore
 from aggregator._turn import TurnState, accept_outcome, build_result, is_settled
-from schemas import CallOutcome, CancelRequest, TurnPlan, TurnResult
-from toolfleet.bus import PRODUCER_BATCH_BYTES, TRANSIENT_ERRORS, KafkaBus, Record
+from schemas import CallOutcome, CancelRequest, TurnError, TurnPlan, TurnResult
+from toolfleet.bus import NEVER_FITS, PRODUCER_BATCH_BYTES, TRANSIENT_ERRORS, KafkaBus, Record
 from toolfleet.errors import InvalidMessageError
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
@@ -118,7 +118,8 @@ class Aggregator:
             async with producer.transaction():
                 topic = self.settings.topic("turn-results")
                 for result, _ in emitted:
-                    await producer.send(topic, result.encode(), key=result.run_id.encode())
+                    raw = _fit(result, self.settings.max_message_bytes)
+                    await producer.send(topic, raw, key=result.run_id.encode())
                 offsets = {tp: records[-1].offset + 1 for tp, records in batches.items()}
                 await producer.send_offsets_to_transaction(offsets, group)
         except TRANSIENT_ERRORS as exc:
@@ -166,6 +167,11 @@ class Aggregator:
         run's results (a crash here would meet the same records after every restart)."""
         try:
             return await update
+        except NEVER_FITS as exc:
+            reason = f"aggregator produced a record Kafka refuses: {type(exc).__name__}"
+            for record in records:
+                await self.bus.dead_letter(record, reason)
+            return []
         except TRANSIENT_ERRORS:
             raise  # the whole batch is read again
         except Exception as exc:
@@ -371,3 +377,21 @@ def _maybe_emit(state: StoredTurn, turn: TurnState, triggers: list[str]) -> Emis
         return None
     state.emitted = {"epoch": epoch, "by": triggers, "at": time.time()}
     return build_result(turn), turn.plan.planned_at
+
+
+def _fit(result: TurnResult, limit: int) -> bytes:
+    """The result's bytes; one too big for Kafka becomes a failed result that says why (its
+    calls' outcomes stay in the ledger), instead of a batch re-read forever."""
+    raw = result.encode()
+    if len(raw) <= limit:
+        return raw
+    error = TurnError(
+        type="TurnResultTooLarge",
+        message=f"the turn result is {len(raw)} bytes, more than the {limit}-byte message "
+        "limit (TOOLFLEET_MAX_MESSAGE_BYTES); read its calls with `toolfleet inspect call`, "
+        "or lower TOOLFLEET_MAX_OUTPUT_BYTES",
+    )
+    return result.model_copy(
+        update={"status": "failed", "outputs": [], "interruptions": [], "error": error,
+                "calls": []}
+    ).encode()  # fmt: skip

@@ -59,6 +59,7 @@ from executors._tool import Tool
 from schemas import CallError, CallOutcome, CallStatus, Effect, ExecutionCommand, RetryHint
 from toolfleet.effects import effect_for_class
 from toolfleet.errors import ModelBehaviorError
+from toolfleet.texts import OUTPUT_TOO_LARGE
 
 
 class CallHooks:
@@ -121,6 +122,7 @@ async def run_call(
     on_started: Callable[[], Awaitable[None]] | None = None,
     cancel_call: asyncio.Future[None] | None = None,
     record_upstream: UpstreamRecorder | None = None,
+    max_output_bytes: int | None = None,
 ) -> CallOutcome:
     """Run one call of ``tool`` as ``command`` describes and return its outcome.
 
@@ -128,6 +130,8 @@ async def run_call(
     other failure is an outcome. Resolving ``cancel_call`` (``set_result(None)``) cancels only
     the tool body: a tool-local cancellation, which follows the failure policy like any tool
     failure. ``record_upstream`` writes what the tool passes to ``ctx.record_upstream_ref``.
+    An output longer than ``max_output_bytes`` is not kept: the call ends ``failed`` with a
+    text that says so (its effect is what the body did).
     """
     loop = asyncio.get_running_loop()
     run = _CallRun(
@@ -138,6 +142,7 @@ async def run_call(
         on_started,
         cancel_call=cancel_call or loop.create_future(),
         record_upstream=record_upstream,
+        max_output_bytes=max_output_bytes,
     )
     return await run.run()
 
@@ -155,6 +160,7 @@ class _CallRun:
         *,
         cancel_call: asyncio.Future[None],
         record_upstream: UpstreamRecorder | None = None,
+        max_output_bytes: int | None = None,
     ) -> None:
         self.tool = tool
         self.cancel_call = cancel_call
@@ -166,6 +172,7 @@ class _CallRun:
             command, worker_id=worker_id, record_upstream=record_upstream
         )
         self.started_at: float | None = None
+        self.max_output_bytes = max_output_bytes
         # A turn-level "fail_turn" policy is the SDK's failure_error_function=None for every tool.
         self.failure_fn = (
             None if command.failure_policy == "fail_turn" else tool.failure_error_function
@@ -361,9 +368,19 @@ class _CallRun:
         # The SDK stringifies non-str outputs too (it only keeps its own structured
         # text/image/file outputs, which toolfleet's str-only wire cannot carry).
         text = output if isinstance(output, str) else str(output)
+        error = body.error
+        if self.max_output_bytes is not None and len(text.encode()) > self.max_output_bytes:
+            size = len(text.encode())
+            status, text = (
+                "failed",
+                OUTPUT_TOO_LARGE.format(
+                    name=self.tool.name, size=size, limit=self.max_output_bytes
+                ),
+            )
+            error = CallError(type="OutputTooLarge", message=f"{size} bytes of output")
         if self.hooks is not None:
             await self._user(self.hooks.on_tool_end, self.ctx, self.tool, text, effect=effect)
-        outcome = self._outcome(status, effect, text, body.error)
+        outcome = self._outcome(status, effect, text, error)
         if effect == "wrong_effect":
             return outcome.model_copy(update={"resolved": False})  # the reconciler's now
         if body.retry is None:

@@ -203,7 +203,7 @@ class FunctionToolAdapter(Tool):
         """
         try:
             data = json.loads(arguments) if arguments else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             return {}
         return data if isinstance(data, dict) else {}
 

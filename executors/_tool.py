@@ -28,6 +28,7 @@ from executors._guardrails import InputGuardrail, OutputGuardrail
 from schemas import EffectClass, ToolSpec
 from toolfleet.effects import ClassifyHook, EffectVerdict, classify_exception, gated_by_default
 from toolfleet.errors import ConfigurationError, ModelBehaviorError
+from toolfleet.limits import cut_text
 from toolfleet.texts import DEFAULT_ERROR
 
 ToolErrorFunction = Callable[[ToolContext, Exception], str | Awaitable[str]]
@@ -257,8 +258,8 @@ class Tool:
         base = f"Invalid JSON input for tool {self.name}"
         try:
             data = json.loads(arguments) if arguments else {}
-        except ValueError as exc:
-            raise ModelBehaviorError(f"{base}: {arguments}") from exc
+        except (ValueError, RecursionError) as exc:
+            raise ModelBehaviorError(f"{base}: {cut_text(arguments, 1_024)}") from exc
         if not isinstance(data, dict):
             raise ModelBehaviorError(f"{base}: expected a JSON object")
         try:
@@ -280,7 +281,7 @@ class Tool:
             return None
         try:
             data = json.loads(arguments, parse_constant=_reject_constant)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         if not isinstance(data, dict):
             return None

@@ -28,7 +28,7 @@ from executors._registry import ToolRegistry
 from executors._runner import run_call
 from executors._tool import Tool
 from schemas import CallError, CallOutcome, CancelRequest, ExecutionCommand, HumanTask
-from toolfleet.bus import COMMIT_INTERVAL_S, TRANSIENT_ERRORS, KafkaBus, Record
+from toolfleet.bus import COMMIT_INTERVAL_S, NEVER_FITS, TRANSIENT_ERRORS, KafkaBus, Record
 from toolfleet.circuit import CircuitBreaker, version_ref
 from toolfleet.effects import counts_against_circuit, effect_of_probe, fleet_retries
 from toolfleet.errors import InvalidMessageError, ToolfleetError, ToolNotFoundError
@@ -48,6 +48,9 @@ from toolfleet.topics import command_topic
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+_CallKey = tuple[str, str, str]
+"""(tenant, run, call): how the worker knows a call it runs."""
 
 
 @dataclass(frozen=True)
@@ -102,11 +105,14 @@ class Worker:
         self._unpublished = asyncio.Semaphore(4 * self.limits.per_worker)
         self._offsets = OffsetTracker()
         self._handlers: set[asyncio.Task[None]] = set()
-        self._running: dict[tuple[str, str], tuple[asyncio.Task[None], asyncio.Future[None]]] = {}
-        self._leases: dict[tuple[str, str], ExecutionCommand] = {}
+        # Keyed by (tenant, run, call): two tenants may use the same run and call ids, and a
+        # cancellation must never reach another tenant's call.
+        self._running: dict[_CallKey, tuple[asyncio.Task[None], asyncio.Future[None]]] = {}
+        self._leases: dict[_CallKey, ExecutionCommand] = {}
         """Calls past the ledger gate, whose leases ``_renew_leases`` keeps alive."""
         self._spans = SpanBatcher()
-        self._cancelled_runs: set[str] = set()
+        self._cancelled_runs: set[tuple[str, str]] = set()
+        """(tenant, run) of runs cancelled while this worker lives."""
         self._stopping = asyncio.Event()
 
     def stop(self) -> None:
@@ -181,6 +187,12 @@ class Worker:
                 except InvalidMessageError as exc:
                     await self.bus.dead_letter(record, exc.reason)
                     return
+                except NEVER_FITS as exc:
+                    log.error("an outcome can never fit", extra={"offset": record.offset})
+                    await self.bus.dead_letter(
+                        record, f"its outcome is a record Kafka refuses: {type(exc).__name__}"
+                    )
+                    return
                 except TRANSIENT_ERRORS as exc:
                     # Kafka or Redis is away: retry the same command; the ledger makes it safe.
                     log.warning("dependency unavailable", extra={"error": repr(exc)})
@@ -217,7 +229,7 @@ class Worker:
             if compensated is not None:
                 await self._publish(compensated)
             return
-        if command.run_id in self._cancelled_runs:
+        if (command.tenant_id, command.run_id) in self._cancelled_runs:
             await self._publish(_ended(command, self.worker_id, "skipped"))
             return
         ref = version_ref(tool.lookup_key, tool.version)
@@ -273,7 +285,7 @@ class Worker:
     async def _execute(
         self, tool: Tool, command: ExecutionCommand, slot: _Slot
     ) -> CallOutcome | None:
-        key = (command.run_id, command.call_id)
+        key = (command.tenant_id, command.run_id, command.call_id)
         task = asyncio.current_task()
         assert task is not None
         cancel_call: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -282,7 +294,7 @@ class Worker:
         began = time.monotonic()
 
         async def gate() -> None:
-            verdict = await self._begin(command)
+            verdict = await self._begin(command, tool.version)
             if verdict != "run":
                 raise _NotStarted(verdict)
             self._leases[key] = command
@@ -299,11 +311,12 @@ class Worker:
                 on_started=gate,
                 cancel_call=cancel_call,
                 record_upstream=record_upstream,
+                max_output_bytes=self.settings.max_output_bytes,
             )
         except _NotStarted as refused:
             return await self._refused(command, refused.verdict)
         except asyncio.CancelledError:
-            if command.run_id not in self._cancelled_runs:
+            if (command.tenant_id, command.run_id) not in self._cancelled_runs:
                 raise
             # Parent cancellation: no tool output, only the fact that the call was cancelled.
             outcome = _ended(command, self.worker_id, "cancelled")
@@ -394,7 +407,7 @@ class Worker:
             return None
         return outcome
 
-    async def _begin(self, command: ExecutionCommand) -> str:
+    async def _begin(self, command: ExecutionCommand, tool_version: str | None = None) -> str:
         """The ledger's verdict; while another live worker holds the call, wait for it."""
         while True:
             verdict, _stored = await self.ledger.begin(
@@ -405,6 +418,7 @@ class Worker:
                 self.limits.lease_s,
                 # An approved compensation runs even if its run was cancelled since.
                 run_id=command.run_id if command.kind == "execute" else None,
+                tool_version=tool_version,
             )
             if verdict != "busy":
                 return verdict
@@ -472,13 +486,14 @@ class Worker:
             except InvalidMessageError:
                 continue  # the planner dead-letters it; every worker doing so would spam
             if request.call_id is not None:
-                running = self._running.get((request.run_id, request.call_id))
+                running = self._running.get((request.tenant_id, request.run_id, request.call_id))
                 if running is not None and not running[1].done():
                     running[1].set_result(None)  # tool-local: a failure of the call, per its policy
                 continue
-            self._cancelled_runs.add(request.run_id)
-            for (run_id, _call_id), (task, _) in list(self._running.items()):
-                if run_id == request.run_id:
+            run = (request.tenant_id, request.run_id)
+            self._cancelled_runs.add(run)
+            for (tenant_id, run_id, _call_id), (task, _) in list(self._running.items()):
+                if (tenant_id, run_id) == run:
                     task.cancel()
 
 
@@ -521,6 +536,8 @@ async def _persist(step: Callable[[], Awaitable[T]]) -> T:
     while True:
         try:
             return await step()
+        except NEVER_FITS:
+            raise  # retrying never helps: the command is dead-lettered with the reason
         except TRANSIENT_ERRORS as exc:
             log.warning("dependency unavailable after the call ran", extra={"error": repr(exc)})
             await asyncio.sleep(delay)

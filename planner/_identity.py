@@ -69,7 +69,7 @@ def parse_arguments(arguments: str) -> dict[str, Any] | None:
     """The call's arguments as a dict, or None when they are not a JSON object."""
     try:
         parsed = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested too deep for any parser: not usable JSON
         return None
     return parsed if isinstance(parsed, dict) else None
 
@@ -82,7 +82,7 @@ def fingerprint(tool_lookup_key: str, arguments: str) -> str:
     """
     try:
         payload: dict[str, Any] = {"tool": tool_lookup_key, "arguments": json.loads(arguments)}
-    except ValueError:
+    except (ValueError, RecursionError):
         payload = {"tool": tool_lookup_key, "raw_arguments": arguments}
     return hashlib.sha256(_canonical_json(payload).encode("utf-8")).hexdigest()
 

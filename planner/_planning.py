@@ -67,6 +67,8 @@ class LedgerView:
     approval_message: str | None = None
     pending_approval: bool = False
     """The call was reported pending_approval (by a worker or by the planner)."""
+    run_id: str | None = None
+    """The run the call was first planned for (None: unknown, taken to be this one)."""
 
     @property
     def awaiting_approval(self) -> bool:
@@ -206,7 +208,8 @@ def plan_turn(
         calls = _identify(event, ledger)
         for c in calls if event.config.tool_not_found == "raise_error" else []:
             # A call the ledger settles needs no tool: its output exists or its run is under way.
-            if c.key not in tools and not _settled_by_ledger(ledger.get(c.item.call_id)):
+            entry = ledger.get(c.item.call_id)
+            if c.key not in tools and not _settled_by_ledger(entry, event.run_id):
                 raise _TurnFailed(f"Tool {c.key} not found in agent {agent}", c.item.call_id)
         decided = [_plan_call(c, event, tools, ledger, approvals, held=held) for c in calls]
         for planned, _, _ in decided:  # the SDK re-checks is_enabled right before invoking
@@ -318,13 +321,20 @@ def _identify(event: ModelResponseEvent, ledger: Mapping[str, LedgerView]) -> li
     return list(seen.values())
 
 
-def _settled_by_ledger(entry: LedgerView | None) -> bool:
+def _settled_by_ledger(entry: LedgerView | None, run_id: str) -> bool:
     """Committed, or user code may be running: the ledger decides; nothing is sent again.
 
-    A planned/dispatched call is decided again (its command may be lost, or it waits for
-    approval); resending is safe: dispatch is idempotent and only one worker starts a call.
+    A planned/dispatched call of this run is decided again (its command may be lost, or it
+    waits for approval); resending is safe: dispatch is idempotent and only one worker starts
+    a call. One dispatched for another run (the same call_id and arguments submitted in
+    several runs at once, under tenant identity scope) is that run's to send: this turn
+    attaches to its outcome.
     """
-    return entry is not None and entry.state in ("started", "finished", "committed")
+    if entry is None:
+        return False
+    if entry.state in ("started", "finished", "committed"):
+        return True
+    return entry.state == "dispatched" and entry.run_id not in (None, run_id)
 
 
 def _plan_call(
@@ -347,7 +357,7 @@ def _plan_call(
     if entry is not None and entry.state == "committed":
         disposition, output = "reuse", entry.output
         status, effect = entry.status or "succeeded", entry.effect or "applied"
-    elif _settled_by_ledger(entry):
+    elif _settled_by_ledger(entry, event.run_id):
         disposition = "attach"
     elif tool is None:  # only under return_error_to_model: raise_error failed the turn already
         disposition, output = "not_found", f"Tool '{call.key}' not found."

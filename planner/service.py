@@ -40,8 +40,10 @@ from schemas import (
 )
 from toolfleet.bus import ConsumeLoop, KafkaBus, Record
 from toolfleet.circuit import CircuitBreaker
+from toolfleet.errors import InvalidMessageError
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger, LedgerEntry, NewCall
+from toolfleet.limits import json_depth_exceeds
 from toolfleet.metrics import COMMANDS, PLAN_LATENCY
 from toolfleet.redis import HashFields, connect_redis, text
 from toolfleet.registry import ToolDirectory
@@ -63,7 +65,7 @@ class Planner:
         self.redis = redis or connect_redis(settings)
         self.keys = Keys.of(settings)
         self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
-        self.tools = ToolDirectory(self.redis, self.keys)
+        self.tools = ToolDirectory(self.redis, self.keys, max_age_s=settings.registry_cache_s)
         self.circuits = CircuitBreaker(self.redis, settings)
         self._routing: dict[str, str] = {}
         """Lookup key -> why its calls go where they go, as last logged (logged on change)."""
@@ -103,7 +105,9 @@ class Planner:
         topic = record.topic.removeprefix(self.settings.topic_prefix)
         raw = record.value or b""
         if topic == "model-responses":
-            await self.on_response(ModelResponseEvent.decode(raw), record)
+            event = ModelResponseEvent.decode(raw)
+            _check_limits(event, self.settings)
+            await self.on_response(event, record)
         elif topic == "approvals":
             await self.on_approval(ApprovalDecision.decode(raw))
         elif topic == "cancellations":
@@ -419,6 +423,7 @@ def _view(entry: LedgerEntry) -> LedgerView:
         approval=entry.approval,
         approval_message=entry.approval_message,
         pending_approval=entry.pending_approval,
+        run_id=entry.run_id or None,
     )
 
 
@@ -475,3 +480,29 @@ def _decided_outcome(turn: ModelResponseEvent | CallOutcome, call: PlannedCall) 
         source="planner",
         finished_at=time.time(),
     )
+
+
+def _check_limits(event: ModelResponseEvent, settings: Settings) -> None:
+    """Refuse a response over the configured limits before anything is planned (a dead
+    letter with the reason; nesting deeper than pydantic's JSON limit never decodes)."""
+    calls = event.function_calls
+    if len(calls) > settings.max_items_per_response:
+        reason = (
+            f"{len(calls)} function calls in one response, more than "
+            f"TOOLFLEET_MAX_ITEMS_PER_RESPONSE={settings.max_items_per_response}"
+        )
+        raise InvalidMessageError(reason, reason=reason)
+    for call in calls:
+        size = len(call.arguments.encode())
+        if size > settings.max_argument_bytes:
+            reason = (
+                f"call {call.call_id[:64]!r}: arguments of {size} bytes, more than "
+                f"TOOLFLEET_MAX_ARGUMENT_BYTES={settings.max_argument_bytes}"
+            )
+            raise InvalidMessageError(reason, reason=reason)
+        if json_depth_exceeds(call.arguments, settings.max_json_depth):
+            reason = (
+                f"call {call.call_id[:64]!r}: arguments nested deeper than "
+                f"TOOLFLEET_MAX_JSON_DEPTH={settings.max_json_depth}"
+            )
+            raise InvalidMessageError(reason, reason=reason)

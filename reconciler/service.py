@@ -43,7 +43,7 @@ from schemas import (
 )
 from toolfleet.bus import ConsumeLoop, KafkaBus, Record
 from toolfleet.effects import probe_answer
-from toolfleet.errors import ToolfleetError
+from toolfleet.errors import InvalidMessageError, ToolfleetError
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger, LedgerEntry, NewCall, lease_member
 from toolfleet.metrics import COMMANDS, HUMAN_TASKS, OUTCOMES
@@ -197,6 +197,10 @@ class Reconciler:
         if stored is None or stored.task.call_id is None:
             log.warning("resolution of an unknown task", extra={"task": resolution.task_id})
             return
+        if stored.task.tenant_id != resolution.tenant_id:
+            # Never act on another tenant's task; the operator sees why in the dead letter.
+            reason = f"task {resolution.task_id} belongs to another tenant; resolution ignored"
+            raise InvalidMessageError(reason, reason=reason)
         if not await self.tasks.close(resolution.task_id, resolution):
             return  # already resolved: a redelivery
         task = stored.task
@@ -481,5 +485,6 @@ def _command(
         fingerprint=entry.fingerprint,
         approved=True,
         upstream_ref=entry.upstream_ref,
+        tool_version=entry.tool_version,  # retries and probes go to the version that ran
         issued_at=time.time(),
     )

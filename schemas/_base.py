@@ -36,7 +36,8 @@ class Message(WireModel):
     @field_validator("schema_version", mode="before")
     @classmethod
     def _known_version(cls, value: Any) -> Any:
-        if value != SCHEMA_VERSION:
+        # type() and not ==: True == 1 and 1.0 == 1 in Python, and neither is a version.
+        if type(value) is not int or value != SCHEMA_VERSION:
             raise ValueError(
                 f"unsupported schema_version {value!r}; this release reads version "
                 f"{SCHEMA_VERSION}: re-publish the message as version {SCHEMA_VERSION} "
@@ -46,9 +47,13 @@ class Message(WireModel):
 
     @classmethod
     def decode(cls, raw: bytes | str) -> Self:
-        """Parse a message from JSON bytes, raising InvalidMessageError with a readable reason."""
+        """Parse a message from JSON bytes, raising InvalidMessageError with a readable reason.
+
+        Strict: nothing on the wire is coerced (``"7"``, ``7.0`` or ``true`` is not an int,
+        ``"yes"`` is not a bool).
+        """
         try:
-            return cls.model_validate_json(raw)
+            return cls.model_validate_json(raw, strict=True)
         except ValidationError as exc:
             reason = describe_validation_error(exc)
             raise InvalidMessageError(

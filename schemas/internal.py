@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from schemas._base import Message, WireModel
 from schemas.inbound import TurnConfig
@@ -30,12 +30,30 @@ Disposition = Literal["dispatch", "reuse", "reject", "interrupt", "not_found", "
 """What the planner decided for one call of a turn."""
 
 
+ERROR_MESSAGE_MAX_BYTES = 4_096
+"""Longest error message a message carries: a validation error of a hostile argument object can
+be megabytes, and must not make the outcome too big to publish."""
+
+
+def _cut(text: str) -> str:
+    raw = text.encode()
+    if len(raw) <= ERROR_MESSAGE_MAX_BYTES:
+        return text
+    head = raw[: ERROR_MESSAGE_MAX_BYTES - 48].decode(errors="ignore")
+    return f"{head}… [{len(raw) - len(head.encode())} more bytes cut]"
+
+
 class CallError(WireModel):
     """The error behind a failed call, for operators; the model sees ``output`` instead."""
 
     type: str = Field(min_length=1, description="Exception class name, e.g. ValueError.")
-    message: str
+    message: str = Field(description=f"Cut to {ERROR_MESSAGE_MAX_BYTES} bytes.")
     severity: ErrorSeverity = "error"
+
+    @field_validator("message")
+    @classmethod
+    def _bounded(cls, value: str) -> str:
+        return _cut(value)
 
 
 class PlannedCall(WireModel):
@@ -69,8 +87,13 @@ class TurnError(WireModel):
     """Why a turn failed, in the SDK's words."""
 
     type: str = Field(min_length=1, description="e.g. ModelBehaviorError, UserError.")
-    message: str
+    message: str = Field(description=f"Cut to {ERROR_MESSAGE_MAX_BYTES} bytes.")
     call_id: str | None = None
+
+    @field_validator("message")
+    @classmethod
+    def _bounded(cls, value: str) -> str:
+        return _cut(value)
 
 
 class TurnPlan(Message):
@@ -231,6 +254,15 @@ class DeadLetter(WireModel):
     reason: str = Field(min_length=1)
     service: str = Field(min_length=1)
     dead_lettered_at: float
+    value_size: int | None = Field(
+        default=None, ge=0, description="Size of the original value in bytes."
+    )
+    value_sha256: str | None = Field(default=None, description="sha256 of the original value.")
+    value_cut: bool = Field(
+        default=False,
+        description="True when ``value`` holds only a prefix of the original (too big to "
+        "carry whole; see value_size, value_sha256 and the overflow directory, if set).",
+    )
 
 
 class ToolSpec(WireModel):

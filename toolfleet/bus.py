@@ -7,15 +7,23 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from schemas import DeadLetter, Message
 from toolfleet.errors import InfrastructureError, InvalidMessageError
+from toolfleet.limits import cut_text, digest
 from toolfleet.metrics import DEAD_LETTERS, MESSAGES
 from toolfleet.settings import Settings
 
@@ -52,7 +60,11 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
     TimeoutError,
 )
-"""Errors that say a dependency is unavailable, not that the message is bad: retried forever."""
+"""Errors that say a dependency is unavailable, not that the message is bad: retried forever
+(catch ``NEVER_FITS`` first: those are KafkaErrors too, and retrying them never helps)."""
+
+NEVER_FITS: tuple[type[BaseException], ...] = (MessageSizeTooLargeError, RecordTooLargeError)
+"""A record that Kafka will never take: a bug or a limit set wrong, never a passing outage."""
 
 
 class KafkaBus:
@@ -112,19 +124,37 @@ class KafkaBus:
         await (await self.publish(topic, key, value))
 
     async def dead_letter(self, record: Record, reason: str) -> None:
-        """Put ``record``'s original bytes on the dead-letter topic with where it came from."""
+        """Put ``record``'s original bytes on the dead-letter topic with where it came from.
+
+        Never too big to send: a value over ``dead_letter_value_max_bytes`` keeps a prefix,
+        with the original's size and sha256 (and, with ``dead_letter_overflow_dir``, the whole
+        value in a file named by that digest); the key and the reason are cut too.
+        """
+        value = record.value
+        limit = self.settings.dead_letter_value_max_bytes
+        cut = value is not None and len(value) > limit
+        if cut and value is not None and self.settings.dead_letter_overflow_dir is not None:
+            _overflow(self.settings.dead_letter_overflow_dir, value)
+        key = record.key[:_KEY_MAX_BYTES] if record.key is not None else None
         letter = DeadLetter(
-            tenant_id=_tenant_of(record.value),
+            tenant_id=_tenant_of(value) if not cut else None,
             original_topic=record.topic,
             partition=record.partition,
             offset=record.offset,
-            key=record.key,
-            value=record.value,
-            reason=reason,
+            key=key,
+            value=value[:limit] if value is not None else None,
+            reason=cut_text(reason, _REASON_MAX_BYTES),
             service=self.service,
             dead_lettered_at=time.time(),
+            value_size=len(value) if value is not None else None,
+            value_sha256=digest(value) if value is not None else None,
+            value_cut=cut,
         )
-        await self.publish_and_wait("dead-letter", record.key, letter.model_dump_json().encode())
+        raw = letter.model_dump_json(exclude_none=True).encode()
+        if len(raw) > self.settings.max_message_bytes:  # a settings mistake: keep no bytes
+            stripped = letter.model_copy(update={"value": None, "key": None, "value_cut": True})
+            raw = stripped.model_dump_json(exclude_none=True).encode()
+        await self.publish_and_wait("dead-letter", key, raw)
         DEAD_LETTERS.labels(self.service, record.topic).inc()
         log.warning(
             "dead-lettered a message",
@@ -155,10 +185,24 @@ class KafkaBus:
         return AIOKafkaConsumer(*(self.topic(t) for t in topics), **(config | options))
 
 
+_KEY_MAX_BYTES = 1_024
+_REASON_MAX_BYTES = 4_096
+
+
+def _overflow(directory: Path, value: bytes) -> None:
+    """Keep a value too big for its dead letter, whole, in a file named by its sha256."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{digest(value)}.bin"
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(value)
+        tmp.replace(path)
+
+
 def _tenant_of(raw: bytes | None) -> str | None:
     try:
         tenant = json.loads(raw or b"").get("tenant_id")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # whatever the bytes are
         return None
     return tenant if isinstance(tenant, str) else None
 
@@ -259,6 +303,12 @@ class ConsumeLoop:
                 await self.bus.dead_letter(record, exc.reason)
                 MESSAGES.labels(self.bus.service, record.topic, "dead_lettered").inc()
                 return True
+            except NEVER_FITS as exc:
+                reason = f"handling it produced a record Kafka refuses: {type(exc).__name__}"
+                log.error("a produced record can never fit", extra={"topic": record.topic})
+                await self.bus.dead_letter(record, reason)
+                MESSAGES.labels(self.bus.service, record.topic, "dead_lettered").inc()
+                return True
             except TRANSIENT_ERRORS as exc:
                 log.warning(
                     "dependency unavailable; retrying the same message",
@@ -288,4 +338,4 @@ class ConsumeLoop:
             return False  # stopping mid-retry: the next owner of the partition retries it
 
 
-__all__ = ["ConsumeLoop", "KafkaBus", "Record", "TopicPartition"]
+__all__ = ["NEVER_FITS", "TRANSIENT_ERRORS", "ConsumeLoop", "KafkaBus", "Record", "TopicPartition"]

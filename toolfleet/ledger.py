@@ -80,6 +80,8 @@ class LedgerEntry:
     worker_id: str | None
     upstream_ref: str | None = None
     """The upstream's own id for what the call did (ticket T-9), as the tool recorded it."""
+    tool_version: str | None = None
+    """The tool version the latest attempt ran on."""
 
     @property
     def arguments_digest(self) -> str:
@@ -112,6 +114,7 @@ class LedgerEntry:
             lease_until=float(h.get("lease_until", "0")),
             worker_id=h.get("worker_id") or None,
             upstream_ref=h.get("upstream_ref") or None,
+            tool_version=h.get("tool_version") or None,
         )
 
 
@@ -262,7 +265,8 @@ return issue(KEYS[1], KEYS[2], h, ARGV[3] == '1', tonumber(ARGV[1]), ARGV[2])
 """
 )
 
-# A worker asks to run an attempt. ARGV: token, worker, lease_s
+# A worker asks to run an attempt. ARGV: token, worker, lease_s, lease member, the tool
+# version it runs ('' for none: compensations)
 _BEGIN = """
 local h = redis.call('HMGET', KEYS[1], 'state', 'fencing_token', 'lease_until', 'outcome',
   'keep')
@@ -279,6 +283,7 @@ end
 if redis.call('EXISTS', KEYS[4]) == 1 then return {'cancelled', ''} end
 redis.call('HSET', KEYS[1], 'state', 'started', 'worker_id', ARGV[2],
   'lease_until', now + tonumber(ARGV[3]), 'started_at', now)
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'tool_version', ARGV[5]) end
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[4])
 if h[5] then
   redis.call('RPUSH', KEYS[2], cjson.encode({event='started', worker=ARGV[2],
@@ -527,10 +532,12 @@ class Ledger:
         lease_s: float,
         *,
         run_id: str | None = None,
+        tool_version: str | None = None,
     ) -> tuple[BeginVerdict, CallOutcome | None]:
         """May this worker run this attempt now? ``run`` means ``started`` is durably written.
 
-        With ``run_id``, a call of a cancelled run never starts (``cancelled``).
+        With ``run_id``, a call of a cancelled run never starts (``cancelled``). The
+        ``tool_version`` that runs is recorded, so retries and probes go to the same version.
         """
         verdict, outcome = await self._begin(
             keys=[
@@ -539,7 +546,7 @@ class Ledger:
                 self.keys.leases,
                 self.keys.cancelled(tenant_id, run_id or ""),
             ],
-            args=[token, worker_id, lease_s, lease_member(tenant_id, call_id)],
+            args=[token, worker_id, lease_s, lease_member(tenant_id, call_id), tool_version or ""],
         )
         stored = CallOutcome.model_validate_json(outcome) if outcome else None
         return verdict.decode(), stored

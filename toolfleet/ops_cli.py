@@ -319,7 +319,8 @@ async def _pin(redis: Redis, settings: Settings, name: str, version: str) -> Non
     await pin_version(redis, keys, name, version)
     click.echo(
         f"{name}: new calls go to {version_ref(name, version)} (pinned; planners pick it up "
-        "within seconds). Open circuit tasks stay open until their calls are reconciled."
+        f"within {settings.registry_cache_s:g} s). Open circuit tasks stay open until their "
+        "calls are reconciled."
     )
 
 

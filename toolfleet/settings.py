@@ -67,6 +67,35 @@ class Settings(BaseSettings):
         "it longer than any run can be replayed or resumed",
     )
 
+    # Size limits (see toolfleet/limits.py): nothing produced may be too big for Kafka.
+    max_message_bytes: int = Field(
+        default=1_000_000,
+        ge=65_536,
+        description="Largest record toolfleet produces (keep it under the broker's "
+        "message.max.bytes and the producer's max_request_size, 1 MiB by default)",
+    )
+    max_output_bytes: int = Field(
+        default=262_144,
+        ge=1_024,
+        description="Largest tool output kept; a longer one ends the call with a clear text",
+    )
+    dead_letter_value_max_bytes: int = Field(
+        default=524_288,
+        ge=1_024,
+        description="Bytes of a dead-lettered record kept in the letter (base64 makes it 4/3 "
+        "bigger); the rest is cut, with the size and sha256 of the original",
+    )
+    dead_letter_overflow_dir: Path | None = Field(
+        default=None,
+        description="If set, a dead-lettered record too big for its letter is also written "
+        "whole to <dir>/<sha256>.bin",
+    )
+    max_items_per_response: int = Field(default=1_000, ge=1)
+    max_argument_bytes: int = Field(default=262_144, ge=1_024)
+    max_json_depth: int = Field(
+        default=64, ge=4, description="Deepest nesting accepted in a message or arguments"
+    )
+
     # Recovery (the reconciler's budgets; see reconciler/_policy.py).
     recovery_max_attempts: int = Field(default=2, ge=1)
     recovery_probe_budget: int = Field(default=4, ge=1)
@@ -92,6 +121,13 @@ class Settings(BaseSettings):
         description="When a tool version's circuit opens and an earlier live version of the "
         "same tool is healthy, the planner routes new calls to that one (planner/_versions.py)",
     )
+    registry_cache_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="How long the planner caches the tool registry: newly published "
+        "versions and operators' pins (toolfleet tools rollback|pin|unpin) take effect "
+        "within this long",
+    )
 
     # Local infrastructure (toolfleet infra up).
     infra: str = Field(default="local", description="'local' processes or 'containers'")
@@ -110,6 +146,18 @@ class Settings(BaseSettings):
     def redis_address(self) -> str:
         """The configured Redis URL, else the server ``toolfleet infra up`` runs."""
         return self.redis_url or f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def kafka_external(self) -> bool:
+        """Whether KAFKA_BOOTSTRAP_SERVERS names a broker other than the one ``toolfleet
+        infra up`` runs (its own address, as ``eval "$(toolfleet infra up)"`` exports it, is
+        still ours to stop)."""
+        local = f"127.0.0.1:{self.kafka_port}"
+        return bool(self.kafka_bootstrap_servers) and self.kafka_bootstrap_servers != local
+
+    def redis_external(self) -> bool:
+        """Whether REDIS_URL names a server other than the one ``toolfleet infra up`` runs."""
+        local = f"redis://127.0.0.1:{self.redis_port}/0"
+        return bool(self.redis_url) and self.redis_url != local
 
     def topic(self, name: str) -> str:
         """The full topic name for a logical topic such as ``outcomes``."""

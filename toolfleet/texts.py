@@ -26,6 +26,12 @@ COMPENSATED = (
 )
 """A call whose wrong effect was compensated (after approval)."""
 
+OUTPUT_TOO_LARGE = (
+    "Tool '{name}' returned {size} bytes, more than the {limit}-byte limit; the output was not "
+    "kept. Ask for less (a narrower query, a page of results)."
+)
+"""A call whose output was over TOOLFLEET_MAX_OUTPUT_BYTES (its effect is what the body did)."""
+
 TIMEOUT = "Tool '{name}' timed out after {seconds:g} seconds."
 """The SDK's timeout text, which report_now tools show for an unknown effect."""
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -54,6 +56,24 @@ async def ensure_topics(settings: Settings, pools: tuple[str, ...] = ("default",
                         "check the broker's log and the partition/replication settings"
                     )
             log.info("created topics", extra={"topics": missing})
+            await _wait_for_leaders(admin, missing)
     finally:
         await admin.close()
     return names
+
+
+async def _wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[str]) -> None:
+    """Until every partition of fresh ``topics`` has a leader: a client that sends before
+    that gets NotLeaderForPartitionError (retried, but printed as warnings at start-up)."""
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        described = await admin.describe_topics(topics)
+        leaders = [
+            p.get("leader", p.get("leader_id", -1))
+            for topic in described
+            for p in topic.get("partitions", [])
+        ]
+        if len(leaders) >= len(topics) and all(leader >= 0 for leader in leaders):
+            return
+        await asyncio.sleep(0.1)  # wait-ok: polling interval of a deadline-bounded wait
+    log.warning("topics created but some partitions have no leader yet", extra={"topics": topics})

@@ -158,8 +158,12 @@ def test_cli_up_is_idempotent_and_down_stops_everything(private: Private) -> Non
     assert status.returncode == 0, status.stdout + status.stderr
     assert status.stdout.count(" running ") == 2
 
-    down = toolfleet(private, "infra", "down")
+    # As a newcomer does it: `eval "$(toolfleet infra up)"` exports the addresses, and
+    # `infra down` in that shell still stops what `up` started (they are not "external").
+    exported = dict(line.split("=", 1) for line in first.stdout.splitlines())
+    down = toolfleet(Private(settings, {**private.env, **exported}), "infra", "down")
     assert down.returncode == 0, down.stderr
+    assert "external" not in down.stdout + down.stderr
     wait_until(lambda: not brokers(settings), 30, "the broker to exit")
     wait_until(lambda: not redis_servers(settings), 30, "redis-server to exit")
     assert not (settings.state_dir / "kafka" / "kafka.pid").exists()

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from schemas import (
+    CallError,
     CallOutcome,
     DeadLetter,
     FunctionCallItem,
@@ -86,6 +87,24 @@ def test_unknown_fields_are_rejected() -> None:
 def test_unknown_schema_version_is_rejected_with_advice() -> None:
     with pytest.raises(InvalidMessageError, match=r"unsupported schema_version 2.*re-publish"):
         ModelResponseEvent.decode(json.dumps(dict(EVENT, schema_version=2)))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("schema_version", True), ("schema_version", 1.0), ("schema_version", "1"),
+     ("turn_id", "7"), ("turn_id", True), ("turn_id", 7.0), ("resume", "yes"), ("resume", 1)],
+)  # fmt: skip
+def test_nothing_is_coerced_into_versions_numbers_or_flags(field: str, value: object) -> None:
+    with pytest.raises(InvalidMessageError, match=field):
+        ModelResponseEvent.decode(json.dumps(dict(EVENT, **{field: value})))
+    config = dict(EVENT, config={"pre_approval_guardrails": "true"})
+    with pytest.raises(InvalidMessageError, match="pre_approval_guardrails"):
+        ModelResponseEvent.decode(json.dumps(config))
+
+
+def test_error_messages_are_cut_to_a_bound() -> None:
+    error = CallError(type="ModelBehaviorError", message="x" * 2_000_000)
+    assert len(error.message.encode()) <= 4_096 and error.message.endswith("more bytes cut]")
 
 
 def test_invalid_json_is_reported_as_such() -> None:

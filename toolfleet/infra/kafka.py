@@ -36,8 +36,8 @@ def kafka_dir(settings: Settings) -> Path:
 
 def kafka_status(settings: Settings) -> ServiceStatus:
     """Whether the broker of ``settings`` is running, from its pid file (no network call)."""
-    if settings.kafka_bootstrap_servers:
-        return ServiceStatus("kafka", "external", settings.kafka_bootstrap_servers)
+    if settings.kafka_external():
+        return ServiceStatus("kafka", "external", settings.kafka_servers())
     return process.local_status(
         "kafka",
         settings.kafka_servers(),
@@ -53,7 +53,7 @@ def start_kafka(settings: Settings, *, timeout: float = READY_TIMEOUT) -> Servic
     Blocking; from async code call it with ``asyncio.to_thread``. With
     KAFKA_BOOTSTRAP_SERVERS set nothing is started and the given address is reported.
     """
-    if settings.kafka_bootstrap_servers:
+    if settings.kafka_external():
         return kafka_status(settings)
     home = kafka_dir(settings)
     with process.file_lock(home / "lock"):
@@ -88,7 +88,7 @@ def stop_kafka(settings: Settings, *, timeout: float = STOP_TIMEOUT) -> int | No
 
     Data stays in the state directory, so a later ``start_kafka`` sees the same topics.
     """
-    if settings.kafka_bootstrap_servers:
+    if settings.kafka_external():
         return None
     with process.file_lock(kafka_dir(settings) / "lock"):
         return process.terminate(_pid_file(settings), _matcher(settings), timeout=timeout)

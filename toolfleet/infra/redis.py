@@ -29,8 +29,8 @@ def redis_dir(settings: Settings) -> Path:
 
 def redis_status(settings: Settings) -> ServiceStatus:
     """Whether the redis-server of ``settings`` is running, from its pid file (no network call)."""
-    if settings.redis_url:
-        return ServiceStatus("redis", "external", settings.redis_url)
+    if settings.redis_external():
+        return ServiceStatus("redis", "external", settings.redis_address())
     return process.local_status(
         "redis",
         settings.redis_address(),
@@ -46,7 +46,7 @@ def start_redis(settings: Settings, *, timeout: float = READY_TIMEOUT) -> Servic
     Blocking; from async code call it with ``asyncio.to_thread``. With REDIS_URL set
     nothing is started and the given URL is reported.
     """
-    if settings.redis_url:
+    if settings.redis_external():
         return redis_status(settings)
     home = redis_dir(settings)
     home.mkdir(parents=True, exist_ok=True)
@@ -94,7 +94,7 @@ def stop_redis(settings: Settings, *, timeout: float = STOP_TIMEOUT) -> int | No
     SIGTERM makes Redis fsync the append-only file before exiting, so nothing acknowledged
     is lost.
     """
-    if settings.redis_url:
+    if settings.redis_external():
         return None
     with process.file_lock(redis_dir(settings) / "lock"):
         return process.terminate(_pid_file(settings), _matcher(settings), timeout=timeout)

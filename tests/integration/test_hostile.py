@@ -1,0 +1,185 @@
+"""Hostile input through the public topics: nothing crashes, nothing is lost, tenants stay apart.
+
+Each test reproduces one observation of an outside test of the fleet (oversized garbage that
+used to crash-loop the planner and wedge the aggregator, an argument object that made its
+outcome unpublishable, cancellations that crossed tenants) and checks the fleet is whole
+afterwards: every service alive and a valid turn completing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from schemas import CancelRequest, DeadLetter, ModelResponseEvent
+from tests.conftest import wait_for
+from tests.integration.fleet_tools import effects_key, starts_key
+from tests.integration.test_pipeline import turn
+from toolfleet.bus import KafkaBus
+from toolfleet.client import FleetClient
+from toolfleet.settings import Settings
+from toolfleet.testing import LocalFleet, connected_client, result_of
+from toolfleet.texts import DEFAULT_ERROR
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def fleet(settings: Settings, topics: list[str]) -> Iterator[LocalFleet]:
+    with LocalFleet(settings, tools="tests.integration.fleet_tools:tools", workers=2) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def client(fleet: LocalFleet, settings: Settings) -> AsyncIterator[FleetClient]:
+    async with connected_client(fleet, settings) as fleet_client:
+        yield fleet_client
+
+
+async def _letters(
+    bus: KafkaBus, group: str, wanted: Callable[[DeadLetter], bool], count: int
+) -> list[DeadLetter]:
+    """The first ``count`` dead letters that ``wanted`` accepts, reading from the start."""
+    consumer = bus.consumer(["dead-letter"], group=group)
+    await consumer.start()
+    found: list[DeadLetter] = []
+
+    async def more() -> bool:
+        batch = await consumer.getmany(timeout_ms=500)
+        for records in batch.values():
+            letters = (DeadLetter.model_validate_json(r.value or b"") for r in records)
+            found.extend(letter for letter in letters if wanted(letter))
+        return len(found) >= count
+
+    try:
+        await wait_for(more, within=60)
+    finally:
+        await consumer.stop()
+    return found
+
+
+async def _still_serving(fleet: LocalFleet, client: FleetClient) -> None:
+    event = turn(("ok", "sleep_then_echo", {"text": "still here"}))
+    result = await client.run_turn(event, within=60)
+    assert result.outputs[0].output == "still here"
+    fleet.check()  # every service process is alive
+
+
+async def test_oversized_garbage_is_dead_lettered_cut_and_no_service_stops(
+    fleet: LocalFleet, client: FleetClient, bus: KafkaBus, settings: Settings
+) -> None:
+    garbage = {topic: os.urandom(900_000) for topic in ("model-responses", "approvals",
+                                                         "cancellations")}  # fmt: skip
+    for topic, raw in garbage.items():
+        await bus.publish_and_wait(topic, b"hostile-big", raw)
+    digests = {hashlib.sha256(raw).hexdigest() for raw in garbage.values()}
+
+    # The planner reads all three topics, the aggregator cancellations too: each dead-letters
+    # what it cannot read, and goes on.
+    letters = await _letters(bus, "hostile-big", lambda d: d.value_sha256 in digests, 4)
+    for letter in letters:
+        assert letter.value_cut and letter.value_size == 900_000
+        assert letter.value is not None
+        assert len(letter.value) == settings.dead_letter_value_max_bytes
+        assert "not valid JSON" in letter.reason
+    by_topic = sorted((d.original_topic.rsplit(".", 1)[-1], d.service) for d in letters)
+    assert by_topic == [
+        ("approvals", "planner"), ("cancellations", "aggregator"),
+        ("cancellations", "planner"), ("model-responses", "planner"),
+    ]  # fmt: skip
+    await _still_serving(fleet, client)
+
+
+async def test_an_argument_object_with_ten_thousand_keys_still_gets_its_result(
+    fleet: LocalFleet, client: FleetClient
+) -> None:
+    args = {f"key{i}": i for i in range(10_000)}
+    event = turn(("wide", "sleep_then_echo", args))
+    await client.submit(event)
+    result = await result_of(fleet, client, event.run_id, within=60)
+    assert (result.status, result.outputs[0].output) == ("completed", DEFAULT_ERROR)
+    assert (result.calls[0].status, result.calls[0].effect) == ("failed", "not_executed")
+    await _still_serving(fleet, client)
+
+
+async def test_loosely_typed_fields_are_dead_lettered_not_coerced(
+    fleet: LocalFleet, client: FleetClient, bus: KafkaBus
+) -> None:
+    base = turn(("c", "sleep_then_echo", {"text": "x"})).model_dump(mode="json")
+    variants = [dict(base, turn_id="7"), dict(base, turn_id=True), dict(base, turn_id=7.0),
+                dict(base, schema_version=True), dict(base, resume="yes")]  # fmt: skip
+    marker = base["run_id"]
+    for variant in variants:
+        await bus.publish_and_wait("model-responses", marker, json.dumps(variant).encode())
+    letters = await _letters(bus, f"lax-{marker}", lambda d: d.key == marker.encode(), 5)
+    assert len(letters) == 5 and all(d.service == "planner" for d in letters)
+    await _still_serving(fleet, client)
+
+
+def _tenant(event: ModelResponseEvent, tenant: str) -> ModelResponseEvent:
+    return event.model_copy(update={"tenant_id": tenant})
+
+
+async def _started(redis: Redis, call_id: str) -> bool:
+    return bool(await redis.exists(starts_key(call_id)))
+
+
+async def test_a_cancellation_never_reaches_another_tenants_calls(
+    fleet: LocalFleet, client: FleetClient, redis: Redis
+) -> None:
+    a = turn(("a", "charge", {"amount": 1, "hold_ms": 2_000}))
+    run_id, a_call = a.run_id, a.function_calls[0].call_id
+    await client.submit(a)
+    await wait_for(lambda: _started(redis, a_call))
+    # Tenant beta names acme's run and call: parent and tool-local cancellation.
+    await client.cancel(CancelRequest(tenant_id="beta", run_id=run_id, reason="hostile"))
+    await client.cancel(
+        CancelRequest(tenant_id="beta", run_id=run_id, call_id=a_call, reason="hostile")
+    )
+    result = await result_of(fleet, client, run_id)
+    assert (result.status, result.outputs[0].output) == ("completed", "charged 1")
+    assert int(await redis.get(effects_key(a_call)) or 0) == 1
+
+    # acme's next turn in that run is not skipped by beta's cancellation either.
+    again = turn(("a2", "sleep_then_echo", {"text": "next"}), run_id=run_id)
+    again = again.model_copy(update={"turn_id": 1})
+    assert (await client.run_turn(again)).outputs[0].output == "next"
+
+    # Both tenants use one new run id; acme cancels its run: beta's call under it goes on.
+    b = _tenant(turn(("b", "charge", {"amount": 2, "hold_ms": 2_000})), "beta")
+    b_call = b.function_calls[0].call_id
+    await client.submit(b)
+    await wait_for(lambda: _started(redis, b_call))
+    await client.cancel(CancelRequest(tenant_id="acme", run_id=b.run_id, reason="done"))
+    b_result = await result_of(fleet, client, b.run_id)
+    assert (b_result.tenant_id, b_result.outputs[0].output) == ("beta", "charged 2")
+
+
+async def test_one_new_call_id_in_several_runs_at_once_gives_each_turn_its_result(
+    fleet: LocalFleet, client: FleetClient, redis: Redis
+) -> None:
+    call_id = f"shared-{uuid.uuid4().hex[:8]}"
+    events = [
+        ModelResponseEvent.model_validate(
+            {
+                "tenant_id": "acme", "run_id": f"run-{uuid.uuid4().hex[:8]}", "turn_id": 0,
+                "agent": {"name": "a"}, "response_id": f"resp-{i}",
+                "items": [{"type": "function_call", "call_id": call_id, "name": "charge",
+                           "arguments": json.dumps({"amount": 7, "hold_ms": 300})}],
+            }
+        )
+        for i in range(3)
+    ]  # fmt: skip
+    await asyncio.gather(*(client.submit(event) for event in events))
+    results = [await result_of(fleet, client, event.run_id) for event in events]
+    for event, result in zip(events, results, strict=True):
+        assert (result.run_id, result.status) == (event.run_id, "completed")
+        assert result.outputs[0].output == "charged 7"
+    assert int(await redis.get(effects_key(call_id)) or 0) == 1  # one identity, one effect
