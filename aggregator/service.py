@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from aggregator._store import StoredTurn, TurnStore
 from aggregator._turn import TurnState, accept_outcome, build_result, is_settled
 from schemas import CallOutcome, CancelRequest, TurnError, TurnPlan, TurnResult
+from toolfleet.auth import DecisionAuth
 from toolfleet.bus import NEVER_FITS, PRODUCER_BATCH_BYTES, TRANSIENT_ERRORS, KafkaBus, Record
 from toolfleet.errors import InvalidMessageError
 from toolfleet.keys import Keys
@@ -52,6 +53,7 @@ class Aggregator:
         self.keys = Keys.of(settings)
         self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
+        self.auth = DecisionAuth.of(settings)
         self._stopping = asyncio.Event()
         # Runs handled at once: their Redis steps share round trips (auto-pipelining), so a
         # whole polled batch goes at once instead of in waves.
@@ -190,6 +192,8 @@ class Aggregator:
         }  # fmt: skip
         try:
             message = kinds[topic].decode(record.value or b"")
+            if isinstance(message, CancelRequest):
+                self.auth.verify(message)  # only the run's own tenant may cancel it
         except InvalidMessageError as exc:
             await self.bus.dead_letter(record, exc.reason)
             MESSAGES.labels("aggregator", record.topic, "dead_lettered").inc()

@@ -28,6 +28,7 @@ from executors._registry import ToolRegistry
 from executors._runner import run_call
 from executors._tool import Tool
 from schemas import CallError, CallOutcome, CancelRequest, ExecutionCommand, HumanTask
+from toolfleet.auth import DecisionAuth
 from toolfleet.bus import COMMIT_INTERVAL_S, NEVER_FITS, TRANSIENT_ERRORS, KafkaBus, Record
 from toolfleet.circuit import CircuitBreaker, version_ref
 from toolfleet.effects import counts_against_circuit, effect_of_probe, fleet_retries
@@ -96,6 +97,7 @@ class Worker:
         self.semaphores = FleetSemaphores(self.redis, lease_s=self.limits.lease_s)
         self.circuits = CircuitBreaker(self.redis, settings)
         self.tasks = TaskStore(self.redis, self.keys)
+        self.auth = DecisionAuth.of(settings)
         self._after_publish = AfterPublish(
             self.redis, self.keys, self.circuits, settings.ledger_retention_s
         )
@@ -483,6 +485,7 @@ class Worker:
         async for record in consumer:
             try:
                 request = CancelRequest.decode(record.value or b"")
+                self.auth.verify(request)  # unsigned, forged or another tenant's: ignored
             except InvalidMessageError:
                 continue  # the planner dead-letters it; every worker doing so would spam
             if request.call_id is not None:

@@ -38,6 +38,7 @@ from schemas import (
     ToolSpec,
     TurnConfig,
 )
+from toolfleet.auth import DecisionAuth
 from toolfleet.bus import ConsumeLoop, KafkaBus, Record
 from toolfleet.circuit import CircuitBreaker
 from toolfleet.errors import InvalidMessageError
@@ -70,6 +71,7 @@ class Planner:
         self._routing: dict[str, str] = {}
         """Lookup key -> why its calls go where they go, as last logged (logged on change)."""
         self.gate = Gate(self.redis, self.keys)
+        self.auth = DecisionAuth.of(settings)
         self._loop: ConsumeLoop | None = None
 
     def stop(self) -> None:
@@ -109,9 +111,13 @@ class Planner:
             _check_limits(event, self.settings)
             await self.on_response(event, record)
         elif topic == "approvals":
-            await self.on_approval(ApprovalDecision.decode(raw))
+            decision = ApprovalDecision.decode(raw)
+            self.auth.verify(decision)
+            await self.on_approval(decision)
         elif topic == "cancellations":
-            await self.on_cancel(CancelRequest.decode(raw))
+            request = CancelRequest.decode(raw)
+            self.auth.verify(request)
+            await self.on_cancel(request)
         elif topic == "outcomes":
             await self.on_outcome(CallOutcome.decode(raw))
 

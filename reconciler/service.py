@@ -41,6 +41,7 @@ from schemas import (
     TaskResolution,
     ToolSpec,
 )
+from toolfleet.auth import DecisionAuth
 from toolfleet.bus import ConsumeLoop, KafkaBus, Record
 from toolfleet.effects import probe_answer
 from toolfleet.errors import InvalidMessageError, ToolfleetError
@@ -109,6 +110,7 @@ class Reconciler:
         self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
         self.tools = ToolDirectory(self.redis, self.keys)
         self.tasks = TaskStore(self.redis, self.keys)
+        self.auth = DecisionAuth.of(settings)
         self.tick_s = tick_s
         self._claim = self.redis.register_script(_CLAIM)
         self._take_probe = self.redis.register_script(_TAKE_PROBE)
@@ -158,7 +160,9 @@ class Reconciler:
         """Route one record; invalid bytes raise InvalidMessageError (dead-lettered)."""
         raw = record.value or b""
         if record.topic.endswith("task-resolutions"):
-            await self.on_resolution(TaskResolution.decode(raw))
+            resolution = TaskResolution.decode(raw)
+            self.auth.verify(resolution)
+            await self.on_resolution(resolution)
         else:
             await self.on_outcome(CallOutcome.decode(raw))
 

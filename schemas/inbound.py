@@ -128,6 +128,12 @@ class ModelResponseEvent(Message):
         return [item for item in self.items if isinstance(item, FunctionCallItem)]
 
 
+SIGNATURE_DOC = (
+    "hmac-sha256:<hex> over the canonical JSON of the message without this field, with the "
+    "tenant's decision key (see toolfleet.auth); required unless decision auth is off."
+)
+
+
 class ApprovalDecision(Message):
     """An operator's or UI's decision on a call that waits for approval."""
 
@@ -142,6 +148,7 @@ class ApprovalDecision(Message):
         default=None, description="Apply this decision to every later call of the same tool."
     )
     decided_by: str = Field(min_length=1)
+    signature: str | None = Field(default=None, description=SIGNATURE_DOC)
 
 
 class CancelRequest(Message):
@@ -152,3 +159,5 @@ class CancelRequest(Message):
     run_id: str = Field(min_length=1)
     call_id: str | None = Field(default=None, min_length=1)
     reason: str = Field(min_length=1)
+    decided_by: str | None = Field(default=None, description="Who cancels (kept in the logs).")
+    signature: str | None = Field(default=None, description=SIGNATURE_DOC)

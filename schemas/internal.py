@@ -236,6 +236,9 @@ class TaskResolution(Message):
     )
     note: str | None = None
     decided_by: str = Field(min_length=1)
+    signature: str | None = Field(
+        default=None, description="hmac-sha256 with the tenant's decision key (toolfleet.auth)."
+    )
 
 
 class DeadLetter(WireModel):

@@ -50,6 +50,9 @@ def settings(infra_env: dict[str, str]) -> Settings:
         redis_url=infra_env["REDIS_URL"],
         topic_prefix=f"test-{run}.",
         partitions=int(os.environ.get("TOOLFLEET_TEST_PARTITIONS", "4")),
+        # Every decision is signed and verified, with one key for the session's tenants.
+        decision_auth="hmac",
+        decision_keys={"*": f"test-session-{run}"},
     )
 
 

@@ -10,6 +10,7 @@ from typing import Self
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas import ApprovalDecision, CancelRequest, ModelResponseEvent, TurnResult
+from toolfleet.auth import DecisionAuth
 from toolfleet.bus import KafkaBus
 from toolfleet.errors import InvalidMessageError, ToolfleetError
 from toolfleet.settings import Settings
@@ -29,6 +30,7 @@ class FleetClient:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.bus = KafkaBus(settings, service="client")
+        self.auth = DecisionAuth.of(settings)
         self._results: dict[tuple[str, int], TurnResult] = {}
         self._arrived = asyncio.Condition()
         self._consumer: AIOKafkaConsumer | None = None
@@ -72,12 +74,13 @@ class FleetClient:
         await self.bus.publish_and_wait("model-responses", event.run_id, event)
 
     async def decide(self, decision: ApprovalDecision) -> None:
-        """Approve or reject a call that waits for approval."""
-        await self.bus.publish_and_wait("approvals", decision.run_id, decision)
+        """Approve or reject a call that waits for approval (signed with the tenant's key)."""
+        signed = self.auth.sign(decision)
+        await self.bus.publish_and_wait("approvals", decision.run_id, signed)
 
     async def cancel(self, request: CancelRequest) -> None:
-        """Cancel a run (no call_id) or one call."""
-        await self.bus.publish_and_wait("cancellations", request.run_id, request)
+        """Cancel a run (no call_id) or one call (signed with the tenant's key)."""
+        await self.bus.publish_and_wait("cancellations", request.run_id, self.auth.sign(request))
 
     async def result(self, run_id: str, turn_id: int, *, within: float = 60.0) -> TurnResult:
         """The TurnResult of one turn, waiting up to ``within`` seconds."""

@@ -12,6 +12,7 @@ import click
 from redis.asyncio import Redis
 
 from schemas import TaskResolution, ToolSpec
+from toolfleet.auth import DecisionAuth
 from toolfleet.bus import KafkaBus
 from toolfleet.circuit import CircuitBreaker, version_ref
 from toolfleet.effects import Budgets, attendance, needs_review, review_rows
@@ -100,10 +101,11 @@ def resolve_task(
             note=note,
             decided_by=decided_by,
         )
+        signed = DecisionAuth.of(settings).sign(message)
         bus = KafkaBus(settings, service="cli")
         await bus.start()
         try:
-            await bus.publish_and_wait("task-resolutions", stored.task.run_id or task_id, message)
+            await bus.publish_and_wait("task-resolutions", stored.task.run_id or task_id, signed)
         finally:
             await bus.stop()
         click.echo(f"sent: {task_id} -> {resolution}")

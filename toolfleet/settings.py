@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -65,6 +66,21 @@ class Settings(BaseSettings):
         description="How long a committed call whose history is its plain run stays in the "
         "ledger (0: forever). A model that reuses an expired call's id runs it again, so keep "
         "it longer than any run can be replayed or resumed",
+    )
+
+    # Who may decide (see toolfleet/auth.py).
+    decision_auth: Literal["hmac", "off"] = Field(
+        default="hmac",
+        description="Verify the signature of approvals, cancellations and task resolutions; "
+        "'off' for local development only",
+    )
+    decision_keys: dict[str, str] = Field(
+        default_factory=dict,
+        description='Per-tenant decision keys as JSON, {"tenant": "secret"}; "*" is the key of '
+        "every tenant without its own",
+    )
+    decision_keys_file: Path | None = Field(
+        default=None, description="The same JSON in a file (a mounted secret)"
     )
 
     # Size limits (see toolfleet/limits.py): nothing produced may be too big for Kafka.

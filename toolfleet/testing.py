@@ -59,6 +59,8 @@ class LocalFleet:
             TOOLFLEET_TOPIC_PREFIX=self.settings.topic_prefix,
             TOOLFLEET_PARTITIONS=str(self.settings.partitions),
             TOOLFLEET_METRICS_PORT="0",
+            TOOLFLEET_DECISION_AUTH=self.settings.decision_auth,
+            TOOLFLEET_DECISION_KEYS=json.dumps(self.settings.decision_keys),
             PYTHONUNBUFFERED="1",
         )
         env.update(self.extra_env)
