@@ -49,7 +49,7 @@ fuzz: setup
 
 ## chaos: 3,000 charges while workers are SIGKILLed; prints the figures
 chaos: setup
-	TOOLFLEET_CHAOS_TURNS=600 $(BIN)/pytest -q -s tests/integration/test_chaos.py
+	TOOLFLEET_CHAOS_TURNS=600 TOOLFLEET_CHAOS_INFRA_KILLS=1 $(BIN)/pytest -q -s tests/integration/test_chaos.py
 
 infra-up: setup
 

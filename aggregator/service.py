@@ -24,7 +24,14 @@ from aggregator._store import StoredTurn, TurnStore
 from aggregator._turn import TurnState, accept_outcome, build_result, is_settled
 from schemas import CallOutcome, CancelRequest, TurnError, TurnPlan, TurnResult
 from toolfleet.auth import DecisionAuth
-from toolfleet.bus import NEVER_FITS, PRODUCER_BATCH_BYTES, TRANSIENT_ERRORS, KafkaBus, Record
+from toolfleet.bus import (
+    NEVER_FITS,
+    PRODUCER_BATCH_BYTES,
+    TRANSIENT_ERRORS,
+    KafkaBus,
+    Record,
+    check_cut_off,
+)
 from toolfleet.errors import InvalidMessageError
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
@@ -55,6 +62,7 @@ class Aggregator:
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
         self.auth = DecisionAuth.of(settings)
         self._stopping = asyncio.Event()
+        self._unreachable_since: float | None = None
         # Runs handled at once: their Redis steps share round trips (auto-pipelining), so a
         # whole polled batch goes at once instead of in waves.
         self._slots = asyncio.Semaphore(512)
@@ -127,10 +135,13 @@ class Aggregator:
         except TRANSIENT_ERRORS as exc:
             # Nothing of the batch is committed: read it again; recording is idempotent.
             log.warning("batch failed; re-reading it", extra={"error": repr(exc)})
+            self._unreachable_since = self._unreachable_since or time.monotonic()
+            check_cut_off(self._unreachable_since, self.settings.cut_off_after_s, exc)
             for tp, records in batches.items():
                 consumer.seek(tp, records[0].offset)
             await asyncio.sleep(0.5)
             return
+        self._unreachable_since = None
         for result, planned_at in emitted:
             TURN_LATENCY.labels(result.status).observe(time.time() - planned_at)
 

@@ -29,10 +29,17 @@ from executors._runner import run_call
 from executors._tool import Tool
 from schemas import CallError, CallOutcome, CancelRequest, ExecutionCommand, HumanTask
 from toolfleet.auth import DecisionAuth
-from toolfleet.bus import COMMIT_INTERVAL_S, NEVER_FITS, TRANSIENT_ERRORS, KafkaBus, Record
+from toolfleet.bus import (
+    COMMIT_INTERVAL_S,
+    NEVER_FITS,
+    TRANSIENT_ERRORS,
+    KafkaBus,
+    Record,
+    check_cut_off,
+)
 from toolfleet.circuit import CircuitBreaker, version_ref
 from toolfleet.effects import counts_against_circuit, effect_of_probe, fleet_retries
-from toolfleet.errors import InvalidMessageError, ToolfleetError, ToolNotFoundError
+from toolfleet.errors import CutOffError, InvalidMessageError, ToolfleetError, ToolNotFoundError
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
 from toolfleet.metrics import CALL_LATENCY, COMMANDS, HUMAN_TASKS, IN_FLIGHT, OUTCOMES
@@ -116,6 +123,7 @@ class Worker:
         self._cancelled_runs: set[tuple[str, str]] = set()
         """(tenant, run) of runs cancelled while this worker lives."""
         self._stopping = asyncio.Event()
+        self._cut_off: CutOffError | None = None
 
     def stop(self) -> None:
         """Stop taking commands; in-flight calls finish before ``run`` returns."""
@@ -150,6 +158,8 @@ class Worker:
             await cancels.stop()
             await self.bus.stop()
             await self.redis.aclose()
+        if self._cut_off is not None:
+            raise self._cut_off
 
     async def _consume(self, consumer: AIOKafkaConsumer) -> None:
         last_commit = time.monotonic()
@@ -181,6 +191,7 @@ class Worker:
 
     async def _handle(self, tp: TopicPartition, record: Record, slot: _Slot) -> None:
         delay = 0.1
+        unreachable_since: float | None = None
         try:
             while True:
                 try:
@@ -198,6 +209,15 @@ class Worker:
                 except TRANSIENT_ERRORS as exc:
                     # Kafka or Redis is away: retry the same command; the ledger makes it safe.
                     log.warning("dependency unavailable", extra={"error": repr(exc)})
+                    unreachable_since = unreachable_since or time.monotonic()
+                    try:
+                        check_cut_off(unreachable_since, self.settings.cut_off_after_s, exc)
+                    except CutOffError as cut:
+                        # Leave the group (after in-flight calls end): the command is
+                        # redelivered to a peer, and the ledger makes that safe.
+                        self._cut_off = cut
+                        self.stop()
+                        return
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
                 except Exception as exc:

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import (
     CommitFailedError,
     IllegalStateError,
@@ -22,7 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from schemas import DeadLetter, Message
-from toolfleet.errors import InfrastructureError, InvalidMessageError
+from toolfleet.errors import CutOffError, InfrastructureError, InvalidMessageError
 from toolfleet.limits import cut_text, digest
 from toolfleet.metrics import DEAD_LETTERS, MESSAGES
 from toolfleet.settings import Settings
@@ -182,7 +182,23 @@ class KafkaBus:
             # others wait for it to time out (500 ms by default), a tail on every hop.
             "fetch_max_wait_ms": 50,
         }
-        return AIOKafkaConsumer(*(self.topic(t) for t in topics), **(config | options))
+        consumer = AIOKafkaConsumer(**(config | options))
+        names = [self.topic(t) for t in topics]
+        if names:
+            consumer.subscribe(names, listener=_LogAssignments())
+        return consumer
+
+
+class _LogAssignments(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Logs every assignment: operators (and tests) see when an instance owns what."""
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Nothing to do: uncommitted records are redelivered to the next owner."""
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Log the new assignment."""
+        partitions = sorted(f"{tp.topic}:{tp.partition}" for tp in assigned)
+        log.info("consumer assignment", extra={"partitions": partitions})
 
 
 _KEY_MAX_BYTES = 1_024
@@ -260,7 +276,13 @@ class ConsumeLoop:
             for tp, records in batches.items():
                 for record in filter(self.wanted, records) if self.wanted else records:
                     by_key.setdefault((tp, record.key), []).append(record)
-            unhandled = await asyncio.gather(*(self._in_order(rs) for rs in by_key.values()))
+            outcomes = await asyncio.gather(
+                *(self._in_order(rs) for rs in by_key.values()), return_exceptions=True
+            )
+            for failed in outcomes:
+                if isinstance(failed, BaseException):
+                    raise failed  # CutOffError: uncommitted records go to this group's peers
+            unhandled = [r for r in outcomes if not isinstance(r, BaseException)]
             for tp, records in batches.items():
                 # Commit below the first record left unhandled (only when stopping).
                 left = [r.offset for r in unhandled if r is not None and r.topic == tp.topic
@@ -293,8 +315,13 @@ class ConsumeLoop:
         return None
 
     async def _handle(self, record: Record) -> bool:
-        """Process one record; False only when stopping left it unprocessed (uncommitted)."""
+        """Process one record; False only when stopping left it unprocessed (uncommitted).
+
+        Raises CutOffError when Kafka or Redis stayed unreachable for longer than
+        ``cut_off_after_s``: this instance must let its partitions go to its peers.
+        """
         attempt = 0
+        unreachable_since: float | None = None
         while True:
             attempt += 1
             try:
@@ -315,6 +342,8 @@ class ConsumeLoop:
                     extra={"topic": record.topic, "offset": record.offset, "error": repr(exc)},
                 )
                 MESSAGES.labels(self.bus.service, record.topic, "retried").inc()
+                unreachable_since = unreachable_since or time.monotonic()
+                check_cut_off(unreachable_since, self.bus.settings.cut_off_after_s, exc)
             except Exception as exc:
                 if attempt >= self.max_attempts:
                     reason = f"handler failed {attempt} times: {type(exc).__name__}: {exc}"
@@ -336,6 +365,16 @@ class ConsumeLoop:
             except TimeoutError:
                 continue
             return False  # stopping mid-retry: the next owner of the partition retries it
+
+
+def check_cut_off(since: float, bound_s: float, exc: BaseException) -> None:
+    """Raise CutOffError once a dependency has been unreachable since ``since`` (monotonic)
+    for longer than ``bound_s``."""
+    if time.monotonic() - since > bound_s:
+        raise CutOffError(
+            f"Kafka or Redis unreachable for more than {bound_s:g} s ({exc!r}); giving up "
+            "this instance's partitions to its peers until both answer again"
+        ) from exc
 
 
 __all__ = ["NEVER_FITS", "TRANSIENT_ERRORS", "ConsumeLoop", "KafkaBus", "Record", "TopicPartition"]

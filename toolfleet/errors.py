@@ -33,3 +33,8 @@ class ToolExecutionError(ToolfleetError):
 
 class ModelBehaviorError(ToolfleetError):
     """The model produced tool calls that cannot be executed safely (reused or empty call IDs)."""
+
+
+class CutOffError(InfrastructureError):
+    """This instance could not reach Kafka or Redis for longer than the cut-off bound while
+    its peers may: it gives up its partitions, waits until both answer, and rejoins."""

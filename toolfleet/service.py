@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import logging
 import signal
 from collections.abc import Callable
 from typing import Protocol
 
 import uvloop
+from aiokafka.admin import AIOKafkaAdminClient
 
+from toolfleet.bus import TRANSIENT_ERRORS
+from toolfleet.errors import CutOffError
 from toolfleet.logs import configure_logging
 from toolfleet.metrics import serve_metrics
+from toolfleet.redis import connect_redis
 from toolfleet.settings import Settings
 from toolfleet.topics import ensure_topics
+
+log = logging.getLogger(__name__)
+
+_UNREACHABLE: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, OSError)
 
 
 class Service(Protocol):
@@ -44,12 +54,52 @@ def run_service(
 
 async def _main(settings: Settings, make: Callable[[], Service], pools: tuple[str, ...]) -> None:
     await ensure_topics(settings, pools)
-    service = make()
     tune_gc(settings.gc_thresholds)
+    stopping = asyncio.Event()
+    current: list[Service] = []
+
+    def stop() -> None:
+        stopping.set()
+        for service in current:
+            service.stop()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, service.stop)
-    await service.run()
+        loop.add_signal_handler(sig, stop)
+    while not stopping.is_set():
+        current[:] = [make()]
+        try:
+            await current[0].run()
+            return
+        except CutOffError as exc:
+            # The service closed its consumers on the way out: the group has rebalanced and
+            # healthy peers own its partitions. Come back once both dependencies answer.
+            log.error("cut off, giving up its partitions: %s", exc)
+            await wait_until_reachable(settings, stopping)
+            if not stopping.is_set():
+                log.warning("Kafka and Redis reachable again: rejoining")
+
+
+async def wait_until_reachable(settings: Settings, stopping: asyncio.Event) -> None:
+    """Return once Redis answers PING and Kafka lists its topics (or ``stopping`` is set)."""
+    delay = 0.5
+    while not stopping.is_set():
+        redis = connect_redis(settings)
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_servers())
+        try:
+            await asyncio.wait_for(redis.ping(), timeout=5)
+            await asyncio.wait_for(admin.start(), timeout=10)
+            await asyncio.wait_for(admin.list_topics(), timeout=10)
+            return
+        except _UNREACHABLE:
+            pass
+        finally:
+            await redis.aclose()
+            with contextlib.suppress(Exception):
+                await admin.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), timeout=delay)
+        delay = min(delay * 2, 10.0)
 
 
 def tune_gc(thresholds: tuple[int, int, int]) -> None:

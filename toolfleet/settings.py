@@ -68,6 +68,13 @@ class Settings(BaseSettings):
         "it longer than any run can be replayed or resumed",
     )
 
+    cut_off_after_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long an instance retries one record against an unreachable Kafka or "
+        "Redis before it gives up its partitions to its peers (it rejoins once both answer)",
+    )
+
     # Who may decide (see toolfleet/auth.py).
     decision_auth: Literal["hmac", "off"] = Field(
         default="hmac",

@@ -1,0 +1,136 @@
+"""A cut-off instance lets go: a planner that cannot reach Redis while its peer can gives up
+its partitions after a bounded time, the peer plans every turn, and it rejoins once Redis is
+back (seen before: two instances left against a Redis that had gone away held their
+partitions and retried forever, and every turn on those partitions stalled)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.integration.test_pipeline import turn
+from toolfleet.client import FleetClient
+from toolfleet.settings import Settings
+from toolfleet.testing import LocalFleet, connected_client, result_of
+
+pytestmark = pytest.mark.integration
+
+
+class Proxy:
+    """A TCP proxy to Redis that the test can cut (every connection dropped and refused)."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.cut = False
+        self._server: asyncio.Server | None = None
+        self._pipes: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.cut:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self._writers |= {writer, up_writer}
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pipe(source, sink))
+            self._pipes.add(task)
+            task.add_done_callback(self._pipes.discard)
+
+    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while data := await source.read(65536):
+                if self.cut:
+                    break
+                sink.write(data)
+                await sink.drain()
+        sink.close()
+
+    def sever(self) -> None:
+        """Drop every connection and refuse new ones."""
+        self.cut = True
+        for writer in self._writers:
+            writer.close()
+        self._writers.clear()
+
+    def heal(self) -> None:
+        """Accept connections again."""
+        self.cut = False
+
+    async def stop(self) -> None:
+        self.sever()
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._pipes):
+            task.cancel()
+
+
+@pytest.fixture(scope="module")
+async def proxy(settings: Settings) -> AsyncIterator[tuple[Proxy, int]]:
+    host, port = settings.redis_address().removeprefix("redis://").split("/")[0].split(":")
+    running = Proxy(host, int(port))
+    yield running, await running.start()
+    await running.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(settings: Settings, topics: list[str], proxy: tuple[Proxy, int]) -> Iterator[LocalFleet]:
+    env = {"TOOLFLEET_CUT_OFF_AFTER_S": "3", "TOOLFLEET_SESSION_TIMEOUT_MS": "6000"}
+    with LocalFleet(
+        settings, tools="tests.integration.fleet_tools:tools", workers=1, extra_env=env
+    ) as running:
+        # A second planner whose Redis goes through the proxy.
+        running.extra_env["REDIS_URL"] = f"redis://127.0.0.1:{proxy[1]}/0"
+        running.start("planner-cut", ["planner"])
+        running.extra_env.pop("REDIS_URL")
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def client(fleet: LocalFleet, settings: Settings) -> AsyncIterator[FleetClient]:
+    async with connected_client(fleet, settings) as fleet_client:
+        yield fleet_client
+
+
+@pytest.mark.timeout(300)
+async def test_a_planner_cut_off_from_redis_gives_up_its_partitions_and_rejoins(
+    fleet: LocalFleet, client: FleetClient, proxy: tuple[Proxy, int]
+) -> None:
+    cut = proxy[0]
+
+    async def owns_some() -> bool:  # both planners share the group's partitions
+        return 'model-responses:' in _assignments(fleet.logs("planner-cut"))
+
+    await wait_for(owns_some, within=60)
+    cut.sever()
+    # Turns on every partition: those the cut-off planner holds stall until it lets go.
+    events = [turn(("a", "sleep_then_echo", {"text": f"t{i}"})) for i in range(12)]
+    for event in events:
+        await client.submit(event)
+    for i, event in enumerate(events):
+        result = await result_of(fleet, client, event.run_id, within=120)
+        assert result.outputs[0].output == f"t{i}"
+    assert "giving up its partitions" in fleet.logs("planner-cut")
+    cut.heal()
+
+    async def rejoined() -> bool:
+        return "reachable again: rejoining" in fleet.logs("planner-cut")
+
+    await wait_for(rejoined, within=120)
+    fleet.check()  # the cut-off planner did not exit: it waited and came back
+    again = turn(("b", "sleep_then_echo", {"text": "after"}))
+    assert (await client.run_turn(again, within=60)).outputs[0].output == "after"
+
+
+def _assignments(log: str) -> str:
+    """The latest assignment the planner logged ('' before its first)."""
+    lines = [line for line in log.splitlines() if '"consumer assignment"' in line]
+    return lines[-1] if lines else ""
