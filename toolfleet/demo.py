@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 
@@ -71,8 +72,12 @@ def demo_event() -> ModelResponseEvent:
 async def run_demo(settings: Settings) -> None:
     """Start a local fleet, run one turn through it, print the result."""
     await ensure_topics(settings)
+    # aiokafka logs, then retries, the offset lookups a broker answers before its partitions
+    # have settled (fresh topics, a broker that just restarted): not the demo's story.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     with LocalFleet(settings, tools="toolfleet.demo:tools", workers=2) as fleet:
         print(f"fleet started (logs in {fleet.log_dir})")
+        await fleet.ready()  # every worker owns its partitions: the tools are published
         async with FleetClient(settings) as client:
             event = demo_event()
             began = time.monotonic()

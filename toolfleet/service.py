@@ -53,7 +53,6 @@ def run_service(
 
 
 async def _main(settings: Settings, make: Callable[[], Service], pools: tuple[str, ...]) -> None:
-    await ensure_topics(settings, pools)
     tune_gc(settings.gc_thresholds)
     stopping = asyncio.Event()
     current: list[Service] = []
@@ -67,17 +66,22 @@ async def _main(settings: Settings, make: Callable[[], Service], pools: tuple[st
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
     while not stopping.is_set():
-        current[:] = [make()]
         try:
+            await ensure_topics(settings, pools)
+            current[:] = [make()]
             await current[0].run()
             return
         except CutOffError as exc:
             # The service closed its consumers on the way out: the group has rebalanced and
             # healthy peers own its partitions. Come back once both dependencies answer.
             log.error("cut off, giving up its partitions: %s", exc)
-            await wait_until_reachable(settings, stopping)
-            if not stopping.is_set():
-                log.warning("Kafka and Redis reachable again: rejoining")
+        except _UNREACHABLE as exc:
+            # Started (or restarted) while Kafka or Redis is away: wait instead of exiting,
+            # so an outage never turns into a crash loop.
+            log.error("Kafka or Redis unreachable at start: %r; waiting for them", exc)
+        await wait_until_reachable(settings, stopping)
+        if not stopping.is_set():
+            log.warning("Kafka and Redis reachable again: rejoining")
 
 
 async def wait_until_reachable(settings: Settings, stopping: asyncio.Event) -> None:

@@ -23,6 +23,7 @@ from tests.integration.test_pipeline import turn
 from tests.integration.upstream_tools import applies_key
 from toolfleet import infra
 from toolfleet.client import FleetClient
+from toolfleet.errors import InfrastructureError
 from toolfleet.keys import Keys
 from toolfleet.ledger import Ledger
 from toolfleet.settings import Settings
@@ -139,7 +140,16 @@ async def _kill_infra_once(killed: list[str]) -> None:
         await asyncio.sleep(2 * KILL_EVERY_S)  # wait-ok: the chaos schedule itself
         os.kill(pid, signal.SIGKILL)
         killed.append(name)
-        await asyncio.to_thread(infra.up, local)  # restart; waits until it answers
+        await wait_for(lambda: _restarted(local), within=90)
+
+
+async def _restarted(local: Settings) -> bool:
+    """Start the killed service again; False while its port is not free yet."""
+    try:
+        await asyncio.to_thread(infra.up, local)  # waits until it answers
+    except InfrastructureError:
+        return False
+    return True
 
 
 async def _tally(
