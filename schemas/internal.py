@@ -35,12 +35,17 @@ ERROR_MESSAGE_MAX_BYTES = 4_096
 be megabytes, and must not make the outcome too big to publish."""
 
 
-def _cut(text: str) -> str:
+def cut_text(text: str, limit_bytes: int) -> str:
+    """``text`` if it fits in ``limit_bytes`` of UTF-8, else a prefix and how much was cut."""
     raw = text.encode()
-    if len(raw) <= ERROR_MESSAGE_MAX_BYTES:
+    if len(raw) <= limit_bytes:
         return text
-    head = raw[: ERROR_MESSAGE_MAX_BYTES - 48].decode(errors="ignore")
+    head = raw[: max(0, limit_bytes - 48)].decode(errors="ignore")
     return f"{head}… [{len(raw) - len(head.encode())} more bytes cut]"
+
+
+def _cut(text: str) -> str:
+    return cut_text(text, ERROR_MESSAGE_MAX_BYTES)
 
 
 class CallError(WireModel):

@@ -11,17 +11,10 @@ from __future__ import annotations
 
 import hashlib
 
-CUT_MARK = "… [{n} more bytes cut]"
-"""What a cut text ends with."""
+# One home for cutting text: the wire models cut their error messages with it.
+from schemas.internal import cut_text
 
-
-def cut_text(text: str, limit_bytes: int) -> str:
-    """``text`` if it fits in ``limit_bytes`` of UTF-8, else a prefix and how much was cut."""
-    raw = text.encode()
-    if len(raw) <= limit_bytes:
-        return text
-    head = raw[: max(0, limit_bytes - 48)].decode(errors="ignore")
-    return head + CUT_MARK.format(n=len(raw) - len(head.encode()))
+__all__ = ["cut_text", "digest", "json_depth_exceeds"]
 
 
 def digest(raw: bytes) -> str:

@@ -107,7 +107,7 @@ async def test_a_planner_cut_off_from_redis_gives_up_its_partitions_and_rejoins(
     cut = proxy[0]
 
     async def owns_some() -> bool:  # both planners share the group's partitions
-        return 'model-responses:' in _assignments(fleet.logs("planner-cut"))
+        return "model-responses:" in _assignments(fleet.logs("planner-cut"))
 
     await wait_for(owns_some, within=60)
     cut.sever()
