@@ -151,7 +151,7 @@ def turn_error(state: TurnState) -> TurnError | None:
 
     Among settled outcomes that fail the turn (fails_turn, or a resolved status "failed" under
     failure_policy "fail_turn"), the choice is deterministic whatever the arrival order:
-    base_exception > error > cancellation, ties by lowest model index (SDK item 11).
+    base_exception > error > cancellation, ties by lowest model index (lifecycle item 11).
     """
     if state.plan.error is not None:
         return state.plan.error
@@ -262,7 +262,7 @@ def _severity(outcome: CallOutcome) -> str:
 
 
 def _parent_cancelled(state: TurnState, outcome: CallOutcome) -> bool:
-    # Parent cancellation is never a tool failure and never becomes tool output (SDK item 12).
+    # Parent cancellation is never a tool failure and never becomes tool output (lifecycle item 12).
     return (
         state.cancelled and outcome.status == "cancelled" and _severity(outcome) == "cancellation"
     )

@@ -1,6 +1,6 @@
 """Runs one call of one tool, in the OpenAI Agents SDK's order, and says what happened.
 
-Order (SDK-LIFECYCLE item 6), for a command not yet approved:
+Order (docs/sdk-lifecycle.md, item 6), for a command not yet approved:
 
 1. ``needs_approval``: True, or a callable given the validated arguments (arguments that do not
    parse strictly fail closed: approval required). If approval is required the outcome is

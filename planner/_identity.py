@@ -44,7 +44,8 @@ EXECUTED_NOT_COMMITTED = (
     "Start a new run instead of retrying the invocation."
 )
 """Turn error text: a call_id whose invocation ran but has no committed output (it failed the
-turn, or its run was cancelled while it ran), met again with the same identity (SDK item 4)."""
+turn, or its run was cancelled while it ran), met again with the same identity (lifecycle
+item 4)."""
 
 
 _IDEMPOTENCY_PREFIX = "tf-"

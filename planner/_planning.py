@@ -2,7 +2,8 @@
 
 No I/O: the caller reads the ledger, approval state and tool registry, passes them in, and
 applies the result (ledger writes, then commands). The whole response is judged before any
-decision is acted on, so a bad response never has a partial side effect (SDK items 1-5, 15, 17).
+decision is acted on, so a bad response never has a partial side effect (lifecycle items 1-5,
+15, 17; see docs/sdk-lifecycle.md).
 """
 
 from __future__ import annotations
@@ -277,7 +278,7 @@ def next_to_release(
     failed: bool,
     policy: FailurePolicy,
 ) -> list[str]:
-    """The queued dispatch calls to start now, in model order (SDK item 9).
+    """The queued dispatch calls to start now, in model order (lifecycle item 9).
 
     At most ``limit`` calls in flight (None: no limit); after a failure under "fail_turn"
     nothing new starts, while calls already in flight keep running to their outcome.
@@ -315,7 +316,7 @@ def _identify(event: ModelResponseEvent, ledger: Mapping[str, LedgerView]) -> li
         if entry is not None and entry.state == "committed" and entry.output is None:
             # It ran, but its outcome gave the model nothing (it failed the turn, or its run
             # was cancelled while it ran): there is no committed output to reuse, and running
-            # it again is not ours to decide (SDK item 4).
+            # it again is not ours to decide (lifecycle item 4).
             raise _TurnFailed(EXECUTED_NOT_COMMITTED, item.call_id)
         seen[item.call_id] = call
     return list(seen.values())
@@ -402,7 +403,7 @@ def _partition(
     entry: LedgerView | None,
     approvals: ApprovalView,
 ) -> tuple[Disposition, bool, Decision | None]:
-    """The approval partition: a stored decision first, and never ask twice (SDK item 5)."""
+    """The approval partition: a stored decision first, and never ask twice (lifecycle item 5)."""
     decision, rejection = _stored_decision(call, entry, approvals)
     if decision is not None:
         if decision.approve:

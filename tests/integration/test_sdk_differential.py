@@ -1,6 +1,6 @@
 """Differential: the OpenAI Agents SDK in-process vs the same agent on the fleet.
 
-For each rule of DESIGN.md "Semantics carried over from the OpenAI Agents SDK", a scenario
+For each rule of docs/sdk-lifecycle.md, a scenario
 scripts the model once (``agents.testing.ScriptedModel``), then runs the agent twice on the
 tools of tests/integration/sdk_tools.py: in-process with ``Runner.run``, and on a real fleet
 (planner, aggregator and two worker processes, real Kafka and Redis) with
@@ -570,7 +570,7 @@ async def test_unknown_tool_under_return_error_to_model_keeps_model_order(
     config = RunConfig(tool_not_found_behavior="return_error_to_model")
     sdk, on_fleet = await both(runner, s, t.SDK_TOOLS, run_config=config)
     not_found = (s.id("a"), "Tool 'sdk_nowhere' not found.")
-    # Deliberate difference (DESIGN.md): the SDK lists not-found outputs after the others,
+    # Deliberate difference (lifecycle item 15): the SDK lists not-found outputs after the others,
     # toolfleet keeps plain model order. The same outputs, the same texts.
     assert sdk.outputs() == [(s.id("b"), "3"), (s.id("c"), "X"), not_found]
     assert on_fleet.outputs() == [not_found, (s.id("b"), "3"), (s.id("c"), "X")]
@@ -641,7 +641,7 @@ async def test_failures_apart_in_time_sdk_reports_the_first_fleet_chooses_among_
     # Deliberate difference. The SDK fails the run with the first failure and cancels the
     # siblings still running, so call a never fails: its failure is not a candidate. The
     # fleet does not cancel running siblings; it waits for them and chooses among all the
-    # turn's failures, by severity then model order (DESIGN.md), whatever their timing.
+    # turn's failures, by severity then model order (lifecycle item 11), whatever their timing.
     assert sdk.error == ("UserError", "Error running tool sdk_fail_strict: early")
     assert on_fleet.error == ("UserError", "Error running tool sdk_fail_strict: late")
     assert [await runs(redis, w, s.id("a")) for w in ("sdk", "fleet")] == [0, 1]

@@ -1,4 +1,4 @@
-"""DESIGN.md "Semantics carried over from the OpenAI Agents SDK", end to end: one test per rule.
+"""docs/sdk-lifecycle.md, end to end: one test per rule.
 
 Real broker, real Redis, planner + aggregator + two worker processes serving
 tests/integration/fleet_tools.py. Whatever user code runs (tool bodies, approval callables,
@@ -265,7 +265,7 @@ async def test_completed_id_different_identity_fails_the_turn(
 async def test_executed_id_without_a_committed_output_is_never_reused(
     client: FleetClient, store: Store
 ) -> None:
-    # The call ran and failed the turn: it has no committed output to reuse (SDK item 4).
+    # The call ran and failed the turn: it has no committed output to reuse (lifecycle item 4).
     first = turn(("a", "strict_boom", {"message": "kaput"}))
     assert (await client.run_turn(first)).status == "failed"
     again = later_turn(first, 1, ("a", "strict_boom", {"message": "kaput"}))

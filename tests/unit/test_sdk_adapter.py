@@ -340,7 +340,7 @@ def test_toolfleet_options_go_alongside() -> None:
     assert (spec.effect_class, spec.pool, spec.version, spec.has_probe) == (
         "idempotent", "math", "2", True,
     )  # fmt: skip
-    assert spec.on_unknown == "report_now"  # DESIGN.md: tools served unchanged from the SDK
+    assert spec.on_unknown == "report_now"  # SDK tools keep their texts
     other = ToolRegistry().add_function_tool(add, on_unknown="reconcile_then_report")
     assert other.spec("default").on_unknown == "reconcile_then_report"
 
