@@ -30,7 +30,7 @@ from toolfleet.bus import (
     TRANSIENT_ERRORS,
     KafkaBus,
     Record,
-    check_cut_off,
+    cut_off,
 )
 from toolfleet.errors import InvalidMessageError
 from toolfleet.keys import Keys
@@ -136,7 +136,9 @@ class Aggregator:
             # Nothing of the batch is committed: read it again; recording is idempotent.
             log.warning("batch failed; re-reading it", extra={"error": repr(exc)})
             self._unreachable_since = self._unreachable_since or time.monotonic()
-            check_cut_off(self._unreachable_since, self.settings.cut_off_after_s, exc)
+            cut = cut_off(self._unreachable_since, self.settings.cut_off_after_s, exc)
+            if cut is not None:
+                raise cut from exc
             for tp, records in batches.items():
                 consumer.seek(tp, records[0].offset)
             await asyncio.sleep(0.5)

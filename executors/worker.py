@@ -35,7 +35,7 @@ from toolfleet.bus import (
     TRANSIENT_ERRORS,
     KafkaBus,
     Record,
-    check_cut_off,
+    cut_off,
 )
 from toolfleet.circuit import CircuitBreaker, version_ref
 from toolfleet.effects import counts_against_circuit, effect_of_probe, fleet_retries
@@ -210,9 +210,8 @@ class Worker:
                     # Kafka or Redis is away: retry the same command; the ledger makes it safe.
                     log.warning("dependency unavailable", extra={"error": repr(exc)})
                     unreachable_since = unreachable_since or time.monotonic()
-                    try:
-                        check_cut_off(unreachable_since, self.settings.cut_off_after_s, exc)
-                    except CutOffError as cut:
+                    cut = cut_off(unreachable_since, self.settings.cut_off_after_s, exc)
+                    if cut is not None:
                         # Leave the group (after in-flight calls end): the command is
                         # redelivered to a peer, and the ledger makes that safe.
                         self._cut_off = cut

@@ -343,7 +343,9 @@ class ConsumeLoop:
                 )
                 MESSAGES.labels(self.bus.service, record.topic, "retried").inc()
                 unreachable_since = unreachable_since or time.monotonic()
-                check_cut_off(unreachable_since, self.bus.settings.cut_off_after_s, exc)
+                cut = cut_off(unreachable_since, self.bus.settings.cut_off_after_s, exc)
+                if cut is not None:
+                    raise cut from exc
             except Exception as exc:
                 if attempt >= self.max_attempts:
                     reason = f"handler failed {attempt} times: {type(exc).__name__}: {exc}"
@@ -367,14 +369,15 @@ class ConsumeLoop:
             return False  # stopping mid-retry: the next owner of the partition retries it
 
 
-def check_cut_off(since: float, bound_s: float, exc: BaseException) -> None:
-    """Raise CutOffError once a dependency has been unreachable since ``since`` (monotonic)
-    for longer than ``bound_s``."""
-    if time.monotonic() - since > bound_s:
-        raise CutOffError(
-            f"Kafka or Redis unreachable for more than {bound_s:g} s ({exc!r}); giving up "
-            "this instance's partitions to its peers until both answer again"
-        ) from exc
+def cut_off(since: float, bound_s: float, exc: BaseException) -> CutOffError | None:
+    """The CutOffError to raise once a dependency has been unreachable since ``since``
+    (monotonic) for longer than ``bound_s``; None while the bound holds."""
+    if time.monotonic() - since <= bound_s:
+        return None
+    return CutOffError(
+        f"Kafka or Redis unreachable for more than {bound_s:g} s ({exc!r}); giving up this "
+        "instance's partitions to its peers until both answer again"
+    )
 
 
 __all__ = ["NEVER_FITS", "TRANSIENT_ERRORS", "ConsumeLoop", "KafkaBus", "Record", "TopicPartition"]

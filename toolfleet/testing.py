@@ -96,6 +96,18 @@ class LocalFleet:
         proc.popen = subprocess.Popen(argv, env=self.env(), stdout=log, stderr=log)
         self._procs[name] = proc
 
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run ``toolfleet ARGS`` against this fleet (an operator's command), output captured;
+        with ``check`` a non-zero exit raises CalledProcessError."""
+        return subprocess.run(
+            [sys.executable, "-m", "toolfleet", *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=60,
+        )
+
     def pid(self, name: str) -> int:
         """The pid of a running child."""
         popen = self._procs[name].popen

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -93,11 +92,7 @@ async def _task_for(redis: Redis, keys: Keys, call_id: str) -> StoredTask:
 
 
 def _toolfleet(fleet: LocalFleet, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "toolfleet", *args], env=fleet.env(), capture_output=True,
-        text=True, check=True, timeout=60,
-    )  # fmt: skip
-    return done.stdout
+    return fleet.cli(*args).stdout
 
 
 @pytest.mark.parametrize("lose", ["timeout", "reset", "httpx_read_timeout", "http_502"])
@@ -277,7 +272,4 @@ async def test_tools_review_exits_non_zero_for_a_tool_unattended_without_a_probe
 
 
 def _review(fleet: LocalFleet) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "toolfleet", "tools", "review"], env=fleet.env(),
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    return fleet.cli("tools", "review", check=False)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -66,15 +64,7 @@ async def _task_for(redis: Redis, keys: Keys, call_id: str) -> StoredTask:
 
 
 def _toolfleet(fleet: LocalFleet, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "toolfleet", *args],
-        env=fleet.env(),
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return done.stdout
+    return fleet.cli(*args).stdout
 
 
 def _run_id(call_id: str) -> str:

@@ -5,8 +5,6 @@ circuit's human task, nor touches the ledger."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -49,19 +47,8 @@ async def client(fleet: LocalFleet, settings: Settings) -> AsyncIterator[FleetCl
         yield fleet_client
 
 
-def _cli(fleet: LocalFleet, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "toolfleet", *args],
-        env=fleet.env(),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-
-
 async def _toolfleet(fleet: LocalFleet, *args: str) -> str:
-    done = await asyncio.to_thread(_cli, fleet, *args)
+    done = await asyncio.to_thread(fleet.cli, *args, check=False)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -125,7 +112,9 @@ async def test_an_open_circuit_rolls_new_calls_back_and_operators_can_pin_and_un
     assert "circuit=open (4 of 4 calls failed)" in printed
 
     # By hand: a version that is not live is refused, naming the live ones.
-    refused = await asyncio.to_thread(_cli, fleet, "tools", "rollback", "pay_v", "--to", "3")
+    refused = await asyncio.to_thread(
+        fleet.cli, "tools", "rollback", "pay_v", "--to", "3", check=False
+    )
     assert refused.returncode != 0
     assert "pay_v@3 is not live; live versions of pay_v: 1, 2" in refused.stderr
     assert await pinned_version(redis, keys, "pay_v") is None
