@@ -18,11 +18,12 @@ setup: $(STAMP)
 	bash scripts/install-redis.sh
 	$(BIN)/toolfleet infra up
 
-## lint: ruff and mypy
+## lint: ruff, mypy, and the layer contracts (lint-imports, configured in pyproject.toml)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 ## test: everything CI runs: lint, unit tests, integration tests against real Kafka and Redis
 test: setup lint

@@ -1,5 +1,6 @@
 """aggregator: assembles each turn's outcomes into one TurnResult, in model order."""
 
+from aggregator._store import StoredTurn, TurnStore
 from aggregator._turn import (
     TurnState,
     TurnStatus,
@@ -11,8 +12,10 @@ from aggregator._turn import (
 )
 
 __all__ = [
+    "StoredTurn",
     "TurnState",
     "TurnStatus",
+    "TurnStore",
     "accept_outcome",
     "build_result",
     "is_settled",

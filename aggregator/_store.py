@@ -21,8 +21,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from aggregator._turn import TurnState
+from kernel.adapters.redis import BoundedCache
 from schemas import CallOutcome, TurnPlan
-from toolfleet.redis import BoundedCache
 
 T = TypeVar("T")
 

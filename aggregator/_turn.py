@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kernel.errors import ToolfleetError
+from kernel.rules.effects import fails_turn, settles_call
 from schemas import (
     CallOutcome,
     CallRecord,
@@ -23,8 +25,6 @@ from schemas import (
     TurnPlan,
     TurnResult,
 )
-from toolfleet.effects import fails_turn, settles_call
-from toolfleet.errors import ToolfleetError
 
 TurnStatus = Literal["completed", "interrupted", "failed", "cancelled"]
 """TurnResult.status."""

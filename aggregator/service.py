@@ -22,9 +22,7 @@ from redis.asyncio import Redis
 
 from aggregator._store import StoredTurn, TurnStore
 from aggregator._turn import TurnState, accept_outcome, build_result, is_settled
-from schemas import CallOutcome, CancelRequest, TurnError, TurnPlan, TurnResult
-from toolfleet.auth import DecisionAuth
-from toolfleet.bus import (
+from kernel.adapters.bus import (
     NEVER_FITS,
     PRODUCER_BATCH_BYTES,
     TRANSIENT_ERRORS,
@@ -32,12 +30,14 @@ from toolfleet.bus import (
     Record,
     cut_off,
 )
-from toolfleet.errors import InvalidMessageError
-from toolfleet.keys import Keys
-from toolfleet.ledger import Ledger
-from toolfleet.metrics import MESSAGES, TURN_LATENCY
-from toolfleet.redis import add_to_set, connect_redis, text
-from toolfleet.settings import Settings
+from kernel.adapters.metrics import MESSAGES, TURN_LATENCY
+from kernel.adapters.redis import add_to_set, connect_redis, text
+from kernel.errors import InvalidMessageError
+from kernel.rules.auth import DecisionAuth
+from kernel.settings import Settings
+from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger
+from schemas import CallOutcome, CancelRequest, TurnError, TurnPlan, TurnResult
 
 log = logging.getLogger(__name__)
 

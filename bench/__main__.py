@@ -23,8 +23,8 @@ from bench.procs import REPO, progress
 from bench.report import Results, readme_block, render, targets, update_readme
 from bench.scenarios import Bench, Durations
 from bench.systems import RunContext
-from toolfleet import infra
-from toolfleet.settings import Settings
+from kernel.settings import Settings
+from toolfleet.app import infra
 
 RESULTS = REPO / "bench" / "results"
 SCENARIOS = ("a", "b", "c", "d", "profile")

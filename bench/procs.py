@@ -24,9 +24,9 @@ from typing import IO, Any
 import psutil
 import redis
 
-from toolfleet import infra
-from toolfleet.settings import Settings
-from toolfleet.testing import LocalFleet, _Proc
+from kernel.settings import Settings
+from toolfleet.app import infra
+from toolfleet.testing import ChildProcess, LocalFleet
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -137,7 +137,7 @@ class BenchFleet(LocalFleet):
         if name in self.profile:
             argv = [sys.executable, "-m", "bench.profiled", str(self.profile[name]), *args]
         popen = spawn(argv, self.env(), log)
-        self._procs[name] = _Proc(name, argv, log, popen)
+        self._procs[name] = ChildProcess(name, argv, log, popen)
 
     def terminate(self, name: str, grace_s: float = 20.0) -> None:
         """Stop one child cleanly (SIGTERM, then SIGKILL) and forget it."""

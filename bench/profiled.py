@@ -86,7 +86,7 @@ def main(argv: list[str]) -> None:
     the thread runs: a CPU breakdown, right for the worker's many concurrent tasks.
     """
     stem, args = Path(argv[0]), argv[1:]
-    from toolfleet.cli import main as cli
+    from toolfleet.app.cli import main as cli
 
     mode = os.environ.get("BENCH_PROFILE_ASYNC", "disabled")
     profiler = Profiler(interval=0.001, async_mode=mode)  # type: ignore[arg-type]

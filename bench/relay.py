@@ -31,7 +31,9 @@ import uvloop
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
 from bench.tools import noop_body
-from planner._identity import fingerprint, idempotency_key
+from kernel.adapters.bus import PRODUCER_BATCH_BYTES
+from kernel.settings import Settings
+from planner import fingerprint, idempotency_key
 from schemas import (
     CallOutcome,
     CallRecord,
@@ -42,9 +44,7 @@ from schemas import (
     TurnPlan,
     TurnResult,
 )
-from toolfleet.bus import PRODUCER_BATCH_BYTES
-from toolfleet.service import tune_gc
-from toolfleet.settings import Settings
+from toolfleet.app.service import tune_gc
 
 ROLES = ("planner", "worker", "aggregator")
 TOPICS = {

@@ -34,8 +34,8 @@ from bench.workload import (
     prime,
     query_args,
 )
-from toolfleet.keys import Keys
-from toolfleet.settings import Settings
+from kernel.settings import Settings
+from kernel.stores.keys import Keys
 
 TURN_SIZES = (1, 5, 20)
 WORKERS = (1, 2)

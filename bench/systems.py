@@ -33,9 +33,9 @@ from bench.procs import (
     wait_until,
 )
 from bench.targets import CeleryTarget, KafkaTarget
-from toolfleet.keys import Keys
-from toolfleet.settings import Settings
-from toolfleet.topics import ensure_topics
+from kernel.adapters.topics import ensure_topics
+from kernel.settings import Settings
+from kernel.stores.keys import Keys
 
 PARTITIONS = 6
 """Partitions of every bench topic (toolfleet's default)."""

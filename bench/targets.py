@@ -28,9 +28,9 @@ from redis.asyncio import Redis
 
 from bench.tools import noop_body, sleep_body
 from bench.workload import Listener, Turn
+from kernel.errors import InvalidMessageError
+from kernel.settings import Settings
 from schemas import TurnResult
-from toolfleet.errors import InvalidMessageError
-from toolfleet.settings import Settings
 
 _COMPLETED = b'"status":"completed"'
 

@@ -1,4 +1,4 @@
-"""executors: the public tool API and the runner of single calls.
+"""executors: the worker pools, and the public tool API they serve.
 
 ```python
 from executors import ToolRegistry, ToolContext, ProbeResult
@@ -14,39 +14,45 @@ async def _(ctx: ToolContext) -> ProbeResult: ...
 @create_ticket.compensate
 async def _(ctx: ToolContext, original_output: str) -> str: ...
 ```
+
+The tool API is defined in ``kernel.tools`` and re-exported here, where tool authors look for
+it; the worker service is ``executors.worker`` (started by ``toolfleet worker``).
 """
 
-from executors._context import ProbeResult, ProbeState, ToolContext
-from executors._errors import (
-    ToolCancelledError,
-    ToolInputGuardrailTripwireTriggered,
-    ToolOutputGuardrailTripwireTriggered,
-    ToolTimeoutError,
-    default_tool_timeout_error_message,
-)
-from executors._guardrails import (
+from executors._after_publish import AfterPublish
+from kernel.tools import (
+    ApprovalFunction,
+    CallHooks,
+    CompensateFunction,
+    EffectVerdict,
     GuardrailBehavior,
     GuardrailResult,
     InputGuardrail,
-    OutputGuardrail,
-    guardrail_name,
-)
-from executors._recovery import run_compensate, run_probe
-from executors._registry import ToolRegistry
-from executors._runner import CallHooks, run_call
-from executors._tool import (
-    ApprovalFunction,
-    CompensateFunction,
+    NotExecuted,
     OnUnknown,
+    OutputGuardrail,
     ProbeFunction,
+    ProbeResult,
+    ProbeState,
     TimeoutBehavior,
     Tool,
+    ToolCancelledError,
+    ToolContext,
     ToolErrorFunction,
+    ToolInputGuardrailTripwireTriggered,
+    ToolOutputGuardrailTripwireTriggered,
+    ToolRegistry,
+    ToolTimeoutError,
     default_tool_error_function,
+    default_tool_timeout_error_message,
+    guardrail_name,
+    run_call,
+    run_compensate,
+    run_probe,
 )
-from toolfleet.effects import EffectVerdict, NotExecuted
 
 __all__ = [
+    "AfterPublish",
     "ApprovalFunction",
     "CallHooks",
     "CompensateFunction",

@@ -3,7 +3,7 @@
 Once an outcome is on Kafka its ledger entry becomes ``committed`` and, when the call ran, it
 is counted in its tool version's circuit window. Per call these were two scripts and two
 waits; here the outcomes handed in during one event-loop turn share one script per tool
-version (the scripts of one turn share a round trip too, see ``toolfleet.redis``), so the
+version (the scripts of one turn share a round trip too, see ``kernel.adapters.redis``), so the
 step costs Redis and the worker a fraction of a command per call.
 """
 
@@ -16,12 +16,12 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from kernel.adapters.redis import text
+from kernel.rules.effects import counts_against_circuit
+from kernel.stores.circuit import COUNT_FUNCTION, CircuitBreaker
+from kernel.stores.keys import Keys
+from kernel.stores.ledger import COMMIT_FUNCTION
 from schemas import CallOutcome
-from toolfleet.circuit import COUNT_FUNCTION, CircuitBreaker
-from toolfleet.effects import counts_against_circuit
-from toolfleet.keys import Keys
-from toolfleet.ledger import COMMIT_FUNCTION
-from toolfleet.redis import text
 
 # KEYS: each of the n ledger entries and its audit chain, then the tool version's window
 # keys (none: commit only). ARGV: n, retention_s, now, window_s, min_calls, rate, buckets,

@@ -23,13 +23,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from executors._after_publish import AfterPublish
-from executors._recovery import run_compensate, run_probe
-from executors._registry import ToolRegistry
-from executors._runner import run_call
-from executors._tool import Tool
-from schemas import CallError, CallOutcome, CancelRequest, ExecutionCommand, HumanTask
-from toolfleet.auth import DecisionAuth
-from toolfleet.bus import (
+from kernel.adapters.bus import (
     COMMIT_INTERVAL_S,
     NEVER_FITS,
     TRANSIENT_ERRORS,
@@ -37,22 +31,26 @@ from toolfleet.bus import (
     Record,
     cut_off,
 )
-from toolfleet.circuit import CircuitBreaker, version_ref
-from toolfleet.effects import counts_against_circuit, effect_of_probe, fleet_retries
-from toolfleet.errors import CutOffError, InvalidMessageError, ToolfleetError, ToolNotFoundError
-from toolfleet.keys import Keys
-from toolfleet.ledger import Ledger
-from toolfleet.metrics import CALL_LATENCY, COMMANDS, HUMAN_TASKS, IN_FLIGHT, OUTCOMES
-from toolfleet.offsets import OffsetTracker
-from toolfleet.outcomes import identity, lost
-from toolfleet.redis import connect_redis
-from toolfleet.registry import publish_tools
-from toolfleet.semaphore import FleetSemaphores
-from toolfleet.settings import Settings
-from toolfleet.spans import SpanBatcher
-from toolfleet.tasks import TaskStore, new_task_id
-from toolfleet.texts import CIRCUIT_OPEN, UNKNOWN_OUTCOME, unknown_outcome_text
-from toolfleet.topics import command_topic
+from kernel.adapters.metrics import CALL_LATENCY, COMMANDS, HUMAN_TASKS, IN_FLIGHT, OUTCOMES
+from kernel.adapters.offsets import OffsetTracker
+from kernel.adapters.redis import connect_redis
+from kernel.adapters.spans import SpanBatcher
+from kernel.adapters.topics import command_topic
+from kernel.errors import CutOffError, InvalidMessageError, ToolfleetError, ToolNotFoundError
+from kernel.rules.auth import DecisionAuth
+from kernel.rules.effects import counts_against_circuit, effect_of_probe, fleet_retries
+from kernel.rules.outcomes import identity, lost
+from kernel.rules.texts import CIRCUIT_OPEN, UNKNOWN_OUTCOME, unknown_outcome_text
+from kernel.rules.versions import version_ref
+from kernel.settings import Settings
+from kernel.stores.circuit import CircuitBreaker
+from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger
+from kernel.stores.registry import publish_tools
+from kernel.stores.semaphore import FleetSemaphores
+from kernel.stores.tasks import TaskStore, new_task_id
+from kernel.tools import Tool, ToolRegistry, run_call, run_compensate, run_probe
+from schemas import CallError, CallOutcome, CancelRequest, ExecutionCommand, HumanTask
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -14,11 +14,11 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from kernel.adapters.redis import JsonState, add_to_set, update_json
+from kernel.rules.effects import fails_turn
+from kernel.stores.keys import Keys
 from planner._planning import next_to_release
 from schemas import CallOutcome, PlannedCall, TurnConfig, TurnPlan
-from toolfleet.effects import fails_turn
-from toolfleet.keys import Keys
-from toolfleet.redis import JsonState, add_to_set, update_json
 
 _GATE_TTL_S = 7 * 24 * 3600
 

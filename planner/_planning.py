@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kernel.errors import ToolfleetError
 from planner._identity import (
     EMPTY_CALL_ID,
     EXECUTED_NOT_COMMITTED,
@@ -35,7 +36,6 @@ from schemas import (
     TurnError,
     TurnPlan,
 )
-from toolfleet.errors import ToolfleetError
 
 LedgerState = Literal["planned", "dispatched", "started", "finished", "committed"]
 """Where a call stands in the Redis call ledger."""
@@ -192,7 +192,7 @@ def plan_turn(
     """Decide every call of ``event``; a turn error leaves nothing to dispatch or write.
 
     ``routes`` (lookup key -> version) names the version dispatched calls of a tool must run
-    (an operator's pin or an automatic rollback, see ``planner._versions``); ``tools`` then
+    (an operator's pin or an automatic rollback, see ``kernel.rules.versions``); ``tools`` then
     holds that version's spec. Other calls run the newest version their worker serves.
 
     ``tools`` is keyed by lookup key, ``ledger`` by call_id (entries of this tenant). A resumed

@@ -17,6 +17,19 @@ from collections.abc import Mapping
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
+from kernel.adapters.bus import ConsumeLoop, KafkaBus, Record
+from kernel.adapters.metrics import COMMANDS, PLAN_LATENCY
+from kernel.adapters.redis import HashFields, connect_redis, text
+from kernel.adapters.topics import command_topic
+from kernel.errors import InvalidMessageError
+from kernel.rules.auth import DecisionAuth
+from kernel.rules.limits import json_depth_exceeds
+from kernel.rules.versions import choose_version, circuits_to_check
+from kernel.settings import Settings
+from kernel.stores.circuit import CircuitBreaker
+from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger, LedgerEntry, NewCall
+from kernel.stores.registry import ToolDirectory
 from planner._gate import Gate
 from planner._planning import (
     ApprovalView,
@@ -27,7 +40,6 @@ from planner._planning import (
     PlanResult,
     plan_turn,
 )
-from planner._versions import choose_version, circuits_to_check
 from schemas import (
     ApprovalDecision,
     CallOutcome,
@@ -38,18 +50,6 @@ from schemas import (
     ToolSpec,
     TurnConfig,
 )
-from toolfleet.auth import DecisionAuth
-from toolfleet.bus import ConsumeLoop, KafkaBus, Record
-from toolfleet.circuit import CircuitBreaker
-from toolfleet.errors import InvalidMessageError
-from toolfleet.keys import Keys
-from toolfleet.ledger import Ledger, LedgerEntry, NewCall
-from toolfleet.limits import json_depth_exceeds
-from toolfleet.metrics import COMMANDS, PLAN_LATENCY
-from toolfleet.redis import HashFields, connect_redis, text
-from toolfleet.registry import ToolDirectory
-from toolfleet.settings import Settings
-from toolfleet.topics import command_topic
 
 log = logging.getLogger(__name__)
 

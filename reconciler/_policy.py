@@ -1,6 +1,6 @@
 """The recovery table as a pure function: what to do next about one call.
 
-What an outcome's effect is, and whether trying again can help, is ``toolfleet.effects``'s to
+What an outcome's effect is, and whether trying again can help, is ``kernel.rules.effects``'s to
 say; this module decides what follows from it:
 
 - not_executed, transient (the request never left, HTTP 429, ``NotExecuted(retryable=True)``):
@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from kernel.rules.effects import REPLAY_SAFE, effect_for_class, fleet_retries, retry_delay
 from schemas import EffectClass
-from toolfleet.effects import REPLAY_SAFE, effect_for_class, fleet_retries, retry_delay
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,20 @@ import time
 
 from redis.asyncio import Redis
 
+from kernel.adapters.bus import ConsumeLoop, KafkaBus, Record
+from kernel.adapters.metrics import COMMANDS, HUMAN_TASKS, OUTCOMES
+from kernel.adapters.redis import connect_redis, text
+from kernel.adapters.topics import command_topic
+from kernel.errors import InvalidMessageError, ToolfleetError
+from kernel.rules.auth import DecisionAuth
+from kernel.rules.effects import probe_answer
+from kernel.rules.outcomes import lost
+from kernel.rules.texts import COMPENSATED, DEFAULT_ERROR, unknown_outcome_text
+from kernel.settings import Settings
+from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger, LedgerEntry, NewCall, lease_member
+from kernel.stores.registry import ToolDirectory
+from kernel.stores.tasks import TaskStore, new_task_id
 from reconciler._policy import (
     Action,
     AskCompensationApproval,
@@ -41,20 +55,6 @@ from schemas import (
     TaskResolution,
     ToolSpec,
 )
-from toolfleet.auth import DecisionAuth
-from toolfleet.bus import ConsumeLoop, KafkaBus, Record
-from toolfleet.effects import probe_answer
-from toolfleet.errors import InvalidMessageError, ToolfleetError
-from toolfleet.keys import Keys
-from toolfleet.ledger import Ledger, LedgerEntry, NewCall, lease_member
-from toolfleet.metrics import COMMANDS, HUMAN_TASKS, OUTCOMES
-from toolfleet.outcomes import lost
-from toolfleet.redis import connect_redis, text
-from toolfleet.registry import ToolDirectory
-from toolfleet.settings import Settings
-from toolfleet.tasks import TaskStore, new_task_id
-from toolfleet.texts import COMPENSATED, DEFAULT_ERROR, unknown_outcome_text
-from toolfleet.topics import command_topic
 
 log = logging.getLogger(__name__)
 

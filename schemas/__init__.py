@@ -1,6 +1,7 @@
 """Wire models of toolfleet (pydantic v2); JSON Schema copies live in ``schemas/json/``."""
 
 from schemas._base import SCHEMA_VERSION, Message, WireModel, describe_validation_error
+from schemas._errors import InvalidMessageError, ToolfleetError
 from schemas.inbound import (
     AgentRef,
     ApprovalDecision,
@@ -63,12 +64,14 @@ __all__ = [
     "FunctionCallOutput",
     "HumanTask",
     "Interruption",
+    "InvalidMessageError",
     "Message",
     "ModelResponseEvent",
     "PlannedCall",
     "RetryHint",
     "TaskResolution",
     "ToolSpec",
+    "ToolfleetError",
     "TurnConfig",
     "TurnError",
     "TurnPlan",

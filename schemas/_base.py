@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from toolfleet.errors import InvalidMessageError
+from schemas._errors import InvalidMessageError
 
 SCHEMA_VERSION: Literal[1] = 1
 """The only schema version this release reads and writes."""

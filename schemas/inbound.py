@@ -130,7 +130,8 @@ class ModelResponseEvent(Message):
 
 SIGNATURE_DOC = (
     "hmac-sha256:<hex> over the canonical JSON of the message without this field, with the "
-    "tenant's decision key (see toolfleet.auth); required unless decision auth is off."
+    "tenant's decision key (docs/architecture.md, Who may decide); required unless decision "
+    "auth is off."
 )
 
 

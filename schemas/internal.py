@@ -21,7 +21,7 @@ EffectClass = Literal["read_only", "idempotent", "non_idempotent", "irreversible
 """What a tool's side effect allows: replay-safe (read_only, idempotent) or not."""
 
 RetryHint = Literal["transient", "permanent"]
-"""Whether trying a not-executed call again can help (see toolfleet.effects)."""
+"""Whether trying a not-executed call again can help (see kernel.rules.effects)."""
 
 ErrorSeverity = Literal["cancellation", "error", "base_exception"]
 """Rank of a failure for the deterministic failure choice: base_exception > error > cancellation."""
@@ -242,7 +242,7 @@ class TaskResolution(Message):
     note: str | None = None
     decided_by: str = Field(min_length=1)
     signature: str | None = Field(
-        default=None, description="hmac-sha256 with the tenant's decision key (toolfleet.auth)."
+        default=None, description="hmac-sha256 with the tenant's decision key, as for approvals."
     )
 
 

@@ -14,12 +14,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from redis.asyncio import Redis
 
-from toolfleet import infra
-from toolfleet.bus import KafkaBus
-from toolfleet.keys import Keys
-from toolfleet.redis import connect_redis
-from toolfleet.settings import Settings
-from toolfleet.topics import ensure_topics
+from kernel.adapters.bus import KafkaBus
+from kernel.adapters.redis import connect_redis
+from kernel.adapters.topics import ensure_topics
+from kernel.settings import Settings
+from kernel.stores.keys import Keys
+from toolfleet.app import infra
 
 T = TypeVar("T")
 
@@ -33,7 +33,7 @@ def infra_env() -> Iterator[dict[str, str]]:
     """
     base = Settings()
     if base.infra == "containers":
-        from toolfleet.infra.containers import run_containers
+        from toolfleet.app.infra.containers import run_containers
 
         with run_containers() as env:
             yield env

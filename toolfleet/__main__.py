@@ -1,5 +1,5 @@
 """``python -m toolfleet`` runs the ``toolfleet`` command."""
 
-from toolfleet.cli import main
+from toolfleet.app.cli import main
 
 main()

@@ -9,14 +9,14 @@ from typing import Self
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from kernel.adapters.bus import KafkaBus
+from kernel.errors import InvalidMessageError, UnavailableError
+from kernel.rules.auth import DecisionAuth
+from kernel.settings import Settings
 from schemas import ApprovalDecision, CancelRequest, ModelResponseEvent, TurnResult
-from toolfleet.auth import DecisionAuth
-from toolfleet.bus import KafkaBus
-from toolfleet.errors import InvalidMessageError, ToolfleetError
-from toolfleet.settings import Settings
 
 
-class TurnTimeoutError(ToolfleetError, TimeoutError):
+class TurnTimeoutError(UnavailableError, TimeoutError):
     """No TurnResult arrived in time; check that the planner, workers and aggregator run."""
 
 

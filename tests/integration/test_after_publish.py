@@ -8,12 +8,12 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from executors._after_publish import AfterPublish
+from executors import AfterPublish
+from kernel.settings import Settings
+from kernel.stores.circuit import CircuitBreaker
+from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger, NewCall
 from schemas import CallOutcome
-from toolfleet.circuit import CircuitBreaker
-from toolfleet.keys import Keys
-from toolfleet.ledger import Ledger, NewCall
-from toolfleet.settings import Settings
 
 pytestmark = pytest.mark.integration
 

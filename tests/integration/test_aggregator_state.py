@@ -19,11 +19,11 @@ from redis.asyncio import Redis
 
 import aggregator.service
 from aggregator.service import Aggregator
+from kernel.adapters.bus import KafkaBus
+from kernel.adapters.topics import ensure_topics
+from kernel.settings import Settings
 from schemas import CallOutcome, DeadLetter, PlannedCall, TurnPlan, TurnResult
 from tests.conftest import aggregator_caught_up, wait_for
-from toolfleet.bus import KafkaBus
-from toolfleet.settings import Settings
-from toolfleet.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
 

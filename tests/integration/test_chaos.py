@@ -17,17 +17,17 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis.asyncio import Redis
 
+from kernel.errors import InfrastructureError
+from kernel.settings import Settings
+from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger
+from kernel.stores.tasks import TaskStore
 from schemas import ModelResponseEvent, TurnResult
 from tests.conftest import wait_for
 from tests.integration.test_pipeline import turn
 from tests.integration.upstream_tools import applies_key
-from toolfleet import infra
+from toolfleet.app import infra
 from toolfleet.client import FleetClient
-from toolfleet.errors import InfrastructureError
-from toolfleet.keys import Keys
-from toolfleet.ledger import Ledger
-from toolfleet.settings import Settings
-from toolfleet.tasks import TaskStore
 from toolfleet.testing import LocalFleet, connected_client, result_of
 
 pytestmark = pytest.mark.integration

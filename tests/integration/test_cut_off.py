@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from kernel.settings import Settings
 from tests.conftest import wait_for
 from tests.integration.test_pipeline import turn
 from toolfleet.client import FleetClient
-from toolfleet.settings import Settings
 from toolfleet.testing import LocalFleet, connected_client, result_of
 
 pytestmark = pytest.mark.integration

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from kernel.adapters.bus import ConsumeLoop, KafkaBus, Record
+from kernel.settings import Settings
 from schemas import DeadLetter, ModelResponseEvent
-from toolfleet.bus import ConsumeLoop, KafkaBus, Record
-from toolfleet.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from toolfleet.settings import Settings
+from kernel.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -15,6 +15,12 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from kernel.rules.texts import COMPENSATED, DEFAULT_ERROR
+from kernel.settings import Settings
+from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger, LedgerEntry
+from kernel.stores.registry import publish_tools
+from kernel.stores.tasks import StoredTask, TaskStore
 from schemas import ApprovalDecision, ModelResponseEvent, ToolSpec, TurnResult
 from tests.conftest import wait_for
 from tests.integration.effect_tools import (
@@ -26,13 +32,7 @@ from tests.integration.effect_tools import (
 )
 from tests.integration.test_pipeline import turn
 from toolfleet.client import FleetClient
-from toolfleet.keys import Keys
-from toolfleet.ledger import Ledger, LedgerEntry
-from toolfleet.registry import publish_tools
-from toolfleet.settings import Settings
-from toolfleet.tasks import StoredTask, TaskStore
 from toolfleet.testing import LocalFleet, connected_client, result_of
-from toolfleet.texts import COMPENSATED, DEFAULT_ERROR
 
 pytestmark = pytest.mark.integration
 

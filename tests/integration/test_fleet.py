@@ -16,14 +16,14 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis.asyncio import Redis
 
+from kernel.settings import Settings
+from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger
 from schemas import TurnResult
 from tests.conftest import aggregator_caught_up, wait_for
 from tests.integration.crash_tools import effects_key, holder_key, in_flight_keys
 from tests.integration.test_pipeline import outputs, turn
 from toolfleet.client import FleetClient
-from toolfleet.keys import Keys
-from toolfleet.ledger import Ledger
-from toolfleet.settings import Settings
 from toolfleet.testing import LocalFleet, connected_client, result_of
 
 pytestmark = pytest.mark.integration

@@ -22,6 +22,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from kernel.adapters.bus import KafkaBus
+from kernel.errors import InvalidMessageError
+from kernel.settings import Settings
 from schemas import (
     ApprovalDecision,
     CancelRequest,
@@ -32,10 +35,7 @@ from schemas import (
 )
 from tests.conftest import wait_for
 from tests.integration.test_pipeline import turn
-from toolfleet.bus import KafkaBus
 from toolfleet.client import FleetClient, TurnTimeoutError
-from toolfleet.errors import InvalidMessageError
-from toolfleet.settings import Settings
 from toolfleet.testing import LocalFleet, connected_client
 
 pytestmark = pytest.mark.integration

@@ -18,15 +18,15 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 from redis.asyncio import Redis
 
+from kernel.adapters.bus import KafkaBus
+from kernel.rules.texts import DEFAULT_ERROR
+from kernel.settings import Settings
 from schemas import ApprovalDecision, CancelRequest, DeadLetter, ModelResponseEvent
 from tests.conftest import wait_for
 from tests.integration.fleet_tools import effects_key, starts_key
 from tests.integration.test_pipeline import turn
-from toolfleet.bus import KafkaBus
 from toolfleet.client import FleetClient
-from toolfleet.settings import Settings
 from toolfleet.testing import LocalFleet, connected_client, result_of
-from toolfleet.texts import DEFAULT_ERROR
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from toolfleet import infra
-from toolfleet.settings import Settings
+from kernel.settings import Settings
+from toolfleet.app import infra
 
 pytestmark = pytest.mark.integration
 

@@ -9,10 +9,10 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
+from kernel.settings import Settings
+from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger, NewCall
 from schemas import CallOutcome
-from toolfleet.keys import Keys
-from toolfleet.ledger import Ledger, NewCall
-from toolfleet.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from kernel.settings import Settings
 from schemas import ModelResponseEvent, TurnResult
 from toolfleet.client import FleetClient
-from toolfleet.settings import Settings
 from toolfleet.testing import LocalFleet, connected_client
 
 pytestmark = pytest.mark.integration

@@ -9,19 +9,19 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from kernel.rules.effects import CLASSIFICATION
+from kernel.rules.texts import COMPENSATED, DEFAULT_ERROR
+from kernel.settings import Settings
+from kernel.stores.circuit import CircuitBreaker
+from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger
+from kernel.stores.tasks import StoredTask, TaskStore
 from schemas import TurnResult
 from tests.conftest import wait_for
 from tests.integration.test_pipeline import turn
 from tests.integration.upstream_tools import count_key, effect_key, executions_key
-from toolfleet.circuit import CircuitBreaker
 from toolfleet.client import FleetClient
-from toolfleet.effects import CLASSIFICATION
-from toolfleet.keys import Keys
-from toolfleet.ledger import Ledger
-from toolfleet.settings import Settings
-from toolfleet.tasks import StoredTask, TaskStore
 from toolfleet.testing import LocalFleet, connected_client, result_of
-from toolfleet.texts import COMPENSATED, DEFAULT_ERROR
 
 pytestmark = pytest.mark.integration
 
@@ -199,6 +199,6 @@ async def test_tools_describe_prints_the_failure_table(
     printed = await asyncio.to_thread(_toolfleet, fleet, "tools", "describe", "pay")
     assert "effect=non_idempotent" in printed and "probe=yes" in printed
     assert "runs unattended: yes (its probe can establish any unknown effect)" in printed
-    for signal, _effect, _retry in CLASSIFICATION:  # the table comes from toolfleet.effects
+    for signal, _effect, _retry in CLASSIFICATION:  # the table comes from kernel.rules.effects
         assert signal in printed
     assert "compensate after approval" in printed

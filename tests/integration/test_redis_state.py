@@ -10,8 +10,8 @@ import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import ConnectionError, DataError, ResponseError
 
-from toolfleet.redis import AutoPipelinedRedis, JsonState, update_json
-from toolfleet.settings import Settings
+from kernel.adapters.redis import AutoPipelinedRedis, JsonState, update_json
+from kernel.settings import Settings
 
 pytestmark = pytest.mark.integration
 

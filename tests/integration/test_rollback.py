@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from kernel.settings import Settings
+from kernel.stores.circuit import CircuitBreaker
+from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger
+from kernel.stores.registry import live_versions, pinned_version
+from kernel.stores.tasks import StoredTask, TaskStore
 from schemas import ModelResponseEvent, TurnResult
 from tests.conftest import wait_for
 from tests.integration.test_pipeline import turn
-from toolfleet.circuit import CircuitBreaker
 from toolfleet.client import FleetClient
-from toolfleet.keys import Keys
-from toolfleet.ledger import Ledger
-from toolfleet.registry import live_versions, pinned_version
-from toolfleet.settings import Settings
-from toolfleet.tasks import StoredTask, TaskStore
 from toolfleet.testing import LocalFleet, connected_client, result_of
 
 pytestmark = pytest.mark.integration

@@ -29,11 +29,11 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tracing import set_tracing_disabled
 from redis.asyncio import Redis
 
+from kernel.settings import Settings
 from schemas import ModelResponseEvent
 from tests.integration import sdk_tools as t
 from toolfleet.agents import FleetRunner, FleetRunState, FleetTurnError
 from toolfleet.client import FleetClient
-from toolfleet.settings import Settings
 from toolfleet.testing import LocalFleet, connected_client
 
 pytestmark = pytest.mark.integration

@@ -19,6 +19,9 @@ from typing import Any, Literal
 import pytest
 from redis.asyncio import Redis
 
+from kernel.settings import LEDGER_RETENTION_S, Settings
+from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger, LedgerEntry
 from schemas import ApprovalDecision, CancelRequest, ModelResponseEvent, TurnResult
 from tests.conftest import wait_for
 from tests.integration.fleet_tools import (
@@ -30,9 +33,6 @@ from tests.integration.fleet_tools import (
 )
 from tests.integration.test_pipeline import outputs, turn
 from toolfleet.client import FleetClient
-from toolfleet.keys import Keys
-from toolfleet.ledger import Ledger, LedgerEntry
-from toolfleet.settings import LEDGER_RETENTION_S, Settings
 from toolfleet.testing import LocalFleet, connected_client
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,7 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from aggregator import TurnState, accept_outcome
-from aggregator._store import StoredTurn, TurnStore
+from aggregator import StoredTurn, TurnState, TurnStore, accept_outcome
 from schemas import CallOutcome, PlannedCall, TurnPlan
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""toolfleet.auth: decisions signed with their tenant's key, and nothing else accepted."""
+"""kernel.rules.auth: decisions signed with their tenant's key, and nothing else accepted."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from kernel.errors import ConfigurationError, InvalidMessageError
+from kernel.rules.auth import DecisionAuth, signature
+from kernel.settings import Settings
 from schemas import ApprovalDecision, CancelRequest, TaskResolution
-from toolfleet.auth import DecisionAuth, signature
-from toolfleet.errors import ConfigurationError, InvalidMessageError
-from toolfleet.settings import Settings
 
 APPROVE = ApprovalDecision(
     tenant_id="acme", run_id="r1", call_id="c1", tool_name="refund", approve=True,

@@ -1,4 +1,4 @@
-"""toolfleet.effects: the classification table and the rules built on it (pure)."""
+"""kernel.rules.effects: the classification table and the rules built on it (pure)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from schemas import CallOutcome, ToolSpec
-from toolfleet.effects import (
+from kernel.rules.effects import (
     CLASSIFICATION,
     Budgets,
     EffectVerdict,
@@ -33,6 +32,7 @@ from toolfleet.effects import (
     review_rows,
     settles_call,
 )
+from schemas import CallOutcome, ToolSpec
 
 
 def library_error(module: str, name: str, base: type[BaseException] = Exception) -> type:

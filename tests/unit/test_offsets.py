@@ -2,7 +2,7 @@
 
 from aiokafka import TopicPartition
 
-from toolfleet.offsets import OffsetTracker
+from kernel.adapters.offsets import OffsetTracker
 
 TP = TopicPartition("t", 0)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler._policy import (
+from reconciler import (
     AskCompensationApproval,
     CallCase,
     Compensate,

@@ -27,8 +27,8 @@ from executors import (
     ToolRegistry,
     run_call,
 )
+from kernel.errors import ConfigurationError
 from schemas import CallOutcome, ExecutionCommand
-from toolfleet.errors import ConfigurationError
 
 DEFAULT_ERROR = "An error occurred while running the tool. Please try again."
 TIMEOUT_TEXT = "Tool 'tool' timed out after 0.05 seconds."
@@ -119,7 +119,7 @@ NOT_RUN, NO_HANDLER = "not_executed", {"failure_error_function": None}
 SUCCEEDED = ("succeeded", "applied", "done", False)  # status, effect, output, fails_turn
 HANDLED, FAILS = ("failed", NOT_RUN, DEFAULT_ERROR, False), ("failed", NOT_RUN, None, True)
 # An exception after started is a transport signal: the effect is unknown unless it proves
-# otherwise (toolfleet.effects); the model-visible text is the runner's, the worker rewords it.
+# otherwise (kernel.rules.effects); the model-visible text is the runner's, the worker rewords it.
 MAYBE, MAYBE_FAILS = ("failed", "unknown", DEFAULT_ERROR, False), ("failed", "unknown", None, True)
 DIES, PENDING = ("failed", "unknown", None, True), ("pending_approval", NOT_RUN, None, False)
 TIMED_OUT = ("timed_out", "unknown", TIMEOUT_TEXT, False)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from kernel.errors import InvalidMessageError
 from schemas import (
     CallError,
     CallOutcome,
@@ -15,7 +16,6 @@ from schemas import (
     TurnResult,
 )
 from schemas.export import JSON_DIR, rendered_schemas
-from toolfleet.errors import InvalidMessageError
 
 EVENT = {
     "tenant_id": "t1",

@@ -30,9 +30,9 @@ from agents.tracing import set_tracing_disabled
 
 from aggregator import TurnState, accept_outcome, build_result
 from executors import ProbeResult, Tool, ToolContext, ToolRegistry, run_call
-from executors._sdk import FunctionToolAdapter, is_function_tool
+from kernel.errors import ConfigurationError
+from kernel.tools import FunctionToolAdapter, is_function_tool
 from schemas import ExecutionCommand, PlannedCall, TurnPlan
-from toolfleet.errors import ConfigurationError
 
 set_tracing_disabled(True)
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from toolfleet.service import tune_gc
-from toolfleet.settings import Settings
+from kernel.settings import Settings
+from toolfleet.app.service import tune_gc
 
 
 @pytest.fixture

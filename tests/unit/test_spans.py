@@ -7,21 +7,21 @@ import logging
 
 import pytest
 
-from toolfleet.spans import SpanBatcher
+from kernel.adapters.spans import SpanBatcher
 
 
 def _exported(caplog: pytest.LogCaptureFixture) -> list[list[int]]:
     return [
         [span["n"] for span in record.spans]  # type: ignore[attr-defined]
         for record in caplog.records
-        if record.name == "toolfleet.spans"
+        if record.name == "kernel.adapters.spans"
     ]
 
 
 async def test_a_full_batch_is_logged_at_once_the_rest_after_the_interval(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="toolfleet.spans")
+    caplog.set_level(logging.INFO, logger="kernel.adapters.spans")
     batcher = SpanBatcher(interval_s=0.05, max_batch=3)
     for n in range(4):
         batcher.add({"n": n})
@@ -36,7 +36,7 @@ async def test_a_full_batch_is_logged_at_once_the_rest_after_the_interval(
 async def test_flush_logs_what_is_queued_and_nothing_twice(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="toolfleet.spans")
+    caplog.set_level(logging.INFO, logger="kernel.adapters.spans")
     batcher = SpanBatcher(interval_s=60)
     batcher.add({"n": 1})
     batcher.flush()

@@ -26,13 +26,13 @@ from executors import (
     run_compensate,
     run_probe,
 )
-from schemas import CallOutcome, ExecutionCommand, ToolSpec
-from toolfleet.errors import (
+from kernel.errors import (
     ConfigurationError,
     InvalidMessageError,
     ModelBehaviorError,
     ToolNotFoundError,
 )
+from schemas import CallOutcome, ExecutionCommand, ToolSpec
 
 
 class Address(BaseModel):

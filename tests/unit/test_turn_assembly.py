@@ -15,8 +15,8 @@ from aggregator import (
     turn_error,
     unsettled_calls,
 )
+from kernel.errors import ToolfleetError
 from schemas import CallError, CallOutcome, PlannedCall, TurnConfig, TurnError, TurnPlan
-from toolfleet.errors import ToolfleetError
 
 TIMEOUT_TEXT = "Tool 'add' timed out after 5 seconds."
 SDK_ERROR_TEXT = "An error occurred while running the tool. Please try again."

@@ -9,14 +9,19 @@ import pytest
 from redis.asyncio import Redis
 
 from executors import ToolRegistry
+from kernel.errors import ConfigurationError, ToolNotFoundError
+from kernel.rules.versions import (
+    VersionChoice,
+    choose_version,
+    circuits_to_check,
+    newest_version,
+    version_order,
+)
+from kernel.settings import Settings
+from kernel.stores.registry import ToolCatalog
 from planner import ApprovalView, plan_turn
-from planner._versions import VersionChoice, choose_version, circuits_to_check
 from planner.service import Planner
 from schemas import ModelResponseEvent, ToolSpec
-from toolfleet.errors import ConfigurationError, ToolNotFoundError
-from toolfleet.registry import ToolCatalog
-from toolfleet.settings import Settings
-from toolfleet.versions import newest_version, version_order
 
 
 # --- ordering -------------------------------------------------------------------------------

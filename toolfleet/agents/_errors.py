@@ -14,8 +14,8 @@ from agents.tool_guardrails import (
 )
 from openai.types.responses import ResponseFunctionToolCall
 
+from kernel.errors import ToolfleetError
 from schemas import TurnError
-from toolfleet.errors import ToolfleetError
 
 
 class FleetRunCancelled(ToolfleetError):

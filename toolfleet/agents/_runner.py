@@ -313,8 +313,8 @@ class FleetRunner:
         overtake its decisions; the planner would then just ask again. The wait makes the
         resumption see them.
         """
-        from toolfleet.keys import Keys
-        from toolfleet.redis import connect_redis
+        from kernel.adapters.redis import connect_redis
+        from kernel.stores.keys import Keys
 
         decisions, state.decisions = state.decisions, []
         if not decisions:

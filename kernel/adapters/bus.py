@@ -1,0 +1,383 @@
+"""The Kafka edge: an idempotent producer, manually committed consumers, dead-lettering."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from kernel.adapters.metrics import DEAD_LETTERS, MESSAGES
+from kernel.errors import CutOffError, InfrastructureError, InvalidMessageError
+from kernel.rules.limits import cut_text, digest
+from kernel.settings import Settings
+from schemas import DeadLetter, Message
+
+log = logging.getLogger(__name__)
+
+PRODUCER_BATCH_BYTES = 262_144
+"""Largest batch a producer sends to one partition. aiokafka's default (16 KiB, ~25 commands or
+outcomes) fills under load, and a send into a full batch waits until that batch is acked:
+bursts stalled on a round trip, and the broker got many small produce requests."""
+
+COMMIT_INTERVAL_S = 0.2
+"""How often a consumer commits what it has handled. Not after every polled batch: under load
+that is hundreds of commits a second, each a write to the broker and a round trip the next
+batch waits for. A crash redelivers at most this much more, and every handler is idempotent."""
+
+
+class Record(Protocol):
+    """The fields of a consumed Kafka record that toolfleet reads."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+Handler = Callable[[Record], Awaitable[None]]
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    KafkaError,
+    RedisConnectionError,
+    RedisTimeoutError,
+    InfrastructureError,
+    ConnectionError,
+    TimeoutError,
+)
+"""Errors that say a dependency is unavailable, not that the message is bad: retried forever
+(catch ``NEVER_FITS`` first: those are KafkaErrors too, and retrying them never helps)."""
+
+NEVER_FITS: tuple[type[BaseException], ...] = (MessageSizeTooLargeError, RecordTooLargeError)
+"""A record that Kafka will never take: a bug or a limit set wrong, never a passing outage."""
+
+
+class KafkaBus:
+    """One process's connection to Kafka: publishes with an idempotent, acks=all producer."""
+
+    def __init__(self, settings: Settings, service: str) -> None:
+        self.settings = settings
+        self.service = service
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        """Connect the producer."""
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.settings.kafka_servers(),
+            client_id=f"toolfleet-{self.service}",
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=2,
+            max_batch_size=PRODUCER_BATCH_BYTES,
+        )
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        """Flush and disconnect the producer."""
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        """The started producer."""
+        if self._producer is None:
+            raise InfrastructureError("KafkaBus used before start(); await bus.start() first")
+        return self._producer
+
+    def topic(self, name: str) -> str:
+        """Full name of a logical topic."""
+        return self.settings.topic(name)
+
+    async def publish(
+        self, topic: str, key: str | bytes | None, value: Message | bytes
+    ) -> asyncio.Future[Any]:
+        """Queue one record on logical ``topic``; await the returned future for the broker's ack.
+
+        Returning the future lets a caller queue many records and await them together, which
+        keeps the producer's batches full while preserving per-key order.
+        """
+        raw_key = key.encode() if isinstance(key, str) else key
+        raw = value.encode() if isinstance(value, Message) else value
+        future: asyncio.Future[Any] = await self.producer.send(self.topic(topic), raw, key=raw_key)
+        return future
+
+    async def publish_and_wait(
+        self, topic: str, key: str | bytes | None, value: Message | bytes
+    ) -> None:
+        """Publish one record and wait until the broker has it (acks=all)."""
+        await (await self.publish(topic, key, value))
+
+    async def dead_letter(self, record: Record, reason: str) -> None:
+        """Put ``record``'s original bytes on the dead-letter topic with where it came from.
+
+        Never too big to send: a value over ``dead_letter_value_max_bytes`` keeps a prefix,
+        with the original's size and sha256 (and, with ``dead_letter_overflow_dir``, the whole
+        value in a file named by that digest); the key and the reason are cut too.
+        """
+        value = record.value
+        limit = self.settings.dead_letter_value_max_bytes
+        cut = value is not None and len(value) > limit
+        if cut and value is not None and self.settings.dead_letter_overflow_dir is not None:
+            _overflow(self.settings.dead_letter_overflow_dir, value)
+        key = record.key[:_KEY_MAX_BYTES] if record.key is not None else None
+        letter = DeadLetter(
+            tenant_id=_tenant_of(value) if not cut else None,
+            original_topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            key=key,
+            value=value[:limit] if value is not None else None,
+            reason=cut_text(reason, _REASON_MAX_BYTES),
+            service=self.service,
+            dead_lettered_at=time.time(),
+            value_size=len(value) if value is not None else None,
+            value_sha256=digest(value) if value is not None else None,
+            value_cut=cut,
+        )
+        raw = letter.model_dump_json(exclude_none=True).encode()
+        if len(raw) > self.settings.max_message_bytes:  # a settings mistake: keep no bytes
+            stripped = letter.model_copy(update={"value": None, "key": None, "value_cut": True})
+            raw = stripped.model_dump_json(exclude_none=True).encode()
+        await self.publish_and_wait("dead-letter", key, raw)
+        DEAD_LETTERS.labels(self.service, record.topic).inc()
+        log.warning(
+            "dead-lettered a message",
+            extra={
+                "topic": record.topic,
+                "partition": record.partition,
+                "offset": record.offset,
+                "reason": reason,
+            },
+        )
+
+    def consumer(self, topics: Iterable[str], group: str, **options: Any) -> AIOKafkaConsumer:
+        """A consumer of logical ``topics`` whose offsets are committed only by the caller."""
+        config: dict[str, Any] = {
+            "bootstrap_servers": self.settings.kafka_servers(),
+            "group_id": f"{self.settings.topic_prefix}{group}",
+            "client_id": f"toolfleet-{self.service}",
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            "isolation_level": "read_committed",
+            "session_timeout_ms": self.settings.session_timeout_ms,
+            "heartbeat_interval_ms": max(1_000, self.settings.session_timeout_ms // 6),
+            # aiokafka sends one fetch per broker at a time and leaves out partitions whose
+            # records are still buffered: if that fetch holds only quiet partitions, the
+            # others wait for it to time out (500 ms by default), a tail on every hop.
+            "fetch_max_wait_ms": 50,
+        }
+        consumer = AIOKafkaConsumer(**(config | options))
+        names = [self.topic(t) for t in topics]
+        if names:
+            consumer.subscribe(names, listener=_LogAssignments())
+        return consumer
+
+
+class _LogAssignments(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Logs every assignment: operators (and tests) see when an instance owns what."""
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Nothing to do: uncommitted records are redelivered to the next owner."""
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Log the new assignment."""
+        partitions = sorted(f"{tp.topic}:{tp.partition}" for tp in assigned)
+        log.info("consumer assignment", extra={"partitions": partitions})
+
+
+_KEY_MAX_BYTES = 1_024
+_REASON_MAX_BYTES = 4_096
+
+
+def _overflow(directory: Path, value: bytes) -> None:
+    """Keep a value too big for its dead letter, whole, in a file named by its sha256."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{digest(value)}.bin"
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(value)
+        tmp.replace(path)
+
+
+def _tenant_of(raw: bytes | None) -> str | None:
+    try:
+        tenant = json.loads(raw or b"").get("tenant_id")
+    except (ValueError, AttributeError, RecursionError):  # whatever the bytes are
+        return None
+    return tenant if isinstance(tenant, str) else None
+
+
+class ConsumeLoop:
+    """Feeds records to a handler and commits each partition's offset after the handler is done.
+
+    Records with the same key (a run_id everywhere in toolfleet) are handled one after the
+    other, in offset order; records with different keys concurrently, up to ``concurrency``
+    at once: a service waits on Kafka and Redis round trips, not on its CPU.
+
+    - ``InvalidMessageError`` from the handler dead-letters the record and moves on;
+    - a transient error (Kafka, Redis, connection) retries the same record with backoff,
+      forever: an outage must not turn good messages into dead letters;
+    - any other exception retries up to ``max_attempts`` times, then dead-letters the record
+      with the error as the reason, so one poison message never becomes a crash loop.
+
+    ``wanted`` picks the records the handler gets; the others (a service reading a busy topic
+    for a few of its records) are only committed past, at no cost per record.
+    """
+
+    def __init__(
+        self,
+        bus: KafkaBus,
+        consumer: AIOKafkaConsumer,
+        handler: Handler,
+        *,
+        max_attempts: int = 5,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 5.0,
+        concurrency: int = 512,
+        wanted: Callable[[Record], bool] | None = None,
+    ) -> None:
+        self.bus = bus
+        self.wanted = wanted
+        self.consumer = consumer
+        self.handler = handler
+        self._slots = asyncio.Semaphore(concurrency)
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Finish the current record, commit, and return from ``run``."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Consume until ``stop`` is called."""
+        committable: dict[TopicPartition, int] = {}
+        last_commit = time.monotonic()
+        while not self._stopping.is_set():
+            batches = await self.consumer.getmany(timeout_ms=100, max_records=500)
+            by_key: dict[tuple[Any, bytes | None], list[Record]] = {}
+            for tp, records in batches.items():
+                for record in filter(self.wanted, records) if self.wanted else records:
+                    by_key.setdefault((tp, record.key), []).append(record)
+            outcomes = await asyncio.gather(
+                *(self._in_order(rs) for rs in by_key.values()), return_exceptions=True
+            )
+            for failed in outcomes:
+                if isinstance(failed, BaseException):
+                    raise failed  # CutOffError: uncommitted records go to this group's peers
+            unhandled = [r for r in outcomes if not isinstance(r, BaseException)]
+            for tp, records in batches.items():
+                # Commit below the first record left unhandled (only when stopping).
+                left = [r.offset for r in unhandled if r is not None and r.topic == tp.topic
+                        and r.partition == tp.partition]  # fmt: skip
+                committable[tp] = min(left) if left else records[-1].offset + 1
+            if committable and time.monotonic() - last_commit >= COMMIT_INTERVAL_S:
+                await self._commit(committable)
+                last_commit = time.monotonic()
+        await self._commit(committable)
+
+    async def _commit(self, committable: dict[TopicPartition, int]) -> None:
+        """Commit what was handled, for the partitions still ours: a revoked partition's
+        records are redelivered to its new owner, and every handler is idempotent."""
+        assigned = self.consumer.assignment()
+        offsets = {tp: o for tp, o in committable.items() if tp in assigned}
+        committable.clear()
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except (CommitFailedError, IllegalStateError) as exc:
+            log.warning("offset commit refused (rebalance)", extra={"error": repr(exc)})
+
+    async def _in_order(self, records: list[Record]) -> Record | None:
+        """Handle one key's records in order; the first left unhandled, if stopping."""
+        async with self._slots:
+            for record in records:
+                if not await self._handle(record):
+                    return record
+        return None
+
+    async def _handle(self, record: Record) -> bool:
+        """Process one record; False only when stopping left it unprocessed (uncommitted).
+
+        Raises CutOffError when Kafka or Redis stayed unreachable for longer than
+        ``cut_off_after_s``: this instance must let its partitions go to its peers.
+        """
+        attempt = 0
+        unreachable_since: float | None = None
+        while True:
+            attempt += 1
+            try:
+                await self.handler(record)
+            except InvalidMessageError as exc:
+                await self.bus.dead_letter(record, exc.reason)
+                MESSAGES.labels(self.bus.service, record.topic, "dead_lettered").inc()
+                return True
+            except NEVER_FITS as exc:
+                reason = f"handling it produced a record Kafka refuses: {type(exc).__name__}"
+                log.error("a produced record can never fit", extra={"topic": record.topic})
+                await self.bus.dead_letter(record, reason)
+                MESSAGES.labels(self.bus.service, record.topic, "dead_lettered").inc()
+                return True
+            except TRANSIENT_ERRORS as exc:
+                log.warning(
+                    "dependency unavailable; retrying the same message",
+                    extra={"topic": record.topic, "offset": record.offset, "error": repr(exc)},
+                )
+                MESSAGES.labels(self.bus.service, record.topic, "retried").inc()
+                unreachable_since = unreachable_since or time.monotonic()
+                cut = cut_off(unreachable_since, self.bus.settings.cut_off_after_s, exc)
+                if cut is not None:
+                    raise cut from exc
+            except Exception as exc:
+                if attempt >= self.max_attempts:
+                    reason = f"handler failed {attempt} times: {type(exc).__name__}: {exc}"
+                    log.exception("giving up on a message", extra={"topic": record.topic})
+                    await self.bus.dead_letter(record, reason)
+                    MESSAGES.labels(self.bus.service, record.topic, "dead_lettered").inc()
+                    return True
+                log.warning(
+                    "handler failed; retrying",
+                    extra={"topic": record.topic, "offset": record.offset, "error": repr(exc)},
+                )
+                MESSAGES.labels(self.bus.service, record.topic, "retried").inc()
+            else:
+                MESSAGES.labels(self.bus.service, record.topic, "processed").inc()
+                return True
+            delay = min(self.max_backoff_s, self.backoff_s * 2 ** min(attempt - 1, 10))
+            try:
+                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+            except TimeoutError:
+                continue
+            return False  # stopping mid-retry: the next owner of the partition retries it
+
+
+def cut_off(since: float, bound_s: float, exc: BaseException) -> CutOffError | None:
+    """The CutOffError to raise once a dependency has been unreachable since ``since``
+    (monotonic) for longer than ``bound_s``; None while the bound holds."""
+    if time.monotonic() - since <= bound_s:
+        return None
+    return CutOffError(
+        f"Kafka or Redis unreachable for more than {bound_s:g} s ({exc!r}); giving up this "
+        "instance's partitions to its peers until both answer again"
+    )
+
+
+__all__ = ["NEVER_FITS", "TRANSIENT_ERRORS", "ConsumeLoop", "KafkaBus", "Record", "TopicPartition"]

@@ -1,0 +1,76 @@
+"""The one exception tree of toolfleet: every error it raises is a ``ToolfleetError``.
+
+Catch the branch that says what you can do about it::
+
+    ToolfleetError                       (schemas) root; the message says what to do next
+    ├── UsageError                       used wrongly: fix the call, flag or declaration
+    │   ├── ConfigurationError           a setting, flag or tool declaration is invalid
+    │   └── ToolNotFoundError            a call names a tool that no worker pool publishes
+    ├── UnavailableError                 a dependency is away: retry, nothing is wrong with you
+    │   ├── InfrastructureError          Kafka or Redis could not be started, reached or stopped
+    │   │   └── CutOffError              this instance lost Kafka or Redis past the cut-off bound
+    │   └── TurnTimeoutError             (toolfleet.client; also a TimeoutError) no result in time
+    ├── InvalidMessageError              (schemas) a message fails its schema: dead-lettered
+    ├── ModelBehaviorError               the model's calls cannot run safely (reused/empty ids)
+    ├── NotExecuted                      (kernel.rules.effects) raised by a tool: upstream refused
+    ├── ToolExecutionError               a tool failed in a way that fails the turn
+    │   ├── ToolTimeoutError             (kernel.tools) the SDK's timeout, as in-process
+    │   ├── ToolCancelledError           (kernel.tools) the tool itself was cancelled
+    │   ├── ToolInputGuardrailTripwireTriggered   (kernel.tools)
+    │   └── ToolOutputGuardrailTripwireTriggered  (kernel.tools)
+    ├── FleetTurnError                   (toolfleet.agents) a turn failure with no SDK class
+    └── FleetRunCancelled                (toolfleet.agents) the run was cancelled on the fleet
+
+The root and ``InvalidMessageError`` are defined in ``schemas`` (the lowest layer, so the wire
+models can raise them) and re-exported here.
+"""
+
+from __future__ import annotations
+
+from schemas import InvalidMessageError, ToolfleetError
+
+__all__ = [
+    "ConfigurationError",
+    "CutOffError",
+    "InfrastructureError",
+    "InvalidMessageError",
+    "ModelBehaviorError",
+    "ToolExecutionError",
+    "ToolNotFoundError",
+    "ToolfleetError",
+    "UnavailableError",
+    "UsageError",
+]
+
+
+class UsageError(ToolfleetError):
+    """toolfleet was used wrongly; retrying the same thing fails the same way: fix it first."""
+
+
+class UnavailableError(ToolfleetError):
+    """A dependency (Kafka, Redis, the fleet) is unavailable right now; retry after a while."""
+
+
+class ConfigurationError(UsageError):
+    """A setting, flag or tool declaration is invalid; fix the configuration and restart."""
+
+
+class ToolNotFoundError(UsageError):
+    """A call names a tool no worker pool has published; publish the tool or fix the call."""
+
+
+class InfrastructureError(UnavailableError):
+    """Kafka or Redis could not be started, reached or stopped; the message names which and why."""
+
+
+class CutOffError(InfrastructureError):
+    """This instance could not reach Kafka or Redis for longer than the cut-off bound while
+    its peers may: it gives up its partitions, waits until both answer, and rejoins."""
+
+
+class ModelBehaviorError(ToolfleetError):
+    """The model produced tool calls that cannot be executed safely (reused or empty call IDs)."""
+
+
+class ToolExecutionError(ToolfleetError):
+    """A tool failed in a way its failure policy turns into a failed turn."""

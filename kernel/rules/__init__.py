@@ -1,0 +1,11 @@
+"""Pure decisions: no I/O library is imported here (a ``make lint`` contract keeps it so).
+
+- ``effects``: what counts as having happened, and what recovery may do about it;
+- ``limits``: size and depth bounds of messages, outputs and dead letters;
+- ``versions``: tool version order and which version a call goes to;
+- ``texts``: the model-visible texts;
+- ``outcomes``: outcomes toolfleet writes on a call's behalf (lost, identity mismatch);
+- ``auth``: signing and verifying decisions (approvals, cancellations, task resolutions).
+"""
+
+__all__ = ["auth", "effects", "limits", "outcomes", "texts", "versions"]

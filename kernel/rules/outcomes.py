@@ -1,0 +1,53 @@
+"""Outcomes toolfleet writes itself, when no tool body produced one."""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from kernel.rules.effects import effect_for_class
+from kernel.rules.texts import unknown_outcome_text
+from schemas import CallError, CallOutcome, ExecutionCommand, ToolSpec
+
+
+def identity(command: ExecutionCommand, worker_id: str | None) -> dict[str, object]:
+    """The fields that say which call and attempt an outcome belongs to."""
+    return {
+        "tenant_id": command.tenant_id,
+        "run_id": command.run_id,
+        "turn_id": command.turn_id,
+        "call_id": command.call_id,
+        "tool_name": command.tool_name,
+        "index": command.index,
+        "attempt": command.attempt,
+        "fencing_token": command.fencing_token,
+        "capped": command.capped,
+        "worker_id": worker_id,
+        "finished_at": time.time(),
+    }
+
+
+def lost(
+    command: ExecutionCommand,
+    spec: ToolSpec | None,
+    *,
+    worker_id: str | None,
+    source: Literal["executor", "reconciler"],
+) -> CallOutcome:
+    """A call whose worker vanished after it started: nobody knows whether it applied.
+
+    A read-only tool cannot have applied anything; every other tool's effect is unknown.
+    """
+    effect = effect_for_class(spec.effect_class if spec else "non_idempotent", "unknown")
+    return CallOutcome(
+        **identity(command, worker_id),
+        status="failed",
+        effect=effect,
+        resolved=effect != "unknown" or (spec is not None and spec.on_unknown == "report_now"),
+        output=unknown_outcome_text(spec) if spec else None,
+        error=CallError(
+            type="WorkerLost",
+            message="the worker running this call stopped before reporting an outcome",
+        ),
+        source=source,
+    )

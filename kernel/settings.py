@@ -1,0 +1,187 @@
+"""Settings shared by every toolfleet service, read from the environment (prefix TOOLFLEET_)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LEDGER_RETENTION_S = 7 * 24 * 3600
+"""How long a committed call whose history is its plain run stays in the ledger, by default."""
+
+
+def _xdg(var: str, fallback: str) -> Path:
+    return Path(os.environ.get(var) or Path.home() / fallback) / "toolfleet"
+
+
+class Settings(BaseSettings):
+    """Where the services find Kafka and Redis and how they name topics.
+
+    ``KAFKA_BOOTSTRAP_SERVERS`` and ``REDIS_URL`` are read without the prefix too, because
+    they are the names platforms already export; when either is set, ``toolfleet infra up``
+    starts nothing and everything uses the given services.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="TOOLFLEET_", extra="ignore")
+
+    kafka_bootstrap_servers: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "KAFKA_BOOTSTRAP_SERVERS", "TOOLFLEET_KAFKA_BOOTSTRAP_SERVERS"
+        ),
+    )
+    redis_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("REDIS_URL", "TOOLFLEET_REDIS_URL")
+    )
+    redis_max_connections: int = Field(default=128, ge=4, description="Per process")
+    topic_prefix: str = "toolfleet."
+    partitions: int = Field(default=6, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+    metrics_port: int = Field(default=0, ge=0, description="0 picks a free port")
+    session_timeout_ms: int = Field(
+        default=10_000,
+        ge=6_000,
+        description="Consumer group session: how soon a dead process's partitions move on",
+    )
+
+    gc_thresholds: tuple[int, int, int] = Field(
+        default=(100_000, 20, 40),
+        description="gc.set_threshold for every service (see toolfleet.app.service.tune_gc); "
+        "as JSON in the environment, e.g. [100000, 20, 40]",
+    )
+    aggregator_transaction_interval_ms: int = Field(
+        default=20,
+        ge=0,
+        description="Least time between two of the aggregator's Kafka transactions: under "
+        "load its batches grow instead of their number (each one costs the broker several "
+        "requests and markers)",
+    )
+
+    ledger_retention_s: int = Field(
+        default=LEDGER_RETENTION_S,
+        ge=0,
+        description="How long a committed call whose history is its plain run stays in the "
+        "ledger (0: forever). A model that reuses an expired call's id runs it again, so keep "
+        "it longer than any run can be replayed or resumed",
+    )
+
+    cut_off_after_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long an instance retries one record against an unreachable Kafka or "
+        "Redis before it gives up its partitions to its peers (it rejoins once both answer)",
+    )
+
+    # Who may decide (see kernel/rules/auth.py).
+    decision_auth: Literal["hmac", "off"] = Field(
+        default="hmac",
+        description="Verify the signature of approvals, cancellations and task resolutions; "
+        "'off' for local development only",
+    )
+    decision_keys: dict[str, str] = Field(
+        default_factory=dict,
+        description='Per-tenant decision keys as JSON, {"tenant": "secret"}; "*" is the key of '
+        "every tenant without its own",
+    )
+    decision_keys_file: Path | None = Field(
+        default=None, description="The same JSON in a file (a mounted secret)"
+    )
+
+    # Size limits (see kernel/rules/limits.py): nothing produced may be too big for Kafka.
+    max_message_bytes: int = Field(
+        default=1_000_000,
+        ge=65_536,
+        description="Largest record toolfleet produces (keep it under the broker's "
+        "message.max.bytes and the producer's max_request_size, 1 MiB by default)",
+    )
+    max_output_bytes: int = Field(
+        default=262_144,
+        ge=1_024,
+        description="Largest tool output kept; a longer one ends the call with a clear text",
+    )
+    dead_letter_value_max_bytes: int = Field(
+        default=524_288,
+        ge=1_024,
+        description="Bytes of a dead-lettered record kept in the letter (base64 makes it 4/3 "
+        "bigger); the rest is cut, with the size and sha256 of the original",
+    )
+    dead_letter_overflow_dir: Path | None = Field(
+        default=None,
+        description="If set, a dead-lettered record too big for its letter is also written "
+        "whole to <dir>/<sha256>.bin",
+    )
+    max_items_per_response: int = Field(default=1_000, ge=1)
+    max_argument_bytes: int = Field(default=262_144, ge=1_024)
+    max_json_depth: int = Field(
+        default=64, ge=4, description="Deepest nesting accepted in a message or arguments"
+    )
+
+    # Recovery (the reconciler's budgets; see reconciler/_policy.py).
+    recovery_max_attempts: int = Field(default=2, ge=1)
+    recovery_probe_budget: int = Field(default=4, ge=1)
+    recovery_probe_backoff_s: float = Field(default=0.5, gt=0)
+    recovery_report_after_s: float = Field(default=30.0, ge=0)
+    recovery_retry_backoff_s: float = Field(
+        default=0.2,
+        gt=0,
+        description="First backoff step of the fleet's retry of a transient not-executed call "
+        "(doubles per attempt, with jitter; an upstream's Retry-After replaces it)",
+    )
+
+    # Circuit breaker per tool version (see kernel/stores/circuit.py).
+    circuit_window_s: float = Field(default=60.0, gt=0)
+    circuit_min_calls: int = Field(default=10, ge=1)
+    circuit_error_rate: float = Field(default=0.5, gt=0, le=1)
+    circuit_cache_s: float = Field(default=1.0, ge=0, description="How long workers cache it")
+    circuit_half_open_after_s: float | None = Field(
+        default=None, description="Let one call through after this long; None: operator only"
+    )
+    auto_rollback: bool = Field(
+        default=True,
+        description="When a tool version's circuit opens and an earlier live version of the "
+        "same tool is healthy, the planner routes new calls to that one (kernel/rules/versions.py)",
+    )
+    registry_cache_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="How long the planner caches the tool registry: newly published "
+        "versions and operators' pins (toolfleet tools rollback|pin|unpin) take effect "
+        "within this long",
+    )
+
+    # Local infrastructure (toolfleet infra up).
+    infra: str = Field(default="local", description="'local' processes or 'containers'")
+    state_dir: Path = Field(default_factory=lambda: _xdg("XDG_STATE_HOME", ".local/state"))
+    cache_dir: Path = Field(default_factory=lambda: _xdg("XDG_CACHE_HOME", ".cache"))
+    kafka_version: str = "4.1.1"
+    kafka_port: int = 19092
+    kafka_controller_port: int = 19093
+    kafka_heap: str = "768m"
+    redis_port: int = 16379
+
+    def kafka_servers(self) -> str:
+        """The configured bootstrap servers, else the broker ``toolfleet infra up`` runs."""
+        return self.kafka_bootstrap_servers or f"127.0.0.1:{self.kafka_port}"
+
+    def redis_address(self) -> str:
+        """The configured Redis URL, else the server ``toolfleet infra up`` runs."""
+        return self.redis_url or f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def kafka_external(self) -> bool:
+        """Whether KAFKA_BOOTSTRAP_SERVERS names a broker other than the one ``toolfleet
+        infra up`` runs (its own address, as ``eval "$(toolfleet infra up)"`` exports it, is
+        still ours to stop)."""
+        local = f"127.0.0.1:{self.kafka_port}"
+        return bool(self.kafka_bootstrap_servers) and self.kafka_bootstrap_servers != local
+
+    def redis_external(self) -> bool:
+        """Whether REDIS_URL names a server other than the one ``toolfleet infra up`` runs."""
+        local = f"redis://127.0.0.1:{self.redis_port}/0"
+        return bool(self.redis_url) and self.redis_url != local
+
+    def topic(self, name: str) -> str:
+        """The full topic name for a logical topic such as ``outcomes``."""
+        return f"{self.topic_prefix}{name}"

@@ -1,0 +1,75 @@
+"""Human tasks: kept in Redis for ``toolfleet tasks list``, announced on ``human-tasks``."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from redis.asyncio import Redis
+
+from kernel.adapters.redis import text
+from kernel.stores.keys import Keys
+from schemas import HumanTask, TaskResolution
+
+
+@dataclass(frozen=True)
+class StoredTask:
+    """A task and where it stands."""
+
+    task: HumanTask
+    status: Literal["open", "resolved"]
+    resolution: dict[str, Any] | None
+
+
+def new_task_id() -> str:
+    """A short, unique, typeable task id."""
+    return f"task-{uuid.uuid4().hex[:12]}"
+
+
+class TaskStore:
+    """Open and resolved human tasks."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self.redis = redis
+        self.key = keys.tasks
+        """Hash: task_id -> {"task": HumanTask, "status": open|resolved, "resolution": ...}."""
+
+    async def add(self, task: HumanTask) -> None:
+        """Record a new open task."""
+        record = {"task": task.model_dump(mode="json"), "status": "open", "resolution": None}
+        await self.redis.hset(self.key, task.task_id, json.dumps(record))
+
+    async def get(self, task_id: str) -> StoredTask | None:
+        """One task, or None."""
+        raw = await self.redis.hget(self.key, task_id)
+        return _decode(raw) if raw else None
+
+    async def all(self) -> list[StoredTask]:
+        """Every task, oldest first."""
+        raw = await self.redis.hgetall(self.key)
+        return sorted((_decode(v) for v in raw.values()), key=lambda t: t.task.created_at)
+
+    async def close(self, task_id: str, resolution: TaskResolution) -> bool:
+        """Mark a task resolved; False when it was already resolved (a redelivery)."""
+        stored = await self.get(task_id)
+        if stored is None or stored.status == "resolved":
+            return False
+        record = {
+            "task": stored.task.model_dump(mode="json"),
+            "status": "resolved",
+            "resolution": resolution.model_dump(mode="json") | {"at": time.time()},
+        }
+        await self.redis.hset(self.key, task_id, json.dumps(record))
+        return True
+
+
+def _decode(raw: bytes | str) -> StoredTask:
+    record = json.loads(text(raw))
+    return StoredTask(
+        task=HumanTask.model_validate(record["task"]),
+        status=record["status"],
+        resolution=record.get("resolution"),
+    )

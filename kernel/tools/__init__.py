@@ -1,0 +1,69 @@
+"""The tool API: declare tools, and run one call through its whole lifecycle.
+
+Tool authors import these names from ``executors`` (the worker pools' package re-exports them);
+the worker, the SDK adapter and ``toolfleet.testing`` use them from here.
+"""
+
+from kernel.rules.effects import EffectVerdict, NotExecuted
+from kernel.tools._context import ProbeResult, ProbeState, ToolContext
+from kernel.tools._errors import (
+    ToolCancelledError,
+    ToolInputGuardrailTripwireTriggered,
+    ToolOutputGuardrailTripwireTriggered,
+    ToolTimeoutError,
+    default_tool_timeout_error_message,
+)
+from kernel.tools._guardrails import (
+    GuardrailBehavior,
+    GuardrailResult,
+    InputGuardrail,
+    OutputGuardrail,
+    guardrail_name,
+)
+from kernel.tools._recovery import run_compensate, run_probe
+from kernel.tools._registry import ToolRegistry
+from kernel.tools._runner import CallHooks, run_call
+from kernel.tools._sdk import FunctionToolAdapter, is_function_tool
+from kernel.tools._tool import (
+    ApprovalFunction,
+    CompensateFunction,
+    OnUnknown,
+    ProbeFunction,
+    TimeoutBehavior,
+    Tool,
+    ToolErrorFunction,
+    default_tool_error_function,
+)
+
+__all__ = [
+    "ApprovalFunction",
+    "CallHooks",
+    "CompensateFunction",
+    "EffectVerdict",
+    "FunctionToolAdapter",
+    "GuardrailBehavior",
+    "GuardrailResult",
+    "InputGuardrail",
+    "NotExecuted",
+    "OnUnknown",
+    "OutputGuardrail",
+    "ProbeFunction",
+    "ProbeResult",
+    "ProbeState",
+    "TimeoutBehavior",
+    "Tool",
+    "ToolCancelledError",
+    "ToolContext",
+    "ToolErrorFunction",
+    "ToolInputGuardrailTripwireTriggered",
+    "ToolOutputGuardrailTripwireTriggered",
+    "ToolRegistry",
+    "ToolTimeoutError",
+    "default_tool_error_function",
+    "default_tool_timeout_error_message",
+    "guardrail_name",
+    "is_function_tool",
+    "run_call",
+    "run_compensate",
+    "run_probe",
+]

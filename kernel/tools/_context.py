@@ -1,0 +1,148 @@
+"""What a tool, its guardrails and its probe see of the call they serve."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernel.errors import ToolfleetError
+from kernel.rules.effects import ProbeAnswer
+from schemas import ExecutionCommand
+
+UpstreamRecorder = Callable[[str], Awaitable[None]]
+"""Writes a call's upstream reference durably (the worker's ledger write)."""
+
+
+class _UpstreamRef:
+    """The upstream reference of one attempt, shared by every copy of its context."""
+
+    def __init__(self, value: str | None, recorder: UpstreamRecorder | None) -> None:
+        self.value = value
+        self.recorder = recorder
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """The identity of one call attempt, passed as the optional first parameter of a tool.
+
+    ``idempotency_key`` is stable across attempts of the same call: hand it to the upstream
+    system so a retried or reconciled attempt cannot apply the effect twice.
+    """
+
+    tenant_id: str
+    run_id: str
+    turn_id: int
+    call_id: str
+    tool_name: str
+    arguments: str
+    """The raw JSON arguments, exactly as the model wrote them."""
+    idempotency_key: str
+    attempt: int
+    fencing_token: int
+    args: dict[str, Any] = field(default_factory=dict)
+    """The validated arguments (parameter name -> value); empty when they could not be parsed."""
+    worker_id: str | None = None
+    deadline_at: float | None = None
+    """Unix time the turn ends, if the turn has a deadline."""
+    _upstream: _UpstreamRef = field(
+        default_factory=lambda: _UpstreamRef(None, None), repr=False, compare=False
+    )
+
+    @property
+    def upstream_ref(self) -> str | None:
+        """The upstream's own id for what this call did (ticket T-9, charge ch_123), once
+        recorded; probes and compensations receive the one the call recorded."""
+        return self._upstream.value
+
+    async def record_upstream_ref(self, ref: str) -> None:
+        """Record the upstream's id for what this call did, as soon as the tool knows it.
+
+        Written to the ledger before this returns, so it survives a failure (or a crash) later
+        in the body; probes, compensations, ``toolfleet inspect call`` and the audit chain see
+        it. Outside a worker (a direct call, a test) it is only kept on the context.
+        """
+        if not isinstance(ref, str) or not ref:
+            raise ToolfleetError("record_upstream_ref needs the upstream's id as a non-empty str")
+        self._upstream.value = ref
+        if self._upstream.recorder is not None:
+            await self._upstream.recorder(ref)
+
+    def record_upstream_ref_blocking(self, ref: str) -> None:
+        """``record_upstream_ref`` for a sync tool, which runs in a worker thread."""
+        loop = self._upstream.loop
+        if loop is None or self._upstream.recorder is None:
+            self._upstream.value = ref
+            return
+        asyncio.run_coroutine_threadsafe(self.record_upstream_ref(ref), loop).result()
+
+    @classmethod
+    def from_command(
+        cls,
+        command: ExecutionCommand,
+        *,
+        worker_id: str | None = None,
+        args: dict[str, Any] | None = None,
+        record_upstream: UpstreamRecorder | None = None,
+    ) -> ToolContext:
+        """Build the context of the attempt a command describes; ``record_upstream`` is how
+        the worker writes an upstream reference durably."""
+        upstream = _UpstreamRef(command.upstream_ref, record_upstream)
+        if record_upstream is not None:
+            upstream.loop = asyncio.get_running_loop()
+        return cls(
+            tenant_id=command.tenant_id,
+            run_id=command.run_id,
+            turn_id=command.turn_id,
+            call_id=command.call_id,
+            tool_name=command.tool_name,
+            arguments=command.arguments,
+            idempotency_key=command.idempotency_key,
+            attempt=command.attempt,
+            fencing_token=command.fencing_token,
+            args=dict(args or {}),
+            worker_id=worker_id,
+            deadline_at=command.deadline_at,
+            _upstream=upstream,
+        )
+
+
+ProbeState = ProbeAnswer
+"""What a probe found upstream for an idempotency key."""
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """The answer of a tool's probe: did the call's effect reach the upstream system?
+
+    Build it with ``ProbeResult.applied(output)``, ``ProbeResult.not_applied()`` or
+    ``ProbeResult.unknown()``.
+    """
+
+    state: ProbeState
+    output: str | None = None
+    """For ``applied``: the output the model should see, as if the call had returned it."""
+    detail: str | None = None
+    """Why the probe answered as it did, for the audit chain and operators."""
+
+    @classmethod
+    def applied(cls, output: str, *, detail: str | None = None) -> ProbeResult:
+        """The effect is there upstream; ``output`` stands in for the call's lost output."""
+        return cls(state="applied", output=str(output), detail=detail)
+
+    @classmethod
+    def not_applied(cls, *, detail: str | None = None) -> ProbeResult:
+        """The upstream system has no trace of the idempotency key: nothing was applied."""
+        return cls(state="not_applied", detail=detail)
+
+    @classmethod
+    def wrong_effect(cls, output: str, *, detail: str | None = None) -> ProbeResult:
+        """Something was applied upstream, but not what the call asked for: compensate it."""
+        return cls(state="wrong_effect", output=str(output), detail=detail)
+
+    @classmethod
+    def unknown(cls, detail: str | None = None) -> ProbeResult:
+        """The probe could not tell (yet); the reconciler may ask again or escalate."""
+        return cls(state="unknown", detail=detail)

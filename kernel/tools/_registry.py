@@ -1,0 +1,156 @@
+"""The set of tools a worker serves, declared with the ``@tools.tool`` decorator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Unpack, overload
+
+from kernel.errors import ConfigurationError, ToolNotFoundError
+from kernel.rules.versions import newest_version, version_order
+from kernel.tools._runner import CallHooks
+from kernel.tools._tool import (
+    Tool,
+)
+from schemas import ToolSpec
+
+if TYPE_CHECKING:
+    from agents import FunctionTool
+
+    from kernel.tools._tool import CompensateFunction, FleetOptions, ProbeFunction, ToolOptions
+
+
+class ToolRegistry:
+    """Tools by lookup key (``name`` or ``namespace.name``) and version; ``toolfleet worker``
+    serves one. Several versions of one tool may be served side by side (declare each with
+    its own ``version=``): a command names the version it wants, else it gets the newest."""
+
+    def __init__(self, *, hooks: CallHooks | None = None) -> None:
+        self._tools: dict[str, dict[str, Tool]] = {}
+        self._declared: list[Tool] = []
+        self.hooks = hooks
+        """Lifecycle hooks (on_tool_start / on_tool_end) the worker runs once per call."""
+
+    @overload
+    def tool(self, func: Callable[..., Any], /) -> Tool: ...
+
+    @overload
+    def tool(
+        self, func: None = None, /, **options: Unpack[ToolOptions]
+    ) -> Callable[[Callable[..., Any]], Tool]: ...
+
+    def tool(
+        self, func: Callable[..., Any] | None = None, /, **options: Unpack[ToolOptions]
+    ) -> Tool | Callable[[Callable[..., Any]], Tool]:
+        """Declare a tool: ``@tools.tool`` or ``@tools.tool(effect=..., timeout=...)``.
+
+        The options and their defaults are ``ToolOptions`` (the Agents SDK's own options, such
+        as ``timeout`` or ``needs_approval``, and toolfleet's ``FleetOptions``, such as
+        ``effect``, ``pool`` or ``classify``).
+        """
+
+        def register(fn: Callable[..., Any]) -> Tool:
+            return self.add(Tool(fn, **options))
+
+        if func is not None:
+            return register(func)
+        return register
+
+    def add(self, tool: Tool) -> Tool:
+        """Register an already built Tool; a second tool with the same lookup key and version
+        is an error (another version of the same tool is not)."""
+        key = tool.lookup_key
+        versions = self._tools.setdefault(key, {})
+        if tool.version in versions:
+            raise ConfigurationError(
+                f"tool {key!r} version {tool.version!r} is declared twice in this registry; "
+                "give one of them another name, namespace or version"
+            )
+        versions[tool.version] = tool
+        self._declared.append(tool)
+        return tool
+
+    def add_function_tool(
+        self,
+        function_tool: FunctionTool,
+        *,
+        probe: ProbeFunction | None = None,
+        compensate: CompensateFunction | None = None,
+        **options: Unpack[FleetOptions],
+    ) -> Tool:
+        """Serve an OpenAI Agents SDK ``FunctionTool`` (``@function_tool``) unchanged.
+
+        Its name, schema, ``needs_approval``, timeout settings, ``failure_error_function``,
+        ``is_enabled`` and tool guardrails keep their in-process meaning (see
+        ``FunctionToolAdapter``); ``options`` are toolfleet's own (``FleetOptions``), and
+        ``probe`` and ``compensate`` declare what ``Tool.probe`` and ``Tool.compensate`` would.
+        ``on_unknown`` defaults to "report_now" (the SDK's texts). Without ``effect`` the tool
+        is treated as non_idempotent but keeps the SDK's approval behaviour (no release gate);
+        ``toolfleet tools review`` lists it. Needs the ``openai-agents`` package.
+        """
+        from kernel.tools._sdk import FunctionToolAdapter
+
+        return self.add(
+            FunctionToolAdapter(function_tool, probe=probe, compensate=compensate, **options)
+        )
+
+    @classmethod
+    def from_function_tools(
+        cls,
+        function_tools: Iterable[FunctionTool],
+        *,
+        hooks: CallHooks | None = None,
+        **options: Unpack[FleetOptions],
+    ) -> ToolRegistry:
+        """A registry serving these SDK function tools, each with the same ``options``."""
+        registry = cls(hooks=hooks)
+        for function_tool in function_tools:
+            registry.add_function_tool(function_tool, **options)
+        return registry
+
+    def get(self, key: str, version: str | None = None) -> Tool:
+        """The tool a model calls ``key`` (``name`` or ``namespace.name``), in ``version``, or
+        the newest version this registry holds when ``version`` is None.
+
+        Raises ToolNotFoundError when this registry has no such tool or version.
+        """
+        tool = self.find(key, version)
+        if tool is None:
+            if version is not None and key in self._tools:
+                raise ToolNotFoundError(f"Tool '{key}' version '{version}' not found.")
+            raise ToolNotFoundError(f"Tool '{key}' not found.")
+        return tool
+
+    def find(self, key: str, version: str | None = None) -> Tool | None:
+        """The tool called ``key`` in ``version`` (None: the newest), or None."""
+        versions = self._tools.get(key)
+        if not versions:
+            return None
+        return versions.get(newest_version(versions) if version is None else version)
+
+    def versions(self, key: str) -> list[str]:
+        """The versions of ``key`` this registry holds, oldest first (empty when none)."""
+        return version_order(self._tools.get(key, ()))
+
+    def for_pool(self, pool: str) -> list[Tool]:
+        """The tools a worker of ``pool`` serves (every version): those pinned to it and those
+        not pinned, in declaration order."""
+        return [t for t in self._declared if t.pool is None or t.pool == pool]
+
+    def specs(self, pool: str) -> list[ToolSpec]:
+        """Registry entries of the tools a worker of ``pool`` serves, in declaration order."""
+        return [t.spec(pool) for t in self.for_pool(pool)]
+
+    def __iter__(self) -> Iterator[Tool]:
+        """Every tool, every version, in declaration order."""
+        return iter(list(self._declared))
+
+    def __len__(self) -> int:
+        """How many tools (each version counts) this registry holds."""
+        return len(self._declared)
+
+    def __contains__(self, key: object) -> bool:
+        """Whether some version of the tool called ``key`` is here."""
+        return key in self._tools
+
+    def __repr__(self) -> str:
+        return f"ToolRegistry({list(self._tools)!r})"

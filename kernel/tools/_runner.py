@@ -1,0 +1,460 @@
+"""Runs one call of one tool, in the OpenAI Agents SDK's order, and says what happened.
+
+Order (docs/sdk-lifecycle.md, item 6), for a command not yet approved:
+
+1. ``needs_approval``: True, or a callable given the validated arguments (arguments that do not
+   parse strictly fail closed: approval required). If approval is required the outcome is
+   ``pending_approval`` and nothing else runs — except, with ``pre_approval_guardrails``, the
+   input guardrails, whose rejection or tripwire then decides the call instead.
+2. The arguments are parsed and validated; failing that is a tool error (nothing has started).
+3. ``on_started()`` — the worker writes ``started`` to the ledger — before any user code of the
+   execution proper, input guardrails included. Its exceptions propagate: nothing ran.
+4. Input guardrails, then ``hooks.on_tool_start``, then the tool body (the timeout covers the
+   body only), then output guardrails (they see failure and timeout texts too, as in the SDK),
+   then ``hooks.on_tool_end`` with the accepted output.
+
+Effects (business level) are judged by ``kernel.rules.effects``, the one home of those rules:
+
+- ``applied``: the body returned.
+- ``not_executed``: nothing of the tool ran (approval pending, guardrail rejection, invalid
+  arguments), or what the body raised proves the request took no effect (``NotExecuted``, a
+  declared definite error, the tool's ``classify``, connection refused, HTTP 4xx, ...); the
+  outcome says whether trying again can help (``retry``).
+- ``unknown``: every other exception the body raised (a read timeout, a reset connection, an
+  HTTP 5xx: the response was lost, not the effect), a timeout or a tool-local cancellation,
+  and BaseExceptions. Such outcomes carry ``resolved=False``: the reconciler takes over.
+- A read_only tool cannot have applied anything: its unknown effect is ``not_executed``.
+- An output guardrail's rejection keeps the body's effect and sets status ``rejected``.
+
+A failure that fails the turn (no failure handler, ``failure_policy="fail_turn"``, tripwires,
+``timeout_behavior="raise_exception"``, BaseExceptions, errors in guardrails, hooks, approval
+policies or formatters) gives ``fails_turn=True`` and ``output=None``.
+
+Parent cancellation — the task running ``run_call`` being cancelled — propagates as
+CancelledError and never becomes an outcome; the tool body runs in a child task, so a
+CancelledError the tool raises itself (tool-local cancellation) is told apart from it. As in the
+SDK, run_call does not wait for the tool's cleanup after a parent cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kernel.errors import ModelBehaviorError
+from kernel.rules.effects import effect_for_class
+from kernel.rules.texts import OUTPUT_TOO_LARGE
+from kernel.tools._capture import Captured, abandon, capture, error_of
+from kernel.tools._context import ToolContext, UpstreamRecorder
+from kernel.tools._errors import (
+    ToolCancelledError,
+    ToolInputGuardrailTripwireTriggered,
+    ToolOutputGuardrailTripwireTriggered,
+    ToolTimeoutError,
+)
+from kernel.tools._guardrails import GuardrailResult, check_guardrail_result, guardrail_name
+from kernel.tools._tool import Tool
+from schemas import CallError, CallOutcome, CallStatus, Effect, ExecutionCommand, RetryHint
+
+
+class CallHooks:
+    """Lifecycle hooks of a call; subclass and override. Each runs at most once per call.
+
+    ``on_tool_start`` runs after the input guardrails passed, right before the body;
+    ``on_tool_end`` after the output guardrails accepted an output (also a handled failure's
+    text), never for pending, rejected-before-start or turn-failing calls. An exception in a
+    hook fails the turn.
+    """
+
+    async def on_tool_start(self, ctx: ToolContext, tool: Tool) -> None:
+        """Called once when the tool body is about to run."""
+
+    async def on_tool_end(self, ctx: ToolContext, tool: Tool, output: str) -> None:
+        """Called once with the output the model will see."""
+
+
+def _run_error_message(tool: Tool, exc: Exception) -> str:
+    """How a failure that fails the turn is worded, as the SDK words it.
+
+    The SDK re-raises its own exceptions (``AgentsException`` and subclasses: a tool's invalid
+    JSON under ``failure_error_function=None`` is a ModelBehaviorError "Invalid JSON input for
+    tool ...") unchanged, and wraps every other one in "Error running tool {name}: {error}".
+    Matched by class name, so toolfleet does not need the SDK installed.
+    """
+    if any(cls.__name__ == "AgentsException" for cls in type(exc).__mro__):
+        return str(exc)
+    return f"Error running tool {tool.name}: {exc}"
+
+
+class _TurnFailed(Exception):
+    """Internal: this call fails the whole turn; carries what the outcome must say."""
+
+    def __init__(self, status: CallStatus, effect: Effect, error: CallError) -> None:
+        super().__init__(error.message)
+        self.status: CallStatus = status
+        self.effect: Effect = effect
+        self.error = error
+
+
+@dataclass(frozen=True)
+class _Body:
+    """The body's result before output guardrails: what the model would see, and why."""
+
+    status: CallStatus
+    effect: Effect
+    output: Any
+    error: CallError | None = None
+    retry: RetryHint | None = None
+    retry_after_s: float | None = None
+
+
+async def run_call(
+    tool: Tool,
+    command: ExecutionCommand,
+    *,
+    worker_id: str,
+    hooks: CallHooks | None = None,
+    on_started: Callable[[], Awaitable[None]] | None = None,
+    cancel_call: asyncio.Future[None] | None = None,
+    record_upstream: UpstreamRecorder | None = None,
+    max_output_bytes: int | None = None,
+) -> CallOutcome:
+    """Run one call of ``tool`` as ``command`` describes and return its outcome.
+
+    Raises CancelledError on parent cancellation and whatever ``on_started`` raises; every
+    other failure is an outcome. Resolving ``cancel_call`` (``set_result(None)``) cancels only
+    the tool body: a tool-local cancellation, which follows the failure policy like any tool
+    failure. ``record_upstream`` writes what the tool passes to ``ctx.record_upstream_ref``.
+    An output longer than ``max_output_bytes`` is not kept: the call ends ``failed`` with a
+    text that says so (its effect is what the body did).
+    """
+    loop = asyncio.get_running_loop()
+    run = _CallRun(
+        tool,
+        command,
+        worker_id,
+        hooks,
+        on_started,
+        cancel_call=cancel_call or loop.create_future(),
+        record_upstream=record_upstream,
+        max_output_bytes=max_output_bytes,
+    )
+    return await run.run()
+
+
+class _CallRun:
+    """The state of one run_call: the context, when it started, and who may cancel it."""
+
+    def __init__(
+        self,
+        tool: Tool,
+        command: ExecutionCommand,
+        worker_id: str,
+        hooks: CallHooks | None,
+        on_started: Callable[[], Awaitable[None]] | None,
+        *,
+        cancel_call: asyncio.Future[None],
+        record_upstream: UpstreamRecorder | None = None,
+        max_output_bytes: int | None = None,
+    ) -> None:
+        self.tool = tool
+        self.cancel_call = cancel_call
+        self.command = command
+        self.worker_id = worker_id
+        self.hooks = hooks
+        self.on_started = on_started
+        self.ctx = ToolContext.from_command(
+            command, worker_id=worker_id, record_upstream=record_upstream
+        )
+        self.started_at: float | None = None
+        self.max_output_bytes = max_output_bytes
+        # A turn-level "fail_turn" policy is the SDK's failure_error_function=None for every tool.
+        self.failure_fn = (
+            None if command.failure_policy == "fail_turn" else tool.failure_error_function
+        )
+        self.task = asyncio.current_task()
+        # Cancel requests already pending when we were called are not ours to interpret.
+        self.baseline = self.task.cancelling() if self.task is not None else 0
+
+    def parent_cancelled(self) -> bool:
+        """Whether someone asked to cancel the task running this call since it began."""
+        return self.task is not None and self.task.cancelling() > self.baseline
+
+    async def run(self) -> CallOutcome:
+        """The whole call; turn failures become outcomes, parent cancellation propagates."""
+        try:
+            outcome = await self._run()
+        except _TurnFailed as failed:
+            outcome = self._outcome(failed.status, failed.effect, None, failed.error, True)
+        if self.parent_cancelled():
+            # User code swallowed a cancellation meant for the whole call: honour it anyway.
+            raise asyncio.CancelledError
+        return outcome
+
+    async def _run(self) -> CallOutcome:
+        tool, command = self.tool, self.command
+        if not tool.is_enabled:
+            message = f"Tool {tool.name} is currently disabled."
+            error = CallError(type="ModelBehaviorError", message=message)
+            raise _TurnFailed("failed", "not_executed", error)
+        args: dict[str, Any] | None = None
+        parse_error: ModelBehaviorError | None = None
+        try:
+            args = tool.parse_arguments(command.arguments)
+        except ModelBehaviorError as exc:
+            parse_error = exc
+        else:
+            self.ctx = dataclasses.replace(self.ctx, args=args)
+        if not command.approved and await self._approval_required():
+            if command.pre_approval_guardrails:
+                rejection = await self._input_guardrails()
+                if rejection is not None:
+                    return self._outcome("rejected", "not_executed", rejection)
+            return self._outcome("pending_approval", "not_executed", None)
+        if parse_error is not None or args is None:
+            return await self._invalid_arguments(parse_error)
+        self.started_at = time.time()
+        if self.on_started is not None:
+            await self.on_started()
+        rejection = await self._input_guardrails()
+        if rejection is not None:
+            return self._outcome("rejected", "not_executed", rejection)
+        if self.hooks is not None:
+            await self._user(self.hooks.on_tool_start, self.ctx, tool, effect="not_executed")
+        body = await self._invoke(args)
+        return await self._accept(body)
+
+    async def _approval_required(self) -> bool:
+        policy = self.tool.needs_approval
+        if isinstance(policy, bool):
+            return policy
+        args = self.tool.parse_arguments_for_approval(self.command.arguments)
+        if args is None:
+            return True  # fail closed: a policy cannot approve what it cannot read
+        ctx = dataclasses.replace(self.ctx, args=args)
+        return bool(await self._user(policy, ctx, dict(args), effect="not_executed"))
+
+    async def _invalid_arguments(self, exc: ModelBehaviorError | None) -> CallOutcome:
+        exc = exc or ModelBehaviorError(f"Invalid JSON input for tool {self.tool.name}")
+        error = CallError(type="ModelBehaviorError", message=str(exc))
+        if self.failure_fn is None:
+            raise _TurnFailed("failed", "not_executed", error)
+        text = await self._user(self.failure_fn, self.ctx, exc, effect="not_executed")
+        return self._outcome("failed", "not_executed", str(text), error)
+
+    async def _input_guardrails(self) -> str | None:
+        """Run input guardrails in order; the first rejection's message, or None."""
+        for guardrail in self.tool.input_guardrails:
+            result = await self._user(guardrail, self.ctx, self.ctx.args, effect="not_executed")
+            verdict = self._verdict("input", guardrail, result, "not_executed")
+            if verdict.behavior == "raise_exception":
+                tripwire = ToolInputGuardrailTripwireTriggered(guardrail_name(guardrail))
+                raise _TurnFailed("rejected", "not_executed", error_of(tripwire, str(tripwire)))
+            if verdict.behavior == "reject_content":
+                return verdict.message or ""
+        return None
+
+    async def _invoke(self, args: dict[str, Any]) -> _Body:
+        """Run the body in a child task, so that its own cancellation is not ours.
+
+        One future wakes us when the body ends, the timeout passes or a tool-local
+        cancellation arrives (callbacks, not helper tasks: this is on every call's path).
+        """
+        if self.parent_cancelled():  # a cancellation someone swallowed: never start the body
+            raise asyncio.CancelledError
+        loop = asyncio.get_running_loop()
+        child = loop.create_task(
+            capture(self.tool.invoke(self.ctx, args)), name=f"tool:{self.command.call_id}"
+        )
+        woken: asyncio.Future[None] = loop.create_future()
+
+        def wake(_: object = None) -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        child.add_done_callback(wake)
+        self.cancel_call.add_done_callback(wake)
+        timer = loop.call_later(self.tool.timeout, wake) if self.tool.timeout else None
+        try:
+            await woken
+        except asyncio.CancelledError:
+            abandon(child)
+            raise
+        finally:
+            self.cancel_call.remove_done_callback(wake)
+            if timer is not None:
+                timer.cancel()
+        timed_out = False
+        if not child.done():
+            # Tool-local cancellation: the body is cancelled as if it had cancelled itself.
+            # A timeout: let the tool unwind, as the SDK's wait_for does, so it is not still
+            # running when the slot it holds is given to the next call.
+            timed_out = not self.cancel_call.done()
+            child.cancel()
+            try:
+                await asyncio.wait({child})
+            except asyncio.CancelledError:
+                abandon(child)
+                raise
+        # A child cancelled before its first step never ran the body: still a cancellation.
+        cancelled = Captured(error=asyncio.CancelledError())
+        captured = cancelled if child.cancelled() else child.result()
+        return await self._body(captured, timed_out)
+
+    async def _body(self, captured: Captured, timed_out: bool) -> _Body:
+        exc = captured.error
+        if exc is None:
+            return _Body("succeeded", "applied", captured.value)
+        if isinstance(exc, asyncio.CancelledError):
+            return await (self._timed_out() if timed_out else self._cancelled(exc))
+        if isinstance(exc, Exception):
+            error = error_of(exc, str(exc))
+            verdict = self.tool.classify_failure(exc, now=time.time())
+            effect = effect_for_class(self.tool.effect, verdict.effect)
+            if self.failure_fn is None:
+                message = _run_error_message(self.tool, exc)
+                raise _TurnFailed("failed", effect, error_of(exc, message))
+            text = await self._user(self.failure_fn, self.ctx, exc, effect=effect)
+            retry = verdict.retry if effect == "not_executed" else None
+            return _Body("failed", effect, text, error, retry, verdict.retry_after_s)
+        # KeyboardInterrupt, SystemExit, custom BaseExceptions: never formatted for the model,
+        # as the SDK's failure handlers only take Exceptions; the turn fails.
+        raise _TurnFailed("failed", "unknown", error_of(exc, str(exc) or type(exc).__name__))
+
+    async def _timed_out(self) -> _Body:
+        seconds = self.tool.timeout or 0.0
+        timeout_error = ToolTimeoutError(self.tool.name, seconds)
+        error = error_of(timeout_error, str(timeout_error))
+        if self.tool.timeout_behavior == "raise_exception":
+            raise _TurnFailed("timed_out", "unknown", error)
+        if self.tool.timeout_error_function is None:
+            return _Body("timed_out", "unknown", str(timeout_error), error)
+        text = await self._user(
+            self.tool.timeout_error_function, self.ctx, timeout_error, effect="unknown"
+        )
+        return _Body("timed_out", "unknown", text, error)
+
+    async def _cancelled(self, exc: asyncio.CancelledError) -> _Body:
+        """The tool cancelled itself (or something it awaited): a failure like any other."""
+        adapted = ToolCancelledError(str(exc))
+        error = error_of(exc, str(adapted))
+        if self.failure_fn is None:
+            raise _TurnFailed("cancelled", "unknown", error)
+        text = await self._user(self.failure_fn, self.ctx, adapted, effect="unknown")
+        return _Body("cancelled", "unknown", text, error)
+
+    async def _accept(self, body: _Body) -> CallOutcome:
+        """Output guardrails, then on_tool_end, then the outcome."""
+        status, output, effect = body.status, body.output, body.effect
+        for guardrail in self.tool.output_guardrails:
+            result = await self._user(
+                guardrail, self.ctx, self.ctx.args, body.output, effect=body.effect
+            )
+            verdict = self._verdict("output", guardrail, result, body.effect)
+            if verdict.behavior == "raise_exception":
+                tripwire = ToolOutputGuardrailTripwireTriggered(guardrail_name(guardrail))
+                raise _TurnFailed("rejected", body.effect, error_of(tripwire, str(tripwire)))
+            if verdict.behavior == "wrong_effect":
+                effect, status, output = "wrong_effect", "rejected", verdict.message or ""
+                break
+            if verdict.behavior == "reject_content":
+                status, output = "rejected", verdict.message or ""
+                break
+        # The SDK stringifies non-str outputs too (it only keeps its own structured
+        # text/image/file outputs, which toolfleet's str-only wire cannot carry).
+        text = output if isinstance(output, str) else str(output)
+        error = body.error
+        if self.max_output_bytes is not None and len(text.encode()) > self.max_output_bytes:
+            size = len(text.encode())
+            status, text = (
+                "failed",
+                OUTPUT_TOO_LARGE.format(
+                    name=self.tool.name, size=size, limit=self.max_output_bytes
+                ),
+            )
+            error = CallError(type="OutputTooLarge", message=f"{size} bytes of output")
+        if self.hooks is not None:
+            await self._user(self.hooks.on_tool_end, self.ctx, self.tool, text, effect=effect)
+        outcome = self._outcome(status, effect, text, error)
+        if effect == "wrong_effect":
+            return outcome.model_copy(update={"resolved": False})  # the reconciler's now
+        if body.retry is None:
+            return outcome
+        return outcome.model_copy(update={"retry": body.retry, "retry_after_s": body.retry_after_s})
+
+    def _verdict(
+        self, kind: str, guardrail: object, result: object, effect: Effect
+    ) -> GuardrailResult:
+        try:
+            return check_guardrail_result(kind, guardrail, result)
+        except TypeError as exc:
+            raise self._turn_failure(exc, effect) from None
+
+    async def _user(self, func: Callable[..., Any], *args: Any, effect: Effect) -> Any:
+        """Call user code other than the body (guardrail, hook, policy, formatter).
+
+        Its failures fail the turn, worded as the SDK words them; ``effect`` is what the call
+        has done by then.
+        """
+        try:
+            result = func(*args)
+            if inspect.isawaitable(result):
+                result = await result
+        except asyncio.CancelledError as exc:
+            if self.parent_cancelled():
+                raise
+            raise self._turn_failure(exc, effect) from None
+        except BaseException as exc:
+            # Everything user code raises, KeyboardInterrupt included, is this call's failure;
+            # the worker around it must keep serving other calls.
+            raise self._turn_failure(exc, effect) from None
+        if self.parent_cancelled():
+            # It swallowed a cancellation meant for the whole call: stop here, run nothing more.
+            raise asyncio.CancelledError
+        return result
+
+    def _turn_failure(self, exc: BaseException, effect: Effect) -> _TurnFailed:
+        if isinstance(exc, asyncio.CancelledError):
+            message = str(ToolCancelledError(str(exc)))
+            return _TurnFailed("cancelled", effect, error_of(exc, message))
+        if isinstance(exc, Exception):
+            message = _run_error_message(self.tool, exc)
+            return _TurnFailed("failed", effect, error_of(exc, message))
+        return _TurnFailed("failed", effect, error_of(exc, str(exc) or type(exc).__name__))
+
+    def _outcome(
+        self,
+        status: CallStatus,
+        effect: Effect,
+        output: str | None,
+        error: CallError | None = None,
+        fails_turn: bool = False,
+    ) -> CallOutcome:
+        command = self.command
+        effect = effect_for_class(self.tool.effect, effect)
+        return CallOutcome(
+            tenant_id=command.tenant_id,
+            run_id=command.run_id,
+            turn_id=command.turn_id,
+            call_id=command.call_id,
+            tool_name=command.tool_name,
+            index=command.index,
+            attempt=command.attempt,
+            fencing_token=command.fencing_token,
+            capped=command.capped,
+            status=status,
+            effect=effect,
+            output=output,
+            error=error,
+            fails_turn=fails_turn,
+            resolved=effect != "unknown",
+            source="executor",
+            worker_id=self.worker_id,
+            started_at=self.started_at,
+            finished_at=time.time(),
+        )

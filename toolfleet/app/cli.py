@@ -1,0 +1,121 @@
+"""The ``toolfleet`` command: local infrastructure and the services."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from kernel.errors import ConfigurationError
+from kernel.settings import Settings
+from toolfleet.app.infra.cli import infra
+from toolfleet.app.ops_cli import inspect, tasks, tools
+from toolfleet.app.service import run_service
+
+
+@click.group()
+def main() -> None:
+    """toolfleet: run AI agents' tool calls on a fleet of workers, through Kafka."""
+
+
+main.add_command(infra)
+main.add_command(tasks)
+main.add_command(inspect)
+main.add_command(tools)
+
+
+@main.command()
+def planner() -> None:
+    """Plan model responses: dedupe, approvals, one command per call."""
+    from planner.service import Planner
+
+    settings = Settings()
+    run_service("planner", settings, lambda: Planner(settings))
+
+
+@main.command()
+def aggregator() -> None:
+    """Reassemble outcomes in model order into one TurnResult per turn."""
+    from aggregator.service import Aggregator
+
+    settings = Settings()
+    run_service("aggregator", settings, lambda: Aggregator(settings))
+
+
+@main.command()
+def reconciler() -> None:
+    """Resolve calls whose effect is unknown: probe, retry, compensate, or ask a human."""
+    from reconciler import RecoveryPolicy
+    from reconciler.service import Reconciler
+
+    settings = Settings()
+    policy = RecoveryPolicy(
+        max_attempts=settings.recovery_max_attempts,
+        probe_budget=settings.recovery_probe_budget,
+        probe_backoff_s=settings.recovery_probe_backoff_s,
+        report_after_s=settings.recovery_report_after_s,
+        retry_backoff_s=settings.recovery_retry_backoff_s,
+    )
+    run_service("reconciler", settings, lambda: Reconciler(settings, policy))
+
+
+@main.command()
+@click.option("--tools", "tools_ref", required=True, help="module:attribute of a ToolRegistry")
+@click.option("--pool", default="default", show_default=True, help="Worker pool to serve.")
+@click.option("--concurrency", default=100, show_default=True, help="Calls at once, per process.")
+@click.option("--tenant-limit", type=int, default=None, help="Fleet-wide calls per tenant.")
+@click.option("--tool-limit", multiple=True, metavar="NAME=N", help="Fleet-wide calls of one tool.")
+@click.option(
+    "--lease-s", default=30.0, show_default=True, help="Seconds a silent worker keeps a call."
+)
+def worker(
+    *,
+    tools_ref: str,
+    pool: str,
+    concurrency: int,
+    tenant_limit: int | None,
+    tool_limit: tuple[str, ...],
+    lease_s: float,
+) -> None:
+    """Serve a ToolRegistry as one worker of a pool."""
+    from executors import ToolRegistry
+    from executors.worker import Worker, WorkerLimits
+
+    registry = load_object(tools_ref)
+    if not isinstance(registry, ToolRegistry):
+        raise click.BadParameter(f"{tools_ref} is a {type(registry).__name__}, not a ToolRegistry")
+    limits = WorkerLimits(
+        per_worker=concurrency,
+        per_tenant=tenant_limit,
+        per_tool=dict(_parse_limit(item) for item in tool_limit),
+        lease_s=lease_s,
+    )
+    settings = Settings()
+    run_service(
+        f"worker-{pool}", settings, lambda: Worker(settings, registry, pool, limits), pools=(pool,)
+    )
+
+
+@main.command()
+def demo() -> None:
+    """Run a fleet on this machine and push one model response through it."""
+    import asyncio
+
+    from toolfleet.app.demo import run_demo
+
+    asyncio.run(run_demo(Settings()))
+
+
+def load_object(reference: str) -> object:
+    """Import ``module:attribute``."""
+    module_name, _, attribute = reference.partition(":")
+    if not attribute:
+        raise ConfigurationError(f"expected module:attribute, got {reference!r}")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def _parse_limit(item: str) -> tuple[str, int]:
+    name, _, value = item.partition("=")
+    if not name or not value.isdigit() or int(value) < 1:
+        raise click.BadParameter(f"--tool-limit wants NAME=N with N >= 1, got {item!r}")
+    return name, int(value)

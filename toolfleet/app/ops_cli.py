@@ -1,0 +1,342 @@
+"""Operator commands: ``toolfleet tasks``, ``toolfleet inspect``, ``toolfleet tools``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import click
+from redis.asyncio import Redis
+
+from kernel.adapters.bus import KafkaBus
+from kernel.adapters.redis import connect_redis
+from kernel.rules.auth import DecisionAuth
+from kernel.rules.effects import Budgets, attendance, needs_review, review_rows
+from kernel.rules.versions import version_order, version_ref
+from kernel.settings import Settings
+from kernel.stores.circuit import CircuitBreaker
+from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger
+from kernel.stores.registry import (
+    ToolDirectory,
+    live_versions,
+    pin_version,
+    pinned_version,
+    unpin_version,
+)
+from kernel.stores.tasks import TaskStore
+from schemas import TaskResolution, ToolSpec
+
+T = TypeVar("T")
+
+
+def _with_redis(work: Callable[[Redis, Settings], Awaitable[T]]) -> T:
+    async def main() -> T:
+        settings = Settings()
+        redis = connect_redis(settings)
+        try:
+            return await work(redis, settings)
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(main())
+
+
+@click.group()
+def tasks() -> None:
+    """Human tasks: calls automation could not settle, compensations, open circuits."""
+
+
+@tasks.command("list")
+@click.option("--all", "show_all", is_flag=True, help="Include resolved tasks.")
+def list_tasks(show_all: bool) -> None:
+    """List open (or all) human tasks, oldest first."""
+
+    async def work(redis: Redis, _settings: Settings) -> None:
+        for stored in await TaskStore(redis, Keys.of(_settings)).all():
+            if stored.status == "resolved" and not show_all:
+                continue
+            t = stored.task
+            age = time.time() - t.created_at
+            subject = t.call_id or f"{t.tool_name}@{t.tool_version}"
+            click.echo(f"{t.task_id}  {stored.status:8}  {t.kind:21}  {subject}  ({age:.0f} s)")
+            click.echo(f"    {t.reason}")
+            if t.calls:
+                click.echo(f"    calls: {', '.join(t.calls)}")
+
+    _with_redis(work)
+
+
+@tasks.command("resolve")
+@click.argument("task_id")
+@click.option(
+    "--as",
+    "resolution",
+    required=True,
+    type=click.Choice(
+        ["applied", "not_applied", "wrong_effect", "approve_compensation", "reject_compensation"]
+    ),
+    help="What the operator found or decided.",
+)
+@click.option("--output", default=None, help="For applied: the output the model should see.")
+@click.option("--note", default=None, help="Kept in the call's audit chain.")
+@click.option("--by", "decided_by", required=True, help="Who decides (kept in the audit).")
+def resolve_task(
+    task_id: str, resolution: str, output: str | None, note: str | None, decided_by: str
+) -> None:
+    """Answer a human task; the reconciler carries the answer out."""
+
+    async def work(redis: Redis, settings: Settings) -> None:
+        stored = await TaskStore(redis, Keys.of(settings)).get(task_id)
+        if stored is None:
+            raise click.ClickException(f"no task {task_id}; see `toolfleet tasks list`")
+        message = TaskResolution(
+            tenant_id=stored.task.tenant_id,
+            task_id=task_id,
+            resolution=resolution,
+            output=output,
+            note=note,
+            decided_by=decided_by,
+        )
+        signed = DecisionAuth.of(settings).sign(message)
+        bus = KafkaBus(settings, service="cli")
+        await bus.start()
+        try:
+            await bus.publish_and_wait("task-resolutions", stored.task.run_id or task_id, signed)
+        finally:
+            await bus.stop()
+        click.echo(f"sent: {task_id} -> {resolution}")
+
+    _with_redis(work)
+
+
+@click.group()
+def inspect() -> None:
+    """Look into the ledger."""
+
+
+@inspect.command("call")
+@click.argument("call_id")
+@click.option("--tenant", required=True, help="The call's tenant.")
+def inspect_call(call_id: str, tenant: str) -> None:
+    """Print a call's ledger entry and its audit chain."""
+
+    async def work(redis: Redis, _settings: Settings) -> None:
+        ledger = Ledger(redis, Keys.of(_settings), _settings.ledger_retention_s)
+        entry = (await ledger.read(tenant, [call_id])).get(call_id)
+        if entry is None:
+            raise click.ClickException(f"no call {call_id} for tenant {tenant}")
+        fields: dict[str, Any] = {
+            k: v for k, v in vars(entry).items() if k not in ("outcome", "arguments")
+        }
+        fields["arguments_digest"] = entry.arguments_digest
+        click.echo(json.dumps(fields, indent=2, default=str))
+        if entry.outcome is not None:
+            click.echo("outcome: " + entry.outcome.model_dump_json(exclude_none=True))
+        click.echo("audit chain:")
+        for event in await ledger.audit(tenant, call_id):
+            at = time.strftime("%H:%M:%S", time.localtime(event.pop("at", 0)))
+            click.echo(f"  {at}  {event.pop('event')}  {json.dumps(event, default=str)}")
+
+    _with_redis(work)
+
+
+@click.group()
+def tools() -> None:
+    """Tools published by worker pools."""
+
+
+@tools.command("describe")
+@click.argument("name")
+def describe_tool(name: str) -> None:
+    """Print a tool's failure table: signals, whether each may have applied, what happens."""
+
+    async def work(redis: Redis, settings: Settings) -> None:
+        spec = (await ToolDirectory(redis, Keys.of(settings)).specs(needed=[name])).get(name)
+        if spec is None:
+            raise click.ClickException(f"no tool {name} in the registry; is its pool running?")
+        _print_review(spec, settings)
+
+    _with_redis(work)
+
+
+@tools.command("review")
+def review_tools() -> None:
+    """The review material of every served tool; exits 1 if one runs unattended without a
+    probe and without a recorded reason."""
+
+    async def work(redis: Redis, settings: Settings) -> list[str]:
+        specs = await ToolDirectory(redis, Keys.of(settings)).specs()
+        flagged = []
+        for spec in sorted(specs.values(), key=lambda s: s.lookup_key):
+            _print_review(spec, settings)
+            click.echo("")
+            if needs_review(spec):
+                flagged.append(spec.lookup_key)
+        return flagged
+
+    flagged = _with_redis(work)
+    if flagged:
+        click.echo(
+            f"{len(flagged)} tool(s) run unattended without a probe: {', '.join(flagged)}. "
+            "Declare a probe, require approval, or record why with unattended='...'.",
+            err=True,
+        )
+        raise SystemExit(1)
+
+
+def _print_review(spec: ToolSpec, settings: Settings) -> None:
+    unattended, why = attendance(spec)
+    definite = ", ".join(spec.definite_errors) or "none"
+    click.echo(
+        f"{spec.lookup_key}@{spec.version}  pool={spec.pool}  effect={spec.effect_class}"
+        f"{'' if spec.effect_declared else ' (undeclared)'}  "
+        f"needs_approval={spec.needs_approval}  on_unknown={spec.on_unknown}  "
+        f"probe={'yes' if spec.has_probe else 'no'}  "
+        f"compensate={'yes' if spec.has_compensate else 'no'}"
+    )
+    click.echo(f"  runs unattended: {'yes' if unattended else 'no'} ({why})")
+    click.echo(
+        f"  definite errors: {definite}; classify hook: {'yes' if spec.has_classify else 'no'}"
+    )
+    rows = [("signal", "effect", "may have applied", "first action", "forbidden",
+             "human takes over")]  # fmt: skip
+    rows += [
+        (r.signal, r.effect, r.may_have_applied, r.first_action, r.forbidden, r.human)
+        for r in review_rows(spec, _budgets(settings))
+    ]
+    for row in rows:
+        click.echo("  " + " | ".join(row))
+
+
+def _budgets(settings: Settings) -> Budgets:
+    return Budgets(
+        max_attempts=settings.recovery_max_attempts,
+        probe_budget=settings.recovery_probe_budget,
+        circuit_error_rate=settings.circuit_error_rate,
+        circuit_window_s=settings.circuit_window_s,
+    )
+
+
+@tools.command("resume")
+@click.argument("ref", metavar="NAME@VERSION")
+def resume_tool(ref: str) -> None:
+    """Close an open circuit (after reconciling the calls its task lists)."""
+
+    async def work(redis: Redis, settings: Settings) -> None:
+        closed = await CircuitBreaker(redis, settings).close(ref)
+        click.echo(f"{ref}: {'closed' if closed else 'was not open'}")
+
+    _with_redis(work)
+
+
+@tools.command("circuits")
+def list_circuits() -> None:
+    """List open circuits."""
+
+    async def work(redis: Redis, settings: Settings) -> None:
+        for ref, state in (await CircuitBreaker(redis, settings).open_circuits()).items():
+            click.echo(f"{ref}: open since {time.ctime(state['opened_at'])}, "
+                       f"{state['failed']:.0f} of {state['calls']:.0f} calls failed")  # fmt: skip
+
+    _with_redis(work)
+
+
+@tools.command("versions")
+@click.argument("name")
+def list_versions(name: str) -> None:
+    """A tool's live versions, which one new calls go to and why, its pin and circuits."""
+
+    async def work(redis: Redis, settings: Settings) -> None:
+        from kernel.rules.versions import choose_version
+
+        keys = Keys.of(settings)
+        live = await _live_or_fail(redis, keys, name)
+        pin = await pinned_version(redis, keys, name)
+        circuits = await _circuit_states(redis, keys, [version_ref(name, v) for v in live])
+        opened = {ref for ref, state in circuits.items() if state is not None}
+        auto = settings.auto_rollback
+        choice = choose_version(name, live, opened, pin=pin, auto_rollback=auto)
+        click.echo(f"new calls: {choice.describe()}")
+        click.echo(f"pin: {pin or 'none'}  automatic rollback: {'on' if auto else 'off'}")
+        for version in reversed(version_order(live)):
+            spec, state = live[version], circuits[version_ref(name, version)]
+            circuit = (
+                f"open ({state['failed']:.0f} of {state['calls']:.0f} calls failed)"
+                if state is not None
+                else "closed"
+            )
+            marker = "  <- new calls" if version == choice.version else ""
+            click.echo(
+                f"  {version_ref(name, version)}  pool={spec.pool}  effect={spec.effect_class}  "
+                f"circuit={circuit}{marker}"
+            )
+
+    _with_redis(work)
+
+
+@tools.command("rollback")
+@click.argument("name")
+@click.option("--to", "version", required=True, help="A live version of NAME.")
+def rollback_tool(name: str, version: str) -> None:
+    """Send new calls of NAME to an earlier VERSION (a pin, until `toolfleet tools unpin`).
+
+    Calls the failing version made stay on its circuit's human task until reconciled.
+    """
+    _with_redis(lambda redis, settings: _pin(redis, settings, name, version))
+
+
+@tools.command("pin")
+@click.argument("name")
+@click.argument("version")
+def pin_tool(name: str, version: str) -> None:
+    """Send every new call of NAME to VERSION, whatever its circuit says, until unpinned."""
+    _with_redis(lambda redis, settings: _pin(redis, settings, name, version))
+
+
+@tools.command("unpin")
+@click.argument("name")
+def unpin_tool(name: str) -> None:
+    """Drop NAME's pin: new calls go to the newest healthy live version again."""
+
+    async def work(redis: Redis, settings: Settings) -> None:
+        unpinned = await unpin_version(redis, Keys.of(settings), name)
+        click.echo(f"{name}: {'unpinned' if unpinned else 'was not pinned'}")
+
+    _with_redis(work)
+
+
+async def _pin(redis: Redis, settings: Settings, name: str, version: str) -> None:
+    """Pin ``name`` to a live ``version``; the ledger and human tasks are left as they are."""
+    keys = Keys.of(settings)
+    live = await _live_or_fail(redis, keys, name)
+    if version not in live:
+        versions = ", ".join(version_order(live))
+        raise click.ClickException(
+            f"{version_ref(name, version)} is not live; live versions of {name}: {versions}"
+        )
+    await pin_version(redis, keys, name, version)
+    click.echo(
+        f"{name}: new calls go to {version_ref(name, version)} (pinned; planners pick it up "
+        f"within {settings.registry_cache_s:g} s). Open circuit tasks stay open until their "
+        "calls are reconciled."
+    )
+
+
+async def _live_or_fail(redis: Redis, keys: Keys, name: str) -> dict[str, ToolSpec]:
+    live = await live_versions(redis, keys, name)
+    if not live:
+        raise click.ClickException(f"no tool {name} in the registry; is its pool running?")
+    return live
+
+
+async def _circuit_states(
+    redis: Redis, keys: Keys, refs: list[str]
+) -> dict[str, dict[str, float] | None]:
+    """Each ref's circuit state (None: closed), read without touching half-open trials
+    (``CircuitBreaker.check`` may claim one)."""
+    raw = await redis.mget([keys.circuit("state", ref) for ref in refs])
+    return {ref: json.loads(state) if state else None for ref, state in zip(refs, raw, strict=True)}

@@ -1,0 +1,119 @@
+"""Running one service as a process: logging, /metrics, topics, and a clean stop on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import signal
+from collections.abc import Callable
+from typing import Protocol
+
+import uvloop
+from aiokafka.admin import AIOKafkaAdminClient
+
+from kernel.adapters.bus import TRANSIENT_ERRORS
+from kernel.adapters.logs import configure_logging
+from kernel.adapters.metrics import serve_metrics
+from kernel.adapters.redis import connect_redis
+from kernel.adapters.topics import ensure_topics
+from kernel.errors import CutOffError
+from kernel.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_UNREACHABLE: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, OSError)
+
+
+class Service(Protocol):
+    """What every long-running toolfleet service offers."""
+
+    async def run(self) -> None:
+        """Serve until ``stop`` is called."""
+
+    def stop(self) -> None:
+        """Ask ``run`` to finish its current work and return."""
+
+
+def run_service(
+    name: str,
+    settings: Settings,
+    make: Callable[[], Service],
+    *,
+    pools: tuple[str, ...] = ("default",),
+) -> None:
+    """Run a service in this process until SIGTERM or SIGINT, serving ``/metrics``."""
+    configure_logging(name)
+    serve_metrics(settings.metrics_port)
+    # uvloop: the services spend their time in the event loop's own machinery (tasks,
+    # futures, socket writes), which it runs several times faster than asyncio's.
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_main(settings, make, pools))
+
+
+async def _main(settings: Settings, make: Callable[[], Service], pools: tuple[str, ...]) -> None:
+    tune_gc(settings.gc_thresholds)
+    stopping = asyncio.Event()
+    current: list[Service] = []
+
+    def stop() -> None:
+        stopping.set()
+        for service in current:
+            service.stop()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    while not stopping.is_set():
+        try:
+            await ensure_topics(settings, pools)
+            current[:] = [make()]
+            await current[0].run()
+            return
+        except CutOffError as exc:
+            # The service closed its consumers on the way out: the group has rebalanced and
+            # healthy peers own its partitions. Come back once both dependencies answer.
+            log.error("cut off, giving up its partitions: %s", exc)
+        except _UNREACHABLE as exc:
+            # Started (or restarted) while Kafka or Redis is away: wait instead of exiting,
+            # so an outage never turns into a crash loop.
+            log.error("Kafka or Redis unreachable at start: %r; waiting for them", exc)
+        await wait_until_reachable(settings, stopping)
+        if not stopping.is_set():
+            log.warning("Kafka and Redis reachable again: rejoining")
+
+
+async def wait_until_reachable(settings: Settings, stopping: asyncio.Event) -> None:
+    """Return once Redis answers PING and Kafka lists its topics (or ``stopping`` is set)."""
+    delay = 0.5
+    while not stopping.is_set():
+        redis = connect_redis(settings)
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_servers())
+        try:
+            await asyncio.wait_for(redis.ping(), timeout=5)
+            await asyncio.wait_for(admin.start(), timeout=10)
+            await asyncio.wait_for(admin.list_topics(), timeout=10)
+            return
+        except _UNREACHABLE:
+            pass
+        finally:
+            await redis.aclose()
+            with contextlib.suppress(Exception):
+                await admin.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), timeout=delay)
+        delay = min(delay * 2, 10.0)
+
+
+def tune_gc(thresholds: tuple[int, int, int]) -> None:
+    """Collect garbage the way a long-running, allocation-heavy service wants it.
+
+    Everything allocated so far (modules, classes, the service itself) is frozen out of the
+    collector's view: it lives as long as the process and would be traversed by every full
+    collection. Reference counting frees almost everything at once; the collector is only
+    needed for cycles, so it can run far less often than CPython's default, which is tuned
+    for small heaps: a worker with 1,600 calls in flight spent 43% of its CPU collecting.
+    """
+    gc.freeze()
+    gc.set_threshold(*thresholds)
