@@ -24,14 +24,13 @@ from aggregator._store import StoredTurn, TurnStore
 from aggregator._turn import TurnState, accept_outcome, build_result, is_settled
 from kernel.adapters.bus import (
     NEVER_FITS,
-    PRODUCER_BATCH_BYTES,
     TRANSIENT_ERRORS,
-    KafkaBus,
+    Bus,
     Record,
     cut_off,
 )
 from kernel.adapters.metrics import MESSAGES, TURN_LATENCY
-from kernel.adapters.redis import add_to_set, connect_redis, text
+from kernel.adapters.redis import add_to_set, text
 from kernel.errors import InvalidMessageError
 from kernel.rules.auth import DecisionAuth
 from kernel.settings import Settings
@@ -41,7 +40,6 @@ from schemas import CallOutcome, CancelRequest, TurnError, TurnPlan, TurnResult
 
 log = logging.getLogger(__name__)
 
-_STATE_TTL_S = 7 * 24 * 3600
 _CACHED_TURNS = 4_096
 _MAX_BATCH = 2_000
 
@@ -53,10 +51,10 @@ Emission = tuple[TurnResult, float]
 class Aggregator:
     """Consumes plans, outcomes and cancellations; publishes TurnResults transactionally."""
 
-    def __init__(self, settings: Settings, redis: Redis | None = None) -> None:
+    def __init__(self, settings: Settings, *, bus: Bus, redis: Redis) -> None:
         self.settings = settings
-        self.bus = KafkaBus(settings, service="aggregator")
-        self.redis = redis or connect_redis(settings)
+        self.bus = bus
+        self.redis = redis
         self.keys = Keys.of(settings)
         self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
@@ -66,7 +64,7 @@ class Aggregator:
         # Runs handled at once: their Redis steps share round trips (auto-pipelining), so a
         # whole polled batch goes at once instead of in waves.
         self._slots = asyncio.Semaphore(512)
-        self.turns = TurnStore(self.redis, ttl_s=_STATE_TTL_S, cached=_CACHED_TURNS)
+        self.turns = TurnStore(self.redis, ttl_s=settings.ledger_retention_s, cached=_CACHED_TURNS)
 
     def stop(self) -> None:
         """Finish the current batch and return from ``run``."""
@@ -76,17 +74,7 @@ class Aggregator:
         """Serve until stopped."""
         await self.bus.start()
         group = f"{self.settings.topic_prefix}aggregator"
-        producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.kafka_servers(),
-            transactional_id=f"{group}-{self.instance}",
-            enable_idempotence=True,
-            acks="all",
-            linger_ms=2,
-            max_batch_size=PRODUCER_BATCH_BYTES,
-            # A killed instance's open transaction blocks read_committed readers of
-            # turn-results until it times out; its successor has a new transactional id.
-            transaction_timeout_ms=10_000,
-        )
+        producer = self.bus.transactional_producer(f"{group}-{self.instance}")
         consumer = self.bus.consumer(["plans", "outcomes", "cancellations"], group="aggregator")
         await producer.start()
         await consumer.start()
@@ -108,7 +96,6 @@ class Aggregator:
             await consumer.stop()
             await producer.stop()
             await self.bus.stop()
-            await self.redis.aclose()
 
     async def _process(
         self,
@@ -241,7 +228,7 @@ class Aggregator:
         # The run's turn list (for cancellations) is written in the same round trip.
         turns = self.keys.turns(plan.tenant_id, plan.run_id)
         _, emitted = await asyncio.gather(
-            add_to_set(self.redis, turns, plan.turn_id, _STATE_TTL_S),
+            add_to_set(self.redis, turns, plan.turn_id, self.settings.ledger_retention_s),
             self._update(plan.tenant_id, plan.run_id, plan.turn_id, change, new=True),
         )
         return emitted

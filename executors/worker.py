@@ -21,19 +21,19 @@ from typing import Any, Literal, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
+from redis.asyncio import Redis
 
 from executors._after_publish import AfterPublish
 from kernel.adapters.bus import (
     COMMIT_INTERVAL_S,
     NEVER_FITS,
     TRANSIENT_ERRORS,
-    KafkaBus,
+    Bus,
     Record,
     cut_off,
 )
 from kernel.adapters.metrics import CALL_LATENCY, COMMANDS, HUMAN_TASKS, IN_FLIGHT, OUTCOMES
 from kernel.adapters.offsets import OffsetTracker
-from kernel.adapters.redis import connect_redis
 from kernel.adapters.spans import SpanBatcher
 from kernel.adapters.topics import command_topic
 from kernel.errors import CutOffError, InvalidMessageError, ToolfleetError, ToolNotFoundError
@@ -88,6 +88,9 @@ class Worker:
         pool: str = "default",
         limits: WorkerLimits | None = None,
         worker_id: str | None = None,
+        *,
+        bus: Bus,
+        redis: Redis,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -95,8 +98,8 @@ class Worker:
         self.limits = limits or WorkerLimits()
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.service = f"worker-{pool}"
-        self.bus = KafkaBus(settings, service=self.service)
-        self.redis = connect_redis(settings)
+        self.bus = bus
+        self.redis = redis
         self.keys = Keys.of(settings)
         self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
         self.semaphores = FleetSemaphores(self.redis, lease_s=self.limits.lease_s)
@@ -155,7 +158,6 @@ class Worker:
             await commands.stop()
             await cancels.stop()
             await self.bus.stop()
-            await self.redis.aclose()
         if self._cut_off is not None:
             raise self._cut_off
 

@@ -119,7 +119,7 @@ class Settings(BaseSettings):
         default=64, ge=4, description="Deepest nesting accepted in a message or arguments"
     )
 
-    # Recovery (the reconciler's budgets; see reconciler/_policy.py).
+    # Recovery: the reconciler's budgets (RecoveryPolicy.of reads them).
     recovery_max_attempts: int = Field(default=2, ge=1)
     recovery_probe_budget: int = Field(default=4, ge=1)
     recovery_probe_backoff_s: float = Field(default=0.5, gt=0)

@@ -1,9 +1,9 @@
 """The concurrency gate of a turn with ``max_concurrency``: at most N calls in flight fleet-wide.
 
 The planner releases a capped turn's calls in model order, the next as each outcome arrives
-(``next_to_release`` decides; this module keeps its inputs in Redis). Updates are optimistic
-transactions (WATCH/MULTI), so a redelivered outcome or a planner taking over a partition
-during a rebalance can never release a call twice.
+(``next_to_release`` decides; this module keeps its inputs in Redis). Updates are
+compare-and-set writes (``update_json``), so a redelivered outcome or a planner taking over a
+partition during a rebalance can never release a call twice.
 """
 
 from __future__ import annotations
@@ -18,16 +18,13 @@ from kernel.adapters.redis import JsonState, add_to_set, update_json
 from kernel.rules.effects import fails_turn
 from kernel.stores.keys import Keys
 from planner._planning import next_to_release
-from schemas import CallOutcome, PlannedCall, TurnConfig, TurnPlan
-
-_GATE_TTL_S = 7 * 24 * 3600
+from schemas import CallOutcome, PlannedCall, TurnPlan
 
 
 @dataclass(frozen=True)
 class Released:
     """What an outcome of a capped turn changes: calls to send, calls that will never start."""
 
-    config: TurnConfig
     send: list[PlannedCall]
     never_started: list[PlannedCall]
 
@@ -35,9 +32,11 @@ class Released:
 class Gate:
     """Releases the calls of capped turns; state per turn in Redis."""
 
-    def __init__(self, redis: Redis, keys: Keys) -> None:
+    def __init__(self, redis: Redis, keys: Keys, *, ttl_s: int) -> None:
         self.redis = redis
         self.keys = keys
+        self.ttl_s = ttl_s
+        """How long a turn's gate state lives (as long as its ledger entries)."""
 
     async def open(self, plan: TurnPlan, dispatch: list[str]) -> list[str]:
         """Create the gate for a new plan (idempotent per epoch); the call_ids to send now."""
@@ -46,7 +45,6 @@ class Gate:
             "epoch": plan.epoch,
             "limit": plan.config.max_concurrency,
             "policy": plan.config.failure_policy,
-            "config": plan.config.model_dump(mode="json"),
             "calls": [c.model_dump(mode="json") for c in plan.calls if c.call_id in dispatch],
             "in_flight": [],
             "finished": [],
@@ -66,7 +64,7 @@ class Gate:
             return _release(state)
 
         gates = self.keys.gates(plan.tenant_id, plan.run_id)
-        await add_to_set(self.redis, gates, plan.turn_id, _GATE_TTL_S)
+        await add_to_set(self.redis, gates, plan.turn_id, self.ttl_s)
         _state, released = await self._update(key, start)
         return [c.call_id for c in released]
 
@@ -74,7 +72,7 @@ class Gate:
         """Account for a finished call of a capped turn: which calls to send, which to skip."""
         key = self.keys.gate(outcome.tenant_id, outcome.run_id, outcome.turn_id)
         if outcome.kind != "execute" or not await self.redis.exists(key):
-            return Released(TurnConfig(), send=[], never_started=[])  # not a capped turn
+            return Released(send=[], never_started=[])  # not a capped turn
 
         def finish(state: JsonState | None) -> tuple[JsonState | None, list[str]]:
             if (
@@ -95,10 +93,9 @@ class Gate:
             return _release(state, resend=redelivered)
 
         state, changed = await self._update(key, finish)
-        config = TurnConfig.model_validate(state["config"]) if state else TurnConfig()
         if state is not None and state["failed"]:
-            return Released(config, send=[], never_started=changed)
-        return Released(config, send=changed, never_started=[])
+            return Released(send=[], never_started=changed)
+        return Released(send=changed, never_started=[])
 
     async def cancel_run(self, tenant_id: str, run_id: str) -> None:
         """Parent cancellation: queued calls of every capped turn of the run never start."""
@@ -117,7 +114,7 @@ class Gate:
         key: str,
         change: Callable[[JsonState | None], tuple[JsonState | None, list[str]]],
     ) -> tuple[JsonState | None, list[PlannedCall]]:
-        state, released = await update_json(self.redis, key, change, ttl_s=_GATE_TTL_S)
+        state, released = await update_json(self.redis, key, change, ttl_s=self.ttl_s)
         calls = [PlannedCall.model_validate(c) for c in (state or {}).get("calls", [])]
         return state, [c for c in calls if c.call_id in released]
 

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from kernel.adapters.bus import ConsumeLoop, KafkaBus, Record
+from kernel.adapters.bus import Bus, ConsumeLoop, Record
 from kernel.adapters.metrics import COMMANDS, PLAN_LATENCY
-from kernel.adapters.redis import HashFields, connect_redis, text
+from kernel.adapters.redis import HashFields, text
 from kernel.adapters.topics import command_topic
 from kernel.errors import InvalidMessageError
 from kernel.rules.auth import DecisionAuth
@@ -28,7 +28,7 @@ from kernel.rules.versions import choose_version, circuits_to_check
 from kernel.settings import Settings
 from kernel.stores.circuit import CircuitBreaker
 from kernel.stores.keys import Keys
-from kernel.stores.ledger import Ledger, LedgerEntry, NewCall
+from kernel.stores.ledger import CallPolicy, Ledger, LedgerEntry, NewCall, command_for
 from kernel.stores.registry import ToolDirectory
 from planner._gate import Gate
 from planner._planning import (
@@ -48,7 +48,6 @@ from schemas import (
     ModelResponseEvent,
     PlannedCall,
     ToolSpec,
-    TurnConfig,
 )
 
 log = logging.getLogger(__name__)
@@ -60,17 +59,17 @@ Issued = tuple[int, int] | None
 class Planner:
     """Consumes model-responses, approvals, cancellations and outcomes (for concurrency caps)."""
 
-    def __init__(self, settings: Settings, redis: Redis | None = None) -> None:
+    def __init__(self, settings: Settings, *, bus: Bus, redis: Redis) -> None:
         self.settings = settings
-        self.bus = KafkaBus(settings, service="planner")
-        self.redis = redis or connect_redis(settings)
+        self.bus = bus
+        self.redis = redis
         self.keys = Keys.of(settings)
         self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
         self.tools = ToolDirectory(self.redis, self.keys, max_age_s=settings.registry_cache_s)
         self.circuits = CircuitBreaker(self.redis, settings)
         self._routing: dict[str, str] = {}
         """Lookup key -> why its calls go where they go, as last logged (logged on change)."""
-        self.gate = Gate(self.redis, self.keys)
+        self.gate = Gate(self.redis, self.keys, ttl_s=settings.ledger_retention_s)
         self.auth = DecisionAuth.of(settings)
         self._loop: ConsumeLoop | None = None
 
@@ -86,13 +85,18 @@ class Planner:
             ["model-responses", "approvals", "cancellations", "outcomes"], group="planner"
         )
         await consumer.start()
-        self._loop = ConsumeLoop(self.bus, consumer, self.handle, wanted=self.wants)
+        self._loop = ConsumeLoop(
+            self.bus,
+            consumer,
+            self.handle,
+            wanted=self.wants,
+            cut_off_after_s=self.settings.cut_off_after_s,
+        )
         try:
             await self._loop.run()
         finally:
             await consumer.stop()
             await self.bus.stop()
-            await self.redis.aclose()
 
     def wants(self, record: Record) -> bool:
         """Every record but the outcomes of turns without a concurrency cap (most of them).
@@ -162,16 +166,13 @@ class Planner:
             if entry is None or issued is None:
                 continue
             commands.append(
-                _command(
-                    call,
-                    tenant_id=tenant,
-                    run_id=outcome.run_id,
-                    turn_id=outcome.turn_id,
-                    config=released.config,
-                    fingerprint=entry.fingerprint,
-                    idempotency_key=entry.idempotency_key,
+                command_for(
+                    tenant,
+                    entry,
+                    attempt=issued[0],
+                    token=issued[1],
                     approved=entry.approval == "approved",
-                    issued=issued,
+                    tool_version=call.tool_version,
                 )
             )
         await self._publish_commands(commands)
@@ -372,16 +373,14 @@ class Planner:
     def _command_for(
         self, event: ModelResponseEvent, d: Dispatch, issued: tuple[int, int]
     ) -> ExecutionCommand:
-        return _command(
-            d.call,
-            tenant_id=event.tenant_id,
-            run_id=event.run_id,
-            turn_id=event.turn_id,
-            config=event.config,
-            fingerprint=d.fingerprint,
-            idempotency_key=d.idempotency_key,
+        call = _new_call(event, d.call, d.fingerprint, d.idempotency_key)
+        return command_for(
+            event.tenant_id,
+            call,
+            attempt=issued[0],
+            token=issued[1],
             approved=d.approved,
-            issued=issued,
+            tool_version=d.call.tool_version,
         )
 
     async def _publish_commands(self, commands: list[ExecutionCommand]) -> None:
@@ -397,20 +396,25 @@ _CAPPED = b'"capped":true'
 
 def _new_calls(event: ModelResponseEvent, updates: list[LedgerUpdate]) -> list[NewCall]:
     """The ledger entries to create for ``updates``."""
-    return [
-        NewCall(
-            u.call.call_id,
-            u.fingerprint,
-            u.idempotency_key,
-            event.run_id,
-            event.turn_id,
-            u.call.tool_name,
-            u.call.pool,
-            arguments=u.call.arguments,
-            index=u.call.index,
-        )
-        for u in updates
-    ]
+    return [_new_call(event, u.call, u.fingerprint, u.idempotency_key) for u in updates]
+
+
+def _new_call(
+    event: ModelResponseEvent, call: PlannedCall, fingerprint: str, idempotency_key: str
+) -> NewCall:
+    """What the ledger records of ``call``, with its turn's policy."""
+    return NewCall(
+        call.call_id,
+        fingerprint,
+        idempotency_key,
+        event.run_id,
+        event.turn_id,
+        call.tool_name,
+        call.pool,
+        arguments=call.arguments,
+        index=call.index,
+        policy=CallPolicy.of(event.config),
+    )
 
 
 def _lookup(namespace: str | None, name: str) -> str:
@@ -430,42 +434,6 @@ def _view(entry: LedgerEntry) -> LedgerView:
         approval_message=entry.approval_message,
         pending_approval=entry.pending_approval,
         run_id=entry.run_id or None,
-    )
-
-
-def _command(
-    call: PlannedCall,
-    *,
-    tenant_id: str,
-    run_id: str,
-    turn_id: int,
-    config: TurnConfig,
-    fingerprint: str,
-    idempotency_key: str,
-    approved: bool,
-    issued: tuple[int, int],
-) -> ExecutionCommand:
-    attempt, token = issued
-    return ExecutionCommand(
-        tenant_id=tenant_id,
-        run_id=run_id,
-        turn_id=turn_id,
-        call_id=call.call_id,
-        tool_name=call.tool_name,
-        tool_version=call.tool_version,
-        arguments=call.arguments,
-        index=call.index,
-        pool=call.pool or "default",
-        attempt=attempt,
-        fencing_token=token,
-        idempotency_key=idempotency_key,
-        fingerprint=fingerprint,
-        approved=approved,
-        failure_policy=config.failure_policy,
-        pre_approval_guardrails=config.pre_approval_guardrails,
-        deadline_at=time.time() + config.deadline_s if config.deadline_s else None,
-        issued_at=time.time(),
-        capped=config.max_concurrency is not None,
     )
 
 

@@ -17,27 +17,44 @@ Nothing here performs I/O; ``reconciler.service`` carries the actions out.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from kernel.rules.effects import REPLAY_SAFE, effect_for_class, fleet_retries, retry_delay
+from kernel.settings import Settings
 from schemas import EffectClass
+
+
+def _setting(name: str) -> Any:
+    """The default of a setting: the one place a recovery budget's default is written."""
+    return Settings.model_fields[name].default
 
 
 @dataclass(frozen=True)
 class RecoveryPolicy:
-    """Budgets of the reconciler."""
+    """Budgets of the reconciler; the defaults are the settings' (``RecoveryPolicy.of``)."""
 
-    max_attempts: int = 2
+    max_attempts: int = _setting("recovery_max_attempts")
     """Executions of one call in all, the first included (only replay-safe calls retry)."""
-    probe_budget: int = 4
+    probe_budget: int = _setting("recovery_probe_budget")
     """Probes of one unknown call before a human takes over."""
-    probe_backoff_s: float = 0.5
+    probe_backoff_s: float = _setting("recovery_probe_backoff_s")
     """Delay before the second probe; doubles with each further probe."""
     max_backoff_s: float = 10.0
-    report_after_s: float = 30.0
+    report_after_s: float = _setting("recovery_report_after_s")
     """How long a reconcile_then_report turn waits for a human before the model is told."""
-    retry_backoff_s: float = 0.2
+    retry_backoff_s: float = _setting("recovery_retry_backoff_s")
     """First backoff step of a transient retry; doubles per attempt, with jitter."""
+
+    @classmethod
+    def of(cls, settings: Settings) -> RecoveryPolicy:
+        """The budgets ``settings`` set (TOOLFLEET_RECOVERY_*)."""
+        return cls(
+            max_attempts=settings.recovery_max_attempts,
+            probe_budget=settings.recovery_probe_budget,
+            probe_backoff_s=settings.recovery_probe_backoff_s,
+            report_after_s=settings.recovery_report_after_s,
+            retry_backoff_s=settings.recovery_retry_backoff_s,
+        )
 
 
 @dataclass(frozen=True)

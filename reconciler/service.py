@@ -14,12 +14,13 @@ import json
 import logging
 import random
 import time
+from typing import Literal
 
 from redis.asyncio import Redis
 
-from kernel.adapters.bus import ConsumeLoop, KafkaBus, Record
+from kernel.adapters.bus import Bus, ConsumeLoop, Record
 from kernel.adapters.metrics import COMMANDS, HUMAN_TASKS, OUTCOMES
-from kernel.adapters.redis import connect_redis, text
+from kernel.adapters.redis import text
 from kernel.adapters.topics import command_topic
 from kernel.errors import InvalidMessageError, ToolfleetError
 from kernel.rules.auth import DecisionAuth
@@ -28,7 +29,7 @@ from kernel.rules.outcomes import lost
 from kernel.rules.texts import COMPENSATED, DEFAULT_ERROR, unknown_outcome_text
 from kernel.settings import Settings
 from kernel.stores.keys import Keys
-from kernel.stores.ledger import Ledger, LedgerEntry, NewCall, lease_member
+from kernel.stores.ledger import Ledger, LedgerEntry, NewCall, command_for, lease_member
 from kernel.stores.registry import ToolDirectory
 from kernel.stores.tasks import TaskStore, new_task_id
 from reconciler._policy import (
@@ -98,14 +99,16 @@ class Reconciler:
     def __init__(
         self,
         settings: Settings,
+        *,
+        bus: Bus,
+        redis: Redis,
         policy: RecoveryPolicy | None = None,
-        redis: Redis | None = None,
         tick_s: float = 0.2,
     ) -> None:
         self.settings = settings
-        self.policy = policy or RecoveryPolicy()
-        self.bus = KafkaBus(settings, service="reconciler")
-        self.redis = redis or connect_redis(settings)
+        self.policy = policy or RecoveryPolicy.of(settings)
+        self.bus = bus
+        self.redis = redis
         self.keys = Keys.of(settings)
         self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
         self.tools = ToolDirectory(self.redis, self.keys)
@@ -137,7 +140,13 @@ class Reconciler:
             fetch_max_wait_ms=100,
         )
         await consumer.start()
-        self._loop = ConsumeLoop(self.bus, consumer, self.handle, wanted=self.wants)
+        self._loop = ConsumeLoop(
+            self.bus,
+            consumer,
+            self.handle,
+            wanted=self.wants,
+            cut_off_after_s=self.settings.cut_off_after_s,
+        )
         ticker = asyncio.create_task(self._tick_forever())
         try:
             await self._loop.run()
@@ -145,7 +154,6 @@ class Reconciler:
             ticker.cancel()
             await consumer.stop()
             await self.bus.stop()
-            await self.redis.aclose()
 
     def wants(self, record: Record) -> bool:
         """Task resolutions, and the outcomes that are the reconciler's business.
@@ -337,6 +345,7 @@ class Reconciler:
                     entry.pool,
                     arguments=entry.arguments,
                     index=entry.index,
+                    policy=entry.policy,
                 )
             ],
         )
@@ -470,25 +479,19 @@ class Reconciler:
 
 
 def _command(
-    entry: LedgerEntry, kind: str, token: int, attempt: int | None = None
+    entry: LedgerEntry,
+    kind: Literal["execute", "probe", "compensate"],
+    token: int,
+    attempt: int | None = None,
 ) -> ExecutionCommand:
-    """A command for an existing call, rebuilt from its ledger entry."""
-    return ExecutionCommand(
-        tenant_id=entry.tenant_id,
-        run_id=entry.run_id,
-        turn_id=entry.turn_id,
-        call_id=entry.call_id,
-        kind=kind,
-        tool_name=entry.tool_name,
-        arguments=entry.arguments,
-        index=entry.index,
-        pool=entry.pool or "default",
+    """A command for an existing call, rebuilt from its ledger entry: retries, probes and
+    compensations go to the version that ran, with the turn's policy."""
+    return command_for(
+        entry.tenant_id,
+        entry,
         attempt=attempt or max(entry.attempts, 1),
-        fencing_token=max(token, 1),
-        idempotency_key=entry.idempotency_key,
-        fingerprint=entry.fingerprint,
-        approved=True,
+        token=max(token, 1),
+        kind=kind,
+        tool_version=entry.tool_version,
         upstream_ref=entry.upstream_ref,
-        tool_version=entry.tool_version,  # retries and probes go to the version that ran
-        issued_at=time.time(),
     )

@@ -67,6 +67,46 @@ NEVER_FITS: tuple[type[BaseException], ...] = (MessageSizeTooLargeError, RecordT
 """A record that Kafka will never take: a bug or a limit set wrong, never a passing outage."""
 
 
+class Bus(Protocol):
+    """What a service needs of the message bus; services take one in their constructor.
+
+    ``KafkaBus`` is the implementation the application builds from ``Settings``;
+    ``toolfleet.testing.InMemoryBus`` records what a service publishes, for tests that drive a
+    service's handlers directly.
+    """
+
+    service: str
+    """Who publishes: dead letters and client ids name it."""
+
+    async def start(self) -> None:
+        """Connect; a service calls it at the start of ``run``."""
+
+    async def stop(self) -> None:
+        """Flush and disconnect; a service calls it when ``run`` returns."""
+
+    def topic(self, name: str) -> str:
+        """The full name of a logical topic."""
+
+    async def publish(
+        self, topic: str, key: str | bytes | None, value: Message | bytes
+    ) -> asyncio.Future[Any]:
+        """Queue one record; the returned future resolves when the broker has it."""
+
+    async def publish_and_wait(
+        self, topic: str, key: str | bytes | None, value: Message | bytes
+    ) -> None:
+        """Publish one record and wait until the broker has it."""
+
+    async def dead_letter(self, record: Record, reason: str) -> None:
+        """Put a record's original bytes on the dead-letter topic, with the reason."""
+
+    def consumer(self, topics: Iterable[str], group: str, **options: Any) -> AIOKafkaConsumer:
+        """A consumer of logical ``topics`` whose offsets only the caller commits."""
+
+    def transactional_producer(self, transactional_id: str) -> AIOKafkaProducer:
+        """A producer whose records a ``read_committed`` reader sees only once committed."""
+
+
 class KafkaBus:
     """One process's connection to Kafka: publishes with an idempotent, acks=all producer."""
 
@@ -166,6 +206,21 @@ class KafkaBus:
             },
         )
 
+    def transactional_producer(self, transactional_id: str) -> AIOKafkaProducer:
+        """A producer for transactions under ``transactional_id`` (not started)."""
+        return AIOKafkaProducer(
+            bootstrap_servers=self.settings.kafka_servers(),
+            client_id=f"toolfleet-{self.service}",
+            transactional_id=transactional_id,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=2,
+            max_batch_size=PRODUCER_BATCH_BYTES,
+            # A killed instance's open transaction blocks read_committed readers of
+            # turn-results until it times out; its successor has a new transactional id.
+            transaction_timeout_ms=10_000,
+        )
+
     def consumer(self, topics: Iterable[str], group: str, **options: Any) -> AIOKafkaConsumer:
         """A consumer of logical ``topics`` whose offsets are committed only by the caller."""
         config: dict[str, Any] = {
@@ -242,7 +297,7 @@ class ConsumeLoop:
 
     def __init__(
         self,
-        bus: KafkaBus,
+        bus: Bus,
         consumer: AIOKafkaConsumer,
         handler: Handler,
         *,
@@ -251,8 +306,10 @@ class ConsumeLoop:
         max_backoff_s: float = 5.0,
         concurrency: int = 512,
         wanted: Callable[[Record], bool] | None = None,
+        cut_off_after_s: float = Settings.model_fields["cut_off_after_s"].default,
     ) -> None:
         self.bus = bus
+        self.cut_off_after_s = cut_off_after_s
         self.wanted = wanted
         self.consumer = consumer
         self.handler = handler
@@ -343,7 +400,7 @@ class ConsumeLoop:
                 )
                 MESSAGES.labels(self.bus.service, record.topic, "retried").inc()
                 unreachable_since = unreachable_since or time.monotonic()
-                cut = cut_off(unreachable_since, self.bus.settings.cut_off_after_s, exc)
+                cut = cut_off(unreachable_since, self.cut_off_after_s, exc)
                 if cut is not None:
                     raise cut from exc
             except Exception as exc:
@@ -380,4 +437,12 @@ def cut_off(since: float, bound_s: float, exc: BaseException) -> CutOffError | N
     )
 
 
-__all__ = ["NEVER_FITS", "TRANSIENT_ERRORS", "ConsumeLoop", "KafkaBus", "Record", "TopicPartition"]
+__all__ = [
+    "NEVER_FITS",
+    "TRANSIENT_ERRORS",
+    "Bus",
+    "ConsumeLoop",
+    "KafkaBus",
+    "Record",
+    "TopicPartition",
+]

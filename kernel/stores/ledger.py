@@ -16,6 +16,7 @@ archives it: that history is what the failure table forbids deleting.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -28,15 +29,87 @@ from redis.asyncio import Redis
 from kernel.adapters.redis import HashFields, text
 from kernel.settings import LEDGER_RETENTION_S
 from kernel.stores.keys import Keys
-from schemas import CallOutcome, ExecutionCommand
+from schemas import CallOutcome, ExecutionCommand, TurnConfig
 
 LedgerState = Literal["planned", "dispatched", "started", "finished", "committed"]
 BeginVerdict = Literal["run", "done", "stale", "busy", "unknown", "missing", "cancelled"]
 
 
+def command_for(
+    tenant_id: str,
+    call: NewCall | LedgerEntry,
+    *,
+    attempt: int,
+    token: int,
+    kind: Literal["execute", "probe", "compensate"] = "execute",
+    approved: bool = True,
+    tool_version: str | None = None,
+    upstream_ref: str | None = None,
+) -> ExecutionCommand:
+    """The one way a command for a call is built, by the planner and the reconciler alike:
+    the call's identity and its turn's policy come from what the ledger records."""
+    policy = call.policy
+    now = time.time()
+    return ExecutionCommand(
+        tenant_id=tenant_id,
+        run_id=call.run_id,
+        turn_id=call.turn_id,
+        call_id=call.call_id,
+        kind=kind,
+        tool_name=call.tool_name,
+        tool_version=tool_version,
+        arguments=call.arguments,
+        index=call.index,
+        pool=call.pool or "default",
+        attempt=attempt,
+        fencing_token=token,
+        idempotency_key=call.idempotency_key,
+        fingerprint=call.fingerprint,
+        approved=approved,
+        failure_policy=policy.failure_policy,
+        pre_approval_guardrails=policy.pre_approval_guardrails,
+        deadline_at=now + policy.deadline_s if policy.deadline_s else None,
+        capped=policy.capped,
+        upstream_ref=upstream_ref,
+        issued_at=now,
+    )
+
+
 def lease_member(tenant_id: str, call_id: str) -> str:
     """Member of the leases sorted set for one call."""
     return f"{tenant_id}\x1f{call_id}"
+
+
+@dataclass(frozen=True)
+class CallPolicy:
+    """What a call's turn asked of its execution. Kept in the ledger, so every command for the
+    call (the first, a retry after a lost worker, a probe, a compensation) carries it."""
+
+    failure_policy: Literal["error_as_output", "fail_turn"] = "error_as_output"
+    pre_approval_guardrails: bool = False
+    deadline_s: float | None = None
+    """The turn's time budget; each command's ``deadline_at`` counts it from its issue."""
+    capped: bool = False
+    """The turn has max_concurrency: its outcomes free slots at the planner."""
+
+    @classmethod
+    def of(cls, config: TurnConfig) -> CallPolicy:
+        """The policy of a turn with ``config``."""
+        return cls(
+            failure_policy=config.failure_policy,
+            pre_approval_guardrails=config.pre_approval_guardrails,
+            deadline_s=config.deadline_s,
+            capped=config.max_concurrency is not None,
+        )
+
+    def encode(self) -> str:
+        """The ledger field's value."""
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, raw: str | None) -> CallPolicy:
+        """The policy a ledger field holds (the defaults when it holds none)."""
+        return cls(**json.loads(raw)) if raw else cls()
 
 
 @dataclass(frozen=True)
@@ -53,6 +126,7 @@ class NewCall:
     arguments: str = ""
     index: int = 0
     """Position among the response's function calls."""
+    policy: CallPolicy = CallPolicy()
 
 
 @dataclass(frozen=True)
@@ -82,6 +156,7 @@ class LedgerEntry:
     """The upstream's own id for what the call did (ticket T-9), as the tool recorded it."""
     tool_version: str | None = None
     """The tool version the latest attempt ran on."""
+    policy: CallPolicy = CallPolicy()
 
     @property
     def arguments_digest(self) -> str:
@@ -115,6 +190,7 @@ class LedgerEntry:
             worker_id=h.get("worker_id") or None,
             upstream_ref=h.get("upstream_ref") or None,
             tool_version=h.get("tool_version") or None,
+            policy=CallPolicy.decode(h.get("policy")),
         )
 
 
@@ -211,7 +287,7 @@ end
 local function plan(call, now, f)
   redis.call('HSET', call, 'fingerprint', f[1], 'idempotency_key', f[2], 'run_id', f[3],
     'turn_id', f[4], 'tool_name', f[5], 'pool', f[6], 'state', 'planned', 'attempts', 0,
-    'fencing_token', 0, 'created_at', now, 'arguments', f[7], 'index', f[8])
+    'fencing_token', 0, 'created_at', now, 'arguments', f[7], 'index', f[8], 'policy', f[9])
   return {'planned', '0', '0'}
 end
 """
@@ -219,7 +295,7 @@ end
 
 # Record a planned call unless it exists (an existing entry is left as it is); with
 # ARGV[10] = '1' also issue its attempt, as _DISPATCH does. ARGV: fingerprint, idem key,
-# run, turn, tool, pool, now, arguments, index, dispatch. Returns {attempt, token}, {0, 0}
+# run, turn, tool, pool, now, arguments, index, dispatch, policy. Returns {attempt, token}, {0, 0}
 # when not dispatching, or a negative attempt when no command should be sent.
 _CREATE = (
     _ISSUE
@@ -227,7 +303,7 @@ _CREATE = (
 local h = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'fencing_token', 'keep')
 if not h[1] then
   h = plan(KEYS[1], ARGV[7], {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6],
-    ARGV[8], ARGV[9]})
+    ARGV[8], ARGV[9], ARGV[11]})
 end
 if ARGV[10] ~= '1' then return {0, 0} end
 return issue(KEYS[1], KEYS[2], h, false, tonumber(ARGV[7]), 'planned')
@@ -235,7 +311,7 @@ return issue(KEYS[1], KEYS[2], h, false, tonumber(ARGV[7]), 'planned')
 )
 
 # A turn whose calls are all new, in one script: KEYS are the run's approval state and its
-# wrong-effect hold, then each call's entry and audit chain; ARGV: now, then the 8 fields of
+# wrong-effect hold, then each call's entry and audit chain; ARGV: now, then the 9 fields of
 # each call. Records and dispatches every call (attempt 1, token 1 each) only if none of
 # those keys exists; returns the number of calls dispatched, 0 when it wrote nothing.
 _CREATE_FRESH = (
@@ -246,9 +322,9 @@ for i = 1, #KEYS, 1000 do  -- in chunks: Lua's unpack takes at most ~8,000 value
 end
 local now = tonumber(ARGV[1])
 for i = 3, #KEYS, 2 do
-  local a = (i - 3) / 2 * 8 + 1
+  local a = (i - 3) / 2 * 9 + 1
   local h = plan(KEYS[i], ARGV[1], {ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
-    ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]})
+    ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9]})
   issue(KEYS[i], KEYS[i + 1], h, false, now, 'planned')
 end
 return (#KEYS - 2) / 2
@@ -468,6 +544,7 @@ class Ledger:
                         c.arguments,
                         c.index,
                         "1" if c.call_id in now_too else "0",
+                        c.policy.encode(),
                     ],
                     client=pipe,
                 )
@@ -496,7 +573,7 @@ class Ledger:
         for c in calls:
             keys += [self.keys.call(tenant_id, c.call_id), self.keys.audit(tenant_id, c.call_id)]
             args += [c.fingerprint, c.idempotency_key, c.run_id, c.turn_id, c.tool_name,
-                     c.pool or "", c.arguments, c.index]  # fmt: skip
+                     c.pool or "", c.arguments, c.index, c.policy.encode()]  # fmt: skip
         if int(await self._create_fresh(keys=keys, args=args)) != len(calls):
             return None
         return [(1, 1)] * len(calls)  # a new call's first attempt, as _ISSUE numbers it

@@ -17,13 +17,14 @@ from aiokafka.errors import KafkaConnectionError
 from aiokafka.partitioner import DefaultPartitioner
 from redis.asyncio import Redis
 
-import aggregator.service
+import kernel.adapters.bus
 from aggregator.service import Aggregator
 from kernel.adapters.bus import KafkaBus
 from kernel.adapters.topics import ensure_topics
 from kernel.settings import Settings
 from schemas import CallOutcome, DeadLetter, PlannedCall, TurnPlan, TurnResult
 from tests.conftest import aggregator_caught_up, wait_for
+from toolfleet.testing import InMemoryBus
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +52,7 @@ def _outcome(run_id: str, i: int) -> CallOutcome:
 async def test_a_plan_with_its_outcomes_in_one_update_emits_what_one_by_one_would(
     redis: Redis, settings: Settings
 ) -> None:
-    aggregator = Aggregator(settings, redis)
+    aggregator = Aggregator(settings, bus=InMemoryBus(settings=settings), redis=redis)
     together, apart = f"run-{uuid.uuid4().hex}", f"run-{uuid.uuid4().hex}"
     # Outcomes finish out of model order; the result lists them in model order either way.
     emitted = await aggregator.on_outcomes(
@@ -154,7 +155,7 @@ def _runs_in(settings: Settings, partitions: set[int], count: int) -> list[str]:
 
 
 async def test_a_failed_transaction_is_read_again_and_every_turn_is_emitted_once(
-    own: Settings, monkeypatch: pytest.MonkeyPatch
+    own: Settings, redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Turns of two calls on partition 0 and of one call on the others; the outcomes of the
     # latter come after the transaction that fails, whose batch holds all the rest.
@@ -166,7 +167,7 @@ async def test_a_failed_transaction_is_read_again_and_every_turn_is_emitted_once
         await _publish_plans(bus, runs, calls)
     await _publish_outcomes(bus, first, 2)
     ends = {"plans": await _ends(own, "plans"), "outcomes": await _ends(own, "outcomes")}
-    service = Aggregator(own)
+    service = Aggregator(own, bus=KafkaBus(own, service="aggregator"), redis=redis)
     failed: list[Any] = []
     done: dict[tuple[str, int], int] = {}
 
@@ -186,7 +187,7 @@ async def test_a_failed_transaction_is_read_again_and_every_turn_is_emitted_once
                 raise KafkaConnectionError("injected: the broker went away mid-transaction")
             await super().send_offsets_to_transaction(offsets, group_id)
 
-    monkeypatch.setattr(aggregator.service, "AIOKafkaProducer", FailsOnce)
+    monkeypatch.setattr(kernel.adapters.bus, "AIOKafkaProducer", FailsOnce)
     task = asyncio.create_task(service.run())
     try:
         await wait_for(lambda: asyncio.sleep(0, failed))
@@ -207,7 +208,7 @@ async def test_a_turn_whose_update_fails_for_good_is_dead_lettered_and_the_rest_
     every attempt. Crashing would meet the same records after every restart."""
     runs = [f"run-{uuid.uuid4().hex}" for _ in range(4)]
     poisoned = runs[1]
-    service = Aggregator(own)
+    service = Aggregator(own, bus=KafkaBus(own, service="aggregator"), redis=redis)
     await redis.rpush(service.keys.turn("t", poisoned, 0), "not a turn")
     bus = KafkaBus(own, service="test")
     await bus.start()

@@ -22,6 +22,7 @@ from kernel.stores.registry import ToolCatalog
 from planner import ApprovalView, plan_turn
 from planner.service import Planner
 from schemas import ModelResponseEvent, ToolSpec
+from toolfleet.testing import InMemoryBus
 
 
 # --- ordering -------------------------------------------------------------------------------
@@ -223,7 +224,9 @@ class _Circuits:
 
 
 def _planner(catalog: ToolCatalog, opened: set[str], **settings: Any) -> tuple[Planner, _Circuits]:
-    planner = Planner(Settings(**settings), redis=Redis())  # never connects: nothing is sent
+    own = Settings(**settings)
+    # Never connects: nothing is sent.
+    planner = Planner(own, bus=InMemoryBus(settings=own), redis=Redis())
     circuits = _Circuits(opened)
     planner.tools = _Directory(catalog)  # type: ignore[assignment]
     planner.circuits = circuits  # type: ignore[assignment]

@@ -6,6 +6,7 @@ import importlib
 
 import click
 
+from executors.worker import WorkerLimits
 from kernel.errors import ConfigurationError
 from kernel.settings import Settings
 from toolfleet.app.infra.cli import infra
@@ -30,7 +31,7 @@ def planner() -> None:
     from planner.service import Planner
 
     settings = Settings()
-    run_service("planner", settings, lambda: Planner(settings))
+    run_service("planner", settings, lambda bus, redis: Planner(settings, bus=bus, redis=redis))
 
 
 @main.command()
@@ -39,34 +40,38 @@ def aggregator() -> None:
     from aggregator.service import Aggregator
 
     settings = Settings()
-    run_service("aggregator", settings, lambda: Aggregator(settings))
+    run_service(
+        "aggregator", settings, lambda bus, redis: Aggregator(settings, bus=bus, redis=redis)
+    )
 
 
 @main.command()
 def reconciler() -> None:
     """Resolve calls whose effect is unknown: probe, retry, compensate, or ask a human."""
-    from reconciler import RecoveryPolicy
     from reconciler.service import Reconciler
 
     settings = Settings()
-    policy = RecoveryPolicy(
-        max_attempts=settings.recovery_max_attempts,
-        probe_budget=settings.recovery_probe_budget,
-        probe_backoff_s=settings.recovery_probe_backoff_s,
-        report_after_s=settings.recovery_report_after_s,
-        retry_backoff_s=settings.recovery_retry_backoff_s,
+    run_service(
+        "reconciler", settings, lambda bus, redis: Reconciler(settings, bus=bus, redis=redis)
     )
-    run_service("reconciler", settings, lambda: Reconciler(settings, policy))
 
 
 @main.command()
 @click.option("--tools", "tools_ref", required=True, help="module:attribute of a ToolRegistry")
 @click.option("--pool", default="default", show_default=True, help="Worker pool to serve.")
-@click.option("--concurrency", default=100, show_default=True, help="Calls at once, per process.")
+@click.option(
+    "--concurrency",
+    default=WorkerLimits.per_worker,
+    show_default=True,
+    help="Calls at once, per process.",
+)
 @click.option("--tenant-limit", type=int, default=None, help="Fleet-wide calls per tenant.")
 @click.option("--tool-limit", multiple=True, metavar="NAME=N", help="Fleet-wide calls of one tool.")
 @click.option(
-    "--lease-s", default=30.0, show_default=True, help="Seconds a silent worker keeps a call."
+    "--lease-s",
+    default=WorkerLimits.lease_s,
+    show_default=True,
+    help="Seconds a silent worker keeps a call.",
 )
 def worker(
     *,
@@ -79,7 +84,7 @@ def worker(
 ) -> None:
     """Serve a ToolRegistry as one worker of a pool."""
     from executors import ToolRegistry
-    from executors.worker import Worker, WorkerLimits
+    from executors.worker import Worker
 
     registry = load_object(tools_ref)
     if not isinstance(registry, ToolRegistry):
@@ -92,7 +97,10 @@ def worker(
     )
     settings = Settings()
     run_service(
-        f"worker-{pool}", settings, lambda: Worker(settings, registry, pool, limits), pools=(pool,)
+        f"worker-{pool}",
+        settings,
+        lambda bus, redis: Worker(settings, registry, pool, limits, bus=bus, redis=redis),
+        pools=(pool,),
     )
 
 

@@ -1,4 +1,8 @@
-"""Running one service as a process: logging, /metrics, topics, and a clean stop on SIGTERM."""
+"""Running one service as a process: logging, /metrics, topics, and a clean stop on SIGTERM.
+
+The application builds each service's Kafka bus and Redis connection from ``Settings`` and
+hands them in (``make(bus, redis)``); a service never builds its own connections.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,9 @@ from typing import Protocol
 
 import uvloop
 from aiokafka.admin import AIOKafkaAdminClient
+from redis.asyncio import Redis
 
-from kernel.adapters.bus import TRANSIENT_ERRORS
+from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, KafkaBus
 from kernel.adapters.logs import configure_logging
 from kernel.adapters.metrics import serve_metrics
 from kernel.adapters.redis import connect_redis
@@ -39,20 +44,26 @@ class Service(Protocol):
 def run_service(
     name: str,
     settings: Settings,
-    make: Callable[[], Service],
+    make: Callable[[Bus, Redis], Service],
     *,
     pools: tuple[str, ...] = ("default",),
 ) -> None:
-    """Run a service in this process until SIGTERM or SIGINT, serving ``/metrics``."""
+    """Run a service in this process until SIGTERM or SIGINT, serving ``/metrics``.
+
+    ``make(bus, redis)`` builds the service over connections made for it; after a cut-off or
+    an outage at start it is built again over fresh ones.
+    """
     configure_logging(name)
     serve_metrics(settings.metrics_port)
     # uvloop: the services spend their time in the event loop's own machinery (tasks,
     # futures, socket writes), which it runs several times faster than asyncio's.
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_main(settings, make, pools))
+        runner.run(_main(name, settings, make, pools))
 
 
-async def _main(settings: Settings, make: Callable[[], Service], pools: tuple[str, ...]) -> None:
+async def _main(
+    name: str, settings: Settings, make: Callable[[Bus, Redis], Service], pools: tuple[str, ...]
+) -> None:
     tune_gc(settings.gc_thresholds)
     stopping = asyncio.Event()
     current: list[Service] = []
@@ -68,8 +79,12 @@ async def _main(settings: Settings, make: Callable[[], Service], pools: tuple[st
     while not stopping.is_set():
         try:
             await ensure_topics(settings, pools)
-            current[:] = [make()]
-            await current[0].run()
+            redis = connect_redis(settings)
+            try:
+                current[:] = [make(KafkaBus(settings, service=name), redis)]
+                await current[0].run()
+            finally:
+                await redis.aclose()
             return
         except CutOffError as exc:
             # The service closed its consumers on the way out: the group has rebalanced and

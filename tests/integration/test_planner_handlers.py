@@ -1,0 +1,94 @@
+"""The planner's handlers driven directly: an in-memory bus, the real Redis.
+
+Services take their bus and Redis in their constructors, so a test can hand the planner an
+``InMemoryBus`` and look at exactly what it would have published, without a broker.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from redis.asyncio import Redis
+
+from executors import ToolRegistry
+from kernel.errors import InvalidMessageError
+from kernel.settings import Settings
+from kernel.stores.keys import Keys
+from kernel.stores.registry import publish_tools
+from planner.service import Planner
+from schemas import ExecutionCommand, ModelResponseEvent, TurnPlan
+from toolfleet.testing import ConsumedRecord, InMemoryBus
+
+pytestmark = pytest.mark.integration
+
+tools = ToolRegistry()
+
+
+@tools.tool(effect="read_only")
+def add(a: int, b: int) -> int:
+    """Adds two integers."""
+    return a + b
+
+
+def _response(
+    run_id: str, *calls: tuple[str, dict[str, int]], **config: object
+) -> ModelResponseEvent:
+    return ModelResponseEvent.model_validate({
+        "tenant_id": "t", "run_id": run_id, "turn_id": 0, "agent": {"name": "a"},
+        "response_id": f"resp-{run_id}", "config": config,
+        "items": [{"type": "function_call", "call_id": f"{run_id}-{i}", "name": name,
+                   "arguments": json.dumps(args)} for i, (name, args) in enumerate(calls)],
+    })  # fmt: skip
+
+
+@pytest.fixture
+async def planner(settings: Settings, redis: Redis) -> Planner:
+    own = settings.model_copy(update={"topic_prefix": f"handlers-{uuid.uuid4().hex[:8]}."})
+    await publish_tools(redis, Keys.of(own), tools.specs("default"))
+    return Planner(own, bus=InMemoryBus(settings=own), redis=redis)
+
+
+async def test_a_response_becomes_one_plan_and_one_command_per_call(planner: Planner) -> None:
+    bus = planner.bus
+    assert isinstance(bus, InMemoryBus)
+    run = f"run-{uuid.uuid4().hex}"
+    event = _response(run, ("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4}), deadline_s=30)
+    await planner.handle(ConsumedRecord.of(planner.settings, "model-responses", event, key=run))
+
+    [plan] = [TurnPlan.decode(raw) for raw in bus.on("plans")]
+    assert [c.call_id for c in plan.calls] == [f"{run}-0", f"{run}-1"]
+    commands = [ExecutionCommand.decode(raw) for raw in bus.on("commands.default")]
+    assert [(c.call_id, c.arguments, c.attempt) for c in commands] == [
+        (f"{run}-0", '{"a": 1, "b": 2}', 1), (f"{run}-1", '{"a": 3, "b": 4}', 1),
+    ]  # fmt: skip
+    assert all(c.deadline_at is not None for c in commands)
+    # The ledger records every call before its command is published, with its turn's policy.
+    entries = await planner.ledger.read("t", [c.call_id for c in commands])
+    assert {e.state for e in entries.values()} == {"dispatched"}
+    assert {e.policy.deadline_s for e in entries.values()} == {30}
+
+
+async def test_the_same_response_again_resends_the_same_attempt_never_a_new_one(
+    planner: Planner,
+) -> None:
+    bus = planner.bus
+    assert isinstance(bus, InMemoryBus)
+    run = f"run-{uuid.uuid4().hex}"
+    record = ConsumedRecord.of(
+        planner.settings, "model-responses", _response(run, ("add", {"a": 1, "b": 1})), key=run
+    )
+    await planner.handle(record)
+    await planner.handle(record)  # redelivered after a rebalance
+    commands = [ExecutionCommand.decode(raw) for raw in bus.on("commands.default")]
+    # The same attempt and fencing token: the worker's ledger gate runs it at most once.
+    assert [(c.call_id, c.attempt, c.fencing_token) for c in commands] == [(f"{run}-0", 1, 1)] * 2
+
+
+async def test_bytes_that_are_not_a_response_raise_for_the_dead_letter_topic(
+    planner: Planner,
+) -> None:
+    record = ConsumedRecord(planner.settings.topic("model-responses"), b"{not json", b"run")
+    with pytest.raises(InvalidMessageError):
+        await planner.handle(record)
