@@ -11,14 +11,12 @@ the turn again and makes its change again.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import orjson
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from aggregator._turn import TurnState
 from kernel.adapters.redis import BoundedCache
@@ -68,8 +66,6 @@ class StoredTurn:
     """``{"epoch", "by", "at"}`` of the emitted result: which records triggered it."""
     version: str = ""
     """The version this state was read at ('' when the turn had no state)."""
-    legacy: bool = False
-    """Read from a JSON string (versions before 0.2): its next write replaces it whole."""
 
     def fields(self) -> dict[str, object]:
         """The hash's fields (besides the version), as objects: a field is written again
@@ -81,8 +77,6 @@ class StoredTurn:
             out |= {_OUTCOME + call_id: o for call_id, o in turn.outcomes.items()}
             if turn.cancelled:
                 out["cancelled"] = True
-            if turn.released is not None:
-                out["released"] = frozenset(turn.released)
         out |= {_EARLY + call_id: o for call_id, o in self.early.items()}
         if self.emitted is not None:
             out["emitted"] = self.emitted
@@ -94,11 +88,9 @@ class StoredTurn:
         stored = cls(version=raw.pop(b"v", b"").decode())
         plan = raw.pop(b"plan", None)
         if plan is not None:
-            released = raw.pop(b"released", None)
             stored.turn = TurnState(
                 plan=TurnPlan.model_validate_json(plan),
                 cancelled=raw.pop(b"cancelled", None) is not None,
-                released=None if released is None else set(orjson.loads(released)),
             )
         emitted = raw.pop(b"emitted", None)
         stored.emitted = None if emitted is None else orjson.loads(emitted)
@@ -110,21 +102,6 @@ class StoredTurn:
             elif kind == _EARLY:
                 stored.early[call_id] = outcome
         return stored
-
-    @classmethod
-    def from_blob(cls, raw: bytes) -> StoredTurn:
-        """A turn stored as one JSON string, as versions before 0.2 wrote it."""
-        blob = orjson.loads(raw)
-        turn = blob.get("turn")
-        if isinstance(turn, str):
-            turn = orjson.loads(turn)
-        return cls(
-            turn=TurnState.from_data(turn) if turn else None,
-            early={k: CallOutcome.model_validate_json(v) for k, v in blob["early"].items()},
-            emitted=blob.get("emitted"),
-            version=hashlib.sha1(raw, usedforsecurity=False).hexdigest(),
-            legacy=True,
-        )
 
 
 class TurnStore:
@@ -156,7 +133,7 @@ class TurnStore:
             if stored is None:
                 stored = StoredTurn() if guess_absent else await self.read(key)
             guess_absent = False
-            before = {} if stored.legacy else stored.fields()
+            before = stored.fields()
             result = change(stored)
             after = stored.fields()
             writes: list[Any] = []
@@ -172,19 +149,14 @@ class TurnStore:
                 keys=[key], args=[stored.version, self.ttl_s, len(deletes), *deletes, *writes]
             )
             if version:
-                stored.version, stored.legacy = str(version), False
+                stored.version = str(version)
                 self._cache[key] = stored
                 return result
 
     async def read(self, key: str) -> StoredTurn:
         """The turn's state as stored (empty when it has none)."""
-        try:
-            raw = await self.redis.hgetall(key)  # the client keeps replies as bytes
-            return StoredTurn.from_hash(cast(dict[bytes, bytes], raw))
-        except ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-            return StoredTurn.from_blob(cast(bytes, await self.redis.get(key)))
+        raw = await self.redis.hgetall(key)  # the client keeps replies as bytes
+        return StoredTurn.from_hash(cast(dict[bytes, bytes], raw))
 
     def forget(self, key: str) -> None:
         """Drop the cached state (a settled turn: later updates, duplicates, are rare)."""

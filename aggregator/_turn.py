@@ -7,12 +7,12 @@ failure reported chosen the way the SDK chooses it (items 8, 10, 11, 12, 16).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from kernel.errors import ToolfleetError
 from kernel.rules.effects import fails_turn, settles_call
+from kernel.rules.texts import RUN_ERROR
 from schemas import (
     CallOutcome,
     CallRecord,
@@ -62,41 +62,6 @@ class TurnState:
     """The latest accepted outcome per call_id (settling or not)."""
     cancelled: bool = False
     """Set by the I/O layer on a parent cancellation (CancelRequest without call_id)."""
-    released: set[str] | None = None
-    """call_ids whose command was sent, if the I/O layer tracks it (None: not tracked).
-
-    Only used to report a call that never got an outcome: with tracking, a call never released
-    is known ``not_executed``; otherwise its effect is ``unknown`` (it may be running).
-    """
-
-    def to_data(self) -> dict[str, Any]:
-        """The state as JSON-ready data."""
-        return {
-            "plan": self.plan.model_dump(mode="json"),
-            "outcomes": {k: v.model_dump(mode="json") for k, v in self.outcomes.items()},
-            "cancelled": self.cancelled,
-            "released": None if self.released is None else sorted(self.released),
-        }
-
-    @classmethod
-    def from_data(cls, data: dict[str, Any]) -> TurnState:
-        """The state ``to_data`` returned."""
-        released = data.get("released")
-        return cls(
-            plan=TurnPlan.model_validate(data["plan"]),
-            outcomes={k: CallOutcome.model_validate(v) for k, v in data["outcomes"].items()},
-            cancelled=bool(data.get("cancelled", False)),
-            released=None if released is None else set(released),
-        )
-
-    def to_json(self) -> str:
-        """Compact JSON of ``to_data``."""
-        return json.dumps(self.to_data(), separators=(",", ":"), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, raw: str | bytes) -> TurnState:
-        """The state ``to_json`` wrote."""
-        return cls.from_data(json.loads(raw))
 
 
 def accept_outcome(state: TurnState, outcome: CallOutcome) -> bool:
@@ -285,7 +250,7 @@ def _error_of(call: PlannedCall, outcome: CallOutcome) -> TurnError:
     detail = error.message if error is not None else outcome.status
     return TurnError(
         type="UserError",
-        message=f"Error running tool {call.tool_name}: {detail}",
+        message=RUN_ERROR.format(name=call.tool_name, error=detail),
         call_id=call.call_id,
     )
 
@@ -331,15 +296,12 @@ def _record(state: TurnState, call: PlannedCall) -> CallRecord:
             started_at=outcome.started_at,
             finished_at=outcome.finished_at,
         )
-    never_sent = (
-        call.disposition == "dispatch"
-        and state.released is not None
-        and call.call_id not in state.released
-    )
+    # No outcome: the call may be running elsewhere (its command was sent), so nothing is
+    # known of its effect.
     return CallRecord(
         call_id=call.call_id,
         tool_name=call.tool_name,
         status="cancelled" if state.cancelled else "skipped",
-        effect="not_executed" if never_sent else "unknown",
+        effect="unknown",
         attempts=0,
     )

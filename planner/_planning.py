@@ -8,11 +8,12 @@ decision is acted on, so a bad response never has a partial side effect (lifecyc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Literal
 
 from kernel.errors import ToolfleetError
+from kernel.rules.texts import TOOL_DISABLED, TOOL_NOT_FOUND, TOOL_NOT_IN_AGENT
 from planner._identity import (
     EMPTY_CALL_ID,
     EXECUTED_NOT_COMMITTED,
@@ -25,7 +26,6 @@ from planner._identity import (
     parse_arguments,
 )
 from schemas import (
-    ApprovalDecision,
     CallStatus,
     Disposition,
     Effect,
@@ -97,17 +97,6 @@ class ApprovalView:
     per_call: Mapping[str, Decision] = field(default_factory=dict)
     sticky: Mapping[str, Decision] = field(default_factory=dict)
     """Keyed by tool lookup key (namespace.name or name)."""
-
-    @classmethod
-    def from_decisions(cls, decisions: Iterable[ApprovalDecision]) -> ApprovalView:
-        """Fold decisions in arrival order (a later decision replaces an earlier one)."""
-        per_call: dict[str, Decision] = {}
-        sticky: dict[str, Decision] = {}
-        for d in decisions:
-            per_call[d.call_id] = Decision(d.approve, d.message)
-            if d.sticky is not None:
-                sticky[d.tool_name] = Decision(d.sticky == "always_approve", d.message)
-        return cls(per_call=per_call, sticky=sticky)
 
 
 @dataclass(frozen=True)
@@ -211,13 +200,13 @@ def plan_turn(
             # A call the ledger settles needs no tool: its output exists or its run is under way.
             entry = ledger.get(c.item.call_id)
             if c.key not in tools and not _settled_by_ledger(entry, event.run_id):
-                raise _TurnFailed(f"Tool {c.key} not found in agent {agent}", c.item.call_id)
+                raise _TurnFailed(TOOL_NOT_IN_AGENT.format(name=c.key, agent=agent), c.item.call_id)
         decided = [_plan_call(c, event, tools, ledger, approvals, held=held) for c in calls]
         for planned, _, _ in decided:  # the SDK re-checks is_enabled right before invoking
             tool = tools.get(planned.tool_name)
             if planned.disposition == "dispatch" and tool is not None and not tool.enabled:
                 # The SDK names the tool by its bare name here (function_tool.name).
-                text = f"Tool {tool.name} is currently disabled for agent {agent}."
+                text = TOOL_DISABLED.format(name=tool.name, agent=agent)
                 raise _TurnFailed(text, planned.call_id)
     except _TurnFailed as failure:
         error, decided = failure.error, []
@@ -361,7 +350,7 @@ def _plan_call(
     elif _settled_by_ledger(entry, event.run_id):
         disposition = "attach"
     elif tool is None:  # only under return_error_to_model: raise_error failed the turn already
-        disposition, output = "not_found", f"Tool '{call.key}' not found."
+        disposition, output = "not_found", TOOL_NOT_FOUND.format(name=call.key)
         status, effect = "failed", "not_executed"
     else:
         disposition, approved, applied = _partition(call, event, tool, entry, approvals)
@@ -449,5 +438,5 @@ def _needs_approval(tool: ToolSpec, arguments: str) -> bool | None:
         # Fail closed: a callable checker cannot judge arguments it cannot parse.
         return True if parse_arguments(arguments) is None else None
     # "never" is explicit here: the registry already publishes irreversible tools as "always"
-    # unless their author opted out (DESIGN: irreversible needs approval by default).
+    # unless their author opted out (the release gate: irreversible needs approval by default).
     return False

@@ -1,4 +1,4 @@
-"""Model-visible texts that toolfleet itself writes (the SDK's own texts live with the runner)."""
+"""Model-visible texts: the Agents SDK's, as it words them, and those toolfleet adds."""
 
 from __future__ import annotations
 
@@ -34,6 +34,21 @@ OUTPUT_TOO_LARGE = (
 
 TIMEOUT = "Tool '{name}' timed out after {seconds:g} seconds."
 """The SDK's timeout text, which report_now tools show for an unknown effect."""
+
+TOOL_NOT_FOUND = "Tool '{name}' not found."
+"""The SDK's text for a call of a tool that is not there (``return_error_to_model``)."""
+
+TOOL_NOT_IN_AGENT = "Tool {name} not found in agent {agent}"
+"""The SDK's ModelBehaviorError for a call of a tool that is not there (``raise_error``)."""
+
+TOOL_DISABLED = "Tool {name} is currently disabled for agent {agent}."
+"""The SDK's ModelBehaviorError for a call of a disabled tool (the planner's check)."""
+
+TOOL_DISABLED_ON_WORKER = "Tool {name} is currently disabled."
+"""The same, found by a worker that serves the tool disabled (it does not know the agent)."""
+
+RUN_ERROR = "Error running tool {name}: {error}"
+"""The SDK's error for a failure no failure handler words for the model: the turn fails."""
 
 
 def unknown_outcome_text(spec: ToolSpec) -> str:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Unpack, overload
 
 from kernel.errors import ConfigurationError, ToolNotFoundError
+from kernel.rules.texts import TOOL_NOT_FOUND
 from kernel.rules.versions import newest_version, version_order
 from kernel.tools._runner import CallHooks
 from kernel.tools._tool import (
@@ -117,7 +118,7 @@ class ToolRegistry:
         if tool is None:
             if version is not None and key in self._tools:
                 raise ToolNotFoundError(f"Tool '{key}' version '{version}' not found.")
-            raise ToolNotFoundError(f"Tool '{key}' not found.")
+            raise ToolNotFoundError(TOOL_NOT_FOUND.format(name=key))
         return tool
 
     def find(self, key: str, version: str | None = None) -> Tool | None:

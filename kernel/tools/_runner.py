@@ -48,7 +48,7 @@ from typing import Any
 
 from kernel.errors import ModelBehaviorError
 from kernel.rules.effects import effect_for_class
-from kernel.rules.texts import OUTPUT_TOO_LARGE
+from kernel.rules.texts import OUTPUT_TOO_LARGE, RUN_ERROR, TOOL_DISABLED_ON_WORKER
 from kernel.tools._capture import Captured, abandon, capture, error_of
 from kernel.tools._context import ToolContext, UpstreamRecorder
 from kernel.tools._errors import (
@@ -88,7 +88,7 @@ def _run_error_message(tool: Tool, exc: Exception) -> str:
     """
     if any(cls.__name__ == "AgentsException" for cls in type(exc).__mro__):
         return str(exc)
-    return f"Error running tool {tool.name}: {exc}"
+    return RUN_ERROR.format(name=tool.name, error=exc)
 
 
 class _TurnFailed(Exception):
@@ -199,7 +199,7 @@ class _CallRun:
     async def _run(self) -> CallOutcome:
         tool, command = self.tool, self.command
         if not tool.is_enabled:
-            message = f"Tool {tool.name} is currently disabled."
+            message = TOOL_DISABLED_ON_WORKER.format(name=tool.name)
             error = CallError(type="ModelBehaviorError", message=message)
             raise _TurnFailed("failed", "not_executed", error)
         args: dict[str, Any] | None = None

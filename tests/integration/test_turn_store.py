@@ -4,7 +4,6 @@ every write a compare-and-set."""
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 
 import pytest
@@ -99,26 +98,6 @@ async def test_an_update_writes_the_fields_it_changed_and_drops_those_it_removed
     assert {k: o.output for k, o in stored.turn.outcomes.items()} == {
         "c0": "kept", "c1": "out-1", "c2": "out-2"
     }  # fmt: skip
-
-
-async def test_a_turn_stored_as_one_json_string_is_read_and_replaced_by_the_hash(
-    redis: Redis,
-) -> None:
-    """Turn state as versions before 0.2 wrote it, during an upgrade."""
-    key = f"test:turn:{uuid.uuid4().hex}"
-    turn = TurnState(plan=_plan(3))
-    accept_outcome(turn, _outcome(0))
-    emitted = {"epoch": 0, "by": ["plans:0:7"], "at": 1.0}
-    blob = {"turn": turn.to_data(), "early": {}, "emitted": emitted}
-    await redis.set(key, json.dumps(blob))
-    store = _store(redis)
-    await store.update(key, lambda s: accept_outcome(s.turn, _outcome(1)))  # type: ignore[arg-type]
-    assert await redis.type(key) == b"hash"
-    stored = await _store(redis).read(key)
-    assert stored.turn is not None
-    assert sorted(stored.turn.outcomes) == ["c0", "c1"]
-    assert stored.turn.plan == turn.plan
-    assert stored.emitted == emitted
 
 
 async def test_a_turn_of_thousands_of_calls_is_written_and_cleared_in_one_update(

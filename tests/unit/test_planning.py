@@ -26,7 +26,7 @@ from planner import (
     parse_arguments,
     plan_turn,
 )
-from schemas import ApprovalDecision, FunctionCallItem, ModelResponseEvent, PlannedCall, ToolSpec
+from schemas import FunctionCallItem, ModelResponseEvent, PlannedCall, ToolSpec
 
 NOW = 1_700_000_000.0
 MBE = "ModelBehaviorError"
@@ -319,20 +319,6 @@ def test_call_the_worker_reported_pending_is_sent_approved_once_decided() -> Non
     # The ledger records the decision when it arrives; the call is still "dispatched".
     ledger = {"c1": entry("c1", "dispatched", approval="approved")}
     assert sent(plan(event(fc("c1")), tools=gated("callable"), ledger=ledger)) == [("c1", True)]
-
-
-def test_approval_view_folds_decisions_in_arrival_order() -> None:
-    def decision(call_id: str, approve: bool, sticky: Any = None) -> ApprovalDecision:
-        return ApprovalDecision(
-            tenant_id="t1", run_id="r1", call_id=call_id, tool_name="add", approve=approve,
-            message=None if approve else "no", sticky=sticky, decided_by="op",
-        )  # fmt: skip
-
-    view = ApprovalView.from_decisions(
-        [decision("c1", False), decision("c1", True), decision("c2", False, "always_reject")]
-    )
-    assert view.per_call == {"c1": Decision(True), "c2": Decision(False, "no")}
-    assert view.sticky == {"add": Decision(False, "no")}
 
 
 # --- resume (item 17) ----------------------------------------------------------------------

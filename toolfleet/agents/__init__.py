@@ -3,7 +3,7 @@
 ```python
 from agents import Agent
 from toolfleet.agents import FleetRunner
-from toolfleet.client import FleetClient
+from toolfleet import FleetClient, Settings
 
 async with FleetClient(Settings()) as client:
     runner = FleetRunner(client, tenant_id="acme")

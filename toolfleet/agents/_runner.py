@@ -52,6 +52,7 @@ from openai.types.responses import (
     ResponseReasoningItem,
 )
 
+from kernel.rules.texts import TOOL_NOT_FOUND, TOOL_NOT_IN_AGENT
 from schemas import (
     AgentRef,
     ApprovalDecision,
@@ -219,11 +220,11 @@ class FleetRunner:
             if name in known:
                 remote.append(call)
             elif config.tool_not_found_behavior != "return_error_to_model":
-                raise ModelBehaviorError(f"Tool {name} not found in agent {agent.name}")
+                raise ModelBehaviorError(TOOL_NOT_IN_AGENT.format(name=name, agent=agent.name))
             elif not call.call_id:
                 remote.append(call)  # the planner fails the turn: empty call ids come first
             else:
-                local.setdefault(call.call_id, f"Tool '{name}' not found.")
+                local.setdefault(call.call_id, TOOL_NOT_FOUND.format(name=name))
         event = None
         if remote:
             event = ModelResponseEvent(
