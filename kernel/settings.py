@@ -38,7 +38,18 @@ class Settings(BaseSettings):
     )
     redis_max_connections: int = Field(default=128, ge=4, description="Per process")
     topic_prefix: str = "toolfleet."
-    partitions: int = Field(default=6, ge=1)
+    partitions: int = Field(
+        default=6,
+        ge=1,
+        description="Partitions of each topic this deployment creates (unless topic_partitions "
+        "says otherwise). A topic's partitions are the most instances of one consumer group "
+        "that get work: planners, aggregators, reconcilers, the workers of one pool",
+    )
+    topic_partitions: dict[str, int] = Field(
+        default_factory=dict,
+        description="Partitions per logical topic, overriding partitions, as JSON in the "
+        'environment, e.g. {"commands.payments": 24, "outcomes": 12}',
+    )
     replication_factor: int = Field(default=1, ge=1)
     metrics_port: int = Field(default=0, ge=0, description="0 picks a free port")
     session_timeout_ms: int = Field(
@@ -58,6 +69,18 @@ class Settings(BaseSettings):
         description="Least time between two of the aggregator's Kafka transactions: under "
         "load its batches grow instead of their number (each one costs the broker several "
         "requests and markers)",
+    )
+
+    client_result_window_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long a FleetClient keeps the result of a turn it submitted before "
+        "anyone asks for it (a result nobody claims in that window is dropped)",
+    )
+    client_max_results: int = Field(
+        default=10_000,
+        ge=1,
+        description="Unclaimed results a FleetClient keeps at most (the oldest go first)",
     )
 
     ledger_retention_s: int = Field(
@@ -161,6 +184,13 @@ class Settings(BaseSettings):
     kafka_controller_port: int = 19093
     kafka_heap: str = "768m"
     redis_port: int = 16379
+    redis_cluster_masters: int = Field(
+        default=0, ge=0, description="Masters of the local Redis Cluster (0: none is run)"
+    )
+    redis_cluster_replicas: int = Field(default=0, ge=0, description="Replicas of each master")
+    redis_cluster_port: int = Field(
+        default=17000, description="Port of the local cluster's first node (the others follow)"
+    )
 
     def kafka_servers(self) -> str:
         """The configured bootstrap servers, else the broker ``toolfleet infra up`` runs."""
@@ -185,3 +215,7 @@ class Settings(BaseSettings):
     def topic(self, name: str) -> str:
         """The full topic name for a logical topic such as ``outcomes``."""
         return f"{self.topic_prefix}{name}"
+
+    def partitions_of(self, name: str) -> int:
+        """How many partitions logical topic ``name`` is created with."""
+        return self.topic_partitions.get(name, self.partitions)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from types import TracebackType
 from typing import Self
 
@@ -20,21 +21,50 @@ class TurnTimeoutError(UnavailableError, TimeoutError):
     """No TurnResult arrived in time; check that the planner, workers and aggregator run."""
 
 
+TurnKey = tuple[str, int]
+"""(run_id, turn_id)."""
+
+
 class FleetClient:
     """Publishes model responses, approvals and cancellations; collects TurnResults.
 
     Results are read from the end of ``turn-results`` as it was when the client started,
-    so start the client before submitting.
+    so start the client before submitting. A client keeps only the results of turns it
+    submitted or awaits: every other record is passed over by its key (the run id) before
+    it is decoded, so N agent-runtime replicas on one topic each hold only their own results,
+    whatever the others' traffic. A result of a submitted turn that nobody asks for within
+    ``client_result_window_s`` is dropped, and at most ``client_max_results`` are kept.
     """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.bus = KafkaBus(settings, service="client")
         self.auth = DecisionAuth.of(settings)
-        self._results: dict[tuple[str, int], TurnResult] = {}
+        self._wanted: dict[TurnKey, float] = {}
+        """Turns whose results this client keeps, with the monotonic time it stops waiting."""
+        self._wanted_runs: dict[bytes, int] = {}
+        """The run ids of ``_wanted`` (as record keys), with how many turns each."""
+        self._results: dict[TurnKey, TurnResult] = {}
         self._arrived = asyncio.Condition()
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
+        self.decoded = 0
+        """How many results this client decoded (only those of turns it wanted)."""
+
+    def held(self) -> tuple[int, int]:
+        """(turns waited for, results kept), each at most ``client_max_results``."""
+        self._expire()
+        return len(self._wanted), len(self._results)
+
+    async def lag(self) -> int:
+        """Records of ``turn-results`` this client has not read yet (passed over or not)."""
+        assert self._consumer is not None, "use the client inside ``async with``"
+        partitions = list(self._consumer.assignment())
+        ends = await self._consumer.end_offsets(partitions)
+        behind = 0
+        for tp in partitions:
+            behind += int(ends[tp]) - int(await self._consumer.position(tp))
+        return behind
 
     async def __aenter__(self) -> Self:
         await self.bus.start()
@@ -70,7 +100,8 @@ class FleetClient:
         await self.bus.stop()
 
     async def submit(self, event: ModelResponseEvent) -> None:
-        """Hand a model response to the planner."""
+        """Hand a model response to the planner; its result is kept for this client."""
+        self._want((event.run_id, event.turn_id), self.settings.client_result_window_s)
         await self.bus.publish_and_wait("model-responses", event.run_id, event)
 
     async def decide(self, decision: ApprovalDecision) -> None:
@@ -82,9 +113,16 @@ class FleetClient:
         """Cancel a run (no call_id) or one call (signed with the tenant's key)."""
         await self.bus.publish_and_wait("cancellations", request.run_id, self.auth.sign(request))
 
+    def expect(self, run_id: str, turn_id: int) -> None:
+        """Keep the result of a turn this client did not submit (another process or a raw
+        publish submitted it), for ``client_result_window_s``; call it before the turn can
+        finish, since results that arrived before are not kept."""
+        self._want((run_id, turn_id), self.settings.client_result_window_s)
+
     async def result(self, run_id: str, turn_id: int, *, within: float = 60.0) -> TurnResult:
         """The TurnResult of one turn, waiting up to ``within`` seconds."""
         key = (run_id, turn_id)
+        self._want(key, within)
         try:
             async with asyncio.timeout(within), self._arrived:
                 await self._arrived.wait_for(lambda: key in self._results)
@@ -93,6 +131,7 @@ class FleetClient:
                 f"no TurnResult for run {run_id} turn {turn_id} within {within:g} s; "
                 "are the planner, a worker of the tool's pool and the aggregator running?"
             ) from None
+        self._unwant(key)
         return self._results.pop(key)
 
     async def run_turn(self, event: ModelResponseEvent, *, within: float = 60.0) -> TurnResult:
@@ -100,13 +139,53 @@ class FleetClient:
         await self.submit(event)
         return await self.result(event.run_id, event.turn_id, within=within)
 
+    def _want(self, key: TurnKey, for_s: float) -> None:
+        until = time.monotonic() + for_s
+        if key not in self._wanted:
+            run = key[0].encode()
+            self._wanted_runs[run] = self._wanted_runs.get(run, 0) + 1
+            self._wanted[key] = until
+            self._expire()
+        else:
+            self._wanted[key] = max(self._wanted[key], until)
+
+    def _unwant(self, key: TurnKey) -> None:
+        if self._wanted.pop(key, None) is None:
+            return
+        run = key[0].encode()
+        left = self._wanted_runs[run] - 1
+        if left:
+            self._wanted_runs[run] = left
+        else:
+            del self._wanted_runs[run]
+
+    def _expire(self) -> None:
+        """Forget the oldest turns nobody waits for any more, and keep at most
+        ``client_max_results`` (their results go with them). From the oldest on, so a
+        submission costs O(1) amortised."""
+        now = time.monotonic()
+        while self._wanted:
+            key, until = next(iter(self._wanted.items()))
+            if until >= now and len(self._wanted) <= self.settings.client_max_results:
+                return
+            self._unwant(key)
+            self._results.pop(key, None)
+
     async def _read(self) -> None:
         assert self._consumer is not None
         async for record in self._consumer:
+            self._expire()
+            # Another client's turn: passed over by its key, never decoded.
+            if record.key not in self._wanted_runs:
+                continue
             try:
                 result = TurnResult.decode(record.value or b"")
             except InvalidMessageError:
                 continue
+            key = (result.run_id, result.turn_id)
+            if key not in self._wanted:
+                continue
+            self.decoded += 1
             async with self._arrived:
-                self._results[(result.run_id, result.turn_id)] = result
+                self._results[key] = result
                 self._arrived.notify_all()

@@ -39,7 +39,8 @@ async def ensure_topics(settings: Settings, pools: tuple[str, ...] = ("default",
 
     Returns the full names. Safe to call from every service at start: creation is idempotent.
     """
-    names = [settings.topic(t) for t in (*SHARED_TOPICS, *map(command_topic, pools))]
+    logical = {settings.topic(t): t for t in (*SHARED_TOPICS, *map(command_topic, pools))}
+    names = list(logical)
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_servers())
     await admin.start()
     try:
@@ -47,7 +48,10 @@ async def ensure_topics(settings: Settings, pools: tuple[str, ...] = ("default",
         missing = [n for n in names if n not in existing]
         if missing:
             response = await admin.create_topics(
-                [NewTopic(n, settings.partitions, settings.replication_factor) for n in missing]
+                [
+                    NewTopic(n, settings.partitions_of(logical[n]), settings.replication_factor)
+                    for n in missing
+                ]
             )
             for topic, code, *rest in response.topic_errors:
                 if code not in (0, _TOPIC_ALREADY_EXISTS):

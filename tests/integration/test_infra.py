@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -316,3 +317,46 @@ async def test_redis_data_survives_a_restart(private: Private, running: infra.In
         assert await client.mget(list(keys)) == list(keys.values())
     finally:
         await client.aclose()
+
+
+def test_a_local_redis_cluster_forms_serves_every_slot_and_stops(tmp_path: Path) -> None:
+    """Three masters with a replica each, from the same redis-server binary, on loopback."""
+    from toolfleet.app.infra.redis_cluster import cluster_status, start_cluster, stop_cluster
+
+    # Below the ephemeral range (32768+), with each node's cluster bus port (+10000) too.
+    base = next(
+        b for b in range(21_000, 22_700, 10)
+        if all(_free(p) and _free(p + 10_000) for p in range(b, b + 6))
+    )  # fmt: skip
+    settings = Settings(
+        state_dir=tmp_path, redis_cluster_masters=3, redis_cluster_replicas=1,
+        redis_cluster_port=base,
+    )  # fmt: skip
+    try:
+        started = start_cluster(settings)
+        assert (started.state, started.started) == ("running", True)
+        assert start_cluster(settings).started is False  # idempotent: nothing new to start
+        client = redis.Redis(host="127.0.0.1", port=base)
+        try:
+            info = client.execute_command("CLUSTER", "INFO").decode()
+            assert "cluster_state:ok" in info
+            assert "cluster_slots_assigned:16384" in info
+            assert "cluster_size:3" in info
+            roles = [line.split()[2] for line in client.execute_command("CLUSTER", "NODES")
+                     .decode().splitlines()]  # fmt: skip
+            assert sum("master" in r for r in roles) == 3
+            assert sum("slave" in r for r in roles) == 3
+        finally:
+            client.close()
+    finally:
+        assert len(stop_cluster(settings)) == 6
+    assert cluster_status(settings).state == "stopped"
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -11,6 +12,7 @@ import pytest
 
 from kernel.settings import Settings
 from schemas import ModelResponseEvent, TurnResult
+from tests.conftest import wait_for
 from toolfleet.client import FleetClient
 from toolfleet.testing import LocalFleet, connected_client
 
@@ -86,3 +88,42 @@ async def test_a_failed_call_never_discards_a_siblings_output(client: FleetClien
         ("a", "An error occurred while running the tool. Please try again."),
         ("b", "5"),
     ]
+
+
+# --- results reach the one who asked ----------------------------------------------------------
+def _empty_turn() -> ModelResponseEvent:
+    return turn()
+
+
+async def test_a_client_that_submitted_nothing_decodes_and_keeps_no_results(
+    client: FleetClient, settings: Settings
+) -> None:
+    async with FleetClient(settings) as idle:
+        events = [_empty_turn() for _ in range(1_000)]
+        results = await asyncio.gather(*(client.run_turn(e, within=120) for e in events))
+        assert [r.run_id for r in results] == [e.run_id for e in events]
+
+        async def read_everything() -> bool:
+            return await idle.lag() == 0
+
+        await wait_for(read_everything, within=60)
+        # It read every record of turn-results, and decoded and kept none of them.
+        assert idle.decoded == 0
+        assert idle.held() == (0, 0)
+    assert client.held() == (0, 0)  # the busy client handed each result out and kept none
+
+
+async def test_a_result_nobody_claims_is_dropped_after_the_window(settings: Settings) -> None:
+    brief = settings.model_copy(update={"client_result_window_s": 2.0})
+    async with FleetClient(brief) as submitter:
+        await submitter.submit(_empty_turn())
+
+        async def arrived() -> bool:
+            return submitter.held() == (1, 1)
+
+        async def dropped() -> bool:
+            return submitter.held() == (0, 0)
+
+        await wait_for(arrived, within=30, interval=0.01)
+        await wait_for(dropped, within=30)
+        assert submitter.decoded == 1

@@ -23,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
+from kernel.adapters.topics import command_topic
 from kernel.settings import Settings
 from schemas import AgentRef, ModelResponseEvent, TurnResult
 from toolfleet.client import FleetClient, TurnTimeoutError
@@ -60,6 +61,7 @@ class LocalFleet:
             REDIS_URL=self.settings.redis_address(),
             TOOLFLEET_TOPIC_PREFIX=self.settings.topic_prefix,
             TOOLFLEET_PARTITIONS=str(self.settings.partitions),
+            TOOLFLEET_TOPIC_PARTITIONS=json.dumps(self.settings.topic_partitions),
             TOOLFLEET_METRICS_PORT="0",
             TOOLFLEET_DECISION_AUTH=self.settings.decision_auth,
             TOOLFLEET_DECISION_KEYS=json.dumps(self.settings.decision_keys),
@@ -134,7 +136,7 @@ class LocalFleet:
         A turn can complete before the last worker joins; tests about load spreading or
         limits need the whole pool in the group first. Workers log each assignment.
         """
-        everything = list(range(self.settings.partitions))
+        everything = list(range(self.settings.partitions_of(command_topic(self.pool))))
         async with asyncio.timeout(within):
             while True:
                 self.check()

@@ -14,6 +14,7 @@ from kernel.settings import Settings
 from toolfleet.app.infra.kafka import kafka_status, start_kafka, stop_kafka
 from toolfleet.app.infra.process import ServiceStatus
 from toolfleet.app.infra.redis import redis_status, start_redis, stop_redis
+from toolfleet.app.infra.redis_cluster import cluster_status, start_cluster, stop_cluster
 
 __all__ = [
     "InfraStatus",
@@ -37,6 +38,8 @@ class InfraStatus:
 
     kafka: ServiceStatus
     redis: ServiceStatus
+    cluster: ServiceStatus | None = None
+    """The local Redis Cluster, when TOOLFLEET_REDIS_CLUSTER_MASTERS asks for one."""
 
     @property
     def bootstrap_servers(self) -> str:
@@ -51,11 +54,15 @@ class InfraStatus:
     @property
     def available(self) -> bool:
         """Whether both services can be used."""
-        return self.kafka.available and self.redis.available
+        cluster = self.cluster is None or self.cluster.available
+        return self.kafka.available and self.redis.available and cluster
 
     def env(self) -> dict[str, str]:
         """The environment variables that point every toolfleet process at these services."""
-        return {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers, "REDIS_URL": self.redis_url}
+        env = {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers, "REDIS_URL": self.redis_url}
+        if self.cluster is not None:
+            env["TOOLFLEET_REDIS_CLUSTER_URL"] = self.cluster.address
+        return env
 
 
 def up(settings: Settings | None = None) -> InfraStatus:
@@ -68,8 +75,9 @@ def up(settings: Settings | None = None) -> InfraStatus:
     # Redis first: it is ready in milliseconds, so a missing redis-server fails fast instead
     # of after Kafka's start-up.
     redis = start_redis(settings)
+    cluster = start_cluster(settings) if settings.redis_cluster_masters else None
     kafka = start_kafka(settings)
-    return InfraStatus(kafka=kafka, redis=redis)
+    return InfraStatus(kafka=kafka, redis=redis, cluster=cluster)
 
 
 def down(settings: Settings | None = None) -> InfraStatus:
@@ -81,13 +89,15 @@ def down(settings: Settings | None = None) -> InfraStatus:
     before = status(settings)
     stop_kafka(settings)
     stop_redis(settings)
+    stop_cluster(settings)
     return before
 
 
 def status(settings: Settings | None = None) -> InfraStatus:
     """Running / stopped / external for each service, with pid and address."""
     settings = settings or Settings()
-    return InfraStatus(kafka=kafka_status(settings), redis=redis_status(settings))
+    cluster = cluster_status(settings) if settings.redis_cluster_masters else None
+    return InfraStatus(kafka=kafka_status(settings), redis=redis_status(settings), cluster=cluster)
 
 
 def addresses(settings: Settings | None = None) -> tuple[str, str]:

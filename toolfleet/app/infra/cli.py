@@ -34,7 +34,7 @@ def up() -> None:
     except ToolfleetError as exc:
         raise click.ClickException(str(exc)) from exc
     elapsed = time.monotonic() - began
-    for service in (current.redis, current.kafka):
+    for service in (current.redis, *filter(None, [current.cluster]), current.kafka):
         if service.state == "external":
             verb = "external, not started"
         elif service.started:
@@ -55,7 +55,7 @@ def down() -> None:
         before = local.down(settings)
     except ToolfleetError as exc:
         raise click.ClickException(str(exc)) from exc
-    for service in (before.kafka, before.redis):
+    for service in (before.kafka, before.redis, *filter(None, [before.cluster])):
         if service.state == "running":
             click.echo(f"{service.name}: stopped (pid {service.pid})")
         else:
@@ -66,7 +66,7 @@ def down() -> None:
 def status() -> None:
     """Show running / stopped / external for Kafka and Redis; exit 3 if one is stopped."""
     current = local.status(Settings())
-    for service in (current.kafka, current.redis):
+    for service in (current.kafka, current.redis, *filter(None, [current.cluster])):
         click.echo(_describe(service))
     if not current.available:
         click.get_current_context().exit(EXIT_STOPPED)

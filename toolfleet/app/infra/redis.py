@@ -56,36 +56,47 @@ def start_redis(settings: Settings, *, timeout: float = READY_TIMEOUT) -> Servic
             log.info("redis already running as pid %s", current.pid)
             _wait_ready(settings, current.pid, timeout)
             return current
-        server = shutil.which("redis-server")
-        if server is None:
-            raise InfrastructureError(
-                "redis-server is not on PATH. Install it with scripts/install-redis.sh "
-                "(or `apt-get install -y redis-server`), or point REDIS_URL at a running Redis, "
-                "then run `toolfleet infra up` again."
-            )
+        server = redis_server()
         process.ensure_port_free(settings.redis_port, "Redis", "TOOLFLEET_REDIS_PORT")
-        argv = [
-            server,
-            "--port", str(settings.redis_port),
-            "--bind", "127.0.0.1",
-            "--appendonly", "yes",
-            # 'always': the ledger's `started` must survive a Redis crash, or a call could
-            # run twice. Redis fsyncs once per event-loop pass, so concurrent writers share it.
-            "--appendfsync", "always",
-            # No RDB snapshots on top: the AOF is the persistence, and a snapshot forks and
-            # writes the whole dataset every minute a busy ledger changes 10,000 keys.
-            "--save", "",
-            # A ledger entry holds its outcome (~0.5 KB): with Redis's 64-byte default every
-            # entry became a hash table of 2.1 KB; as a listpack it takes 1.1 KB.
-            "--hash-max-listpack-value", "1024",
-            "--dir", str(home),
-            "--daemonize", "no",
-        ]  # fmt: skip
+        argv = server_argv(server, settings.redis_port, home)
         pid = process.spawn(
             argv, cwd=home, log_file=_log_file(settings), pid_file=_pid_file(settings)
         )
         _wait_ready(settings, pid, timeout)
         return dataclasses.replace(redis_status(settings), started=True)
+
+
+def server_argv(server: str, port: int, home: Path) -> list[str]:
+    """How toolfleet runs a redis-server on loopback: durable, as production should be."""
+    return [
+        server,
+        "--port", str(port),
+        "--bind", "127.0.0.1",
+        "--appendonly", "yes",
+        # 'always': the ledger's `started` must survive a Redis crash, or a call could
+        # run twice. Redis fsyncs once per event-loop pass, so concurrent writers share it.
+        "--appendfsync", "always",
+        # No RDB snapshots on top: the AOF is the persistence, and a snapshot forks and
+        # writes the whole dataset every minute a busy ledger changes 10,000 keys.
+        "--save", "",
+        # A ledger entry holds its outcome (~0.5 KB): with Redis's 64-byte default every
+        # entry became a hash table of 2.1 KB; as a listpack it takes 1.1 KB.
+        "--hash-max-listpack-value", "1024",
+        "--dir", str(home),
+        "--daemonize", "no",
+    ]  # fmt: skip
+
+
+def redis_server() -> str:
+    """The redis-server binary, or an error that says how to install it."""
+    server = shutil.which("redis-server")
+    if server is None:
+        raise InfrastructureError(
+            "redis-server is not on PATH. Install it with scripts/install-redis.sh "
+            "(or `apt-get install -y redis-server`), or point REDIS_URL at a running Redis, "
+            "then run `toolfleet infra up` again."
+        )
+    return server
 
 
 def stop_redis(settings: Settings, *, timeout: float = STOP_TIMEOUT) -> int | None:
