@@ -166,11 +166,11 @@ async def main(total: int, concurrency: int) -> None:
             return await _redis_py_ops(client), client.aclose
 
         async def plain_single() -> tuple[Op, Any]:
-            client = aioredis.Redis.from_url(url)
+            client = aioredis.Redis.from_url(url, max_connections=concurrency)
             return await _redis_py_ops(client), client.aclose
 
         async def py_cluster() -> tuple[Op, Any]:
-            client = RedisCluster(host="127.0.0.1", port=masters[0])
+            client = RedisCluster(host="127.0.0.1", port=masters[0], max_connections=concurrency)
             await client.initialize()
             return await _redis_py_ops(client), client.aclose
 
