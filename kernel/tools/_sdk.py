@@ -25,10 +25,10 @@ tenant, run, attempt). The user's run context object does not travel to the flee
 agent made the call. Structured tool outputs (images, files) cannot be carried on toolfleet's
 string-only wire; they reach the model as their ``str()``.
 
-toolfleet-only options can be given alongside: ``effect`` (undeclared: treated as
-``non_idempotent``, with the SDK's approval behaviour kept; declared: under the release gate),
-``on_unknown`` (default ``report_now``: the SDK's texts), ``pool``, ``version``, ``probe``,
-``compensate``, ``definite_errors``, ``classify`` and ``unattended``.
+toolfleet's own options (``FleetOptions``, plus ``probe`` and ``compensate``) can be given
+alongside: an undeclared ``effect`` is treated as ``non_idempotent`` with the SDK's approval
+behaviour kept (a declared one puts the tool under the release gate), and ``on_unknown``
+defaults to ``report_now`` (the SDK's texts).
 
 The SDK is imported lazily: toolfleet itself works without ``openai-agents`` installed.
 """
