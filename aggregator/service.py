@@ -331,7 +331,7 @@ class Aggregator:
         attached = [c.call_id for c in plan.calls if c.disposition == "attach"]
         if not attached:
             return []
-        entries = await self.ledger.read(plan.tenant_id, attached)
+        entries = await self.ledger.read(plan.tenant_id, plan.run_id, attached)
         me = f"{plan.run_id}\x1f{plan.turn_id}"
         running_elsewhere = [
             e.call_id
@@ -339,9 +339,9 @@ class Aggregator:
             if e.outcome is None and (e.run_id, e.turn_id) != (plan.run_id, plan.turn_id)
         ]
         for call_id in running_elsewhere:
-            await self.redis.sadd(self.keys.attached(plan.tenant_id, call_id), me)
+            await self.redis.sadd(self.keys.attached(plan.tenant_id, plan.run_id, call_id), me)
         if running_elsewhere:
-            entries |= await self.ledger.read(plan.tenant_id, running_elsewhere)
+            entries |= await self.ledger.read(plan.tenant_id, plan.run_id, running_elsewhere)
         return [
             e.outcome.model_copy(update={"run_id": plan.run_id, "turn_id": plan.turn_id})
             for e in entries.values()
@@ -355,7 +355,9 @@ class Aggregator:
         the burst, no task per lookup)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for outcome in executed:
-                pipe.smembers(self.keys.attached(outcome.tenant_id, outcome.call_id))
+                pipe.smembers(
+                    self.keys.attached(outcome.tenant_id, outcome.run_id, outcome.call_id)
+                )
             members = await pipe.execute()
         copies = []
         for outcome, waiting in zip(executed, members, strict=True):

@@ -521,12 +521,12 @@ async def _memory_usage(redis: Redis, pattern: str, sample: int) -> list[int]:
 async def _ledger_bytes(redis: Redis, keys: Keys, tenant: str, sample: int) -> list[int]:
     """MEMORY USAGE of up to ``sample`` calls' ledger entries, each with its audit chain if it
     has one (a plain run has none: its events are in its entry)."""
-    prefix = keys.call(tenant, "")
+    pattern = f"{keys.namespace}:{{g*}}:call:{tenant}\x1f*"  # every slot group
     sizes = []
-    async for key in redis.scan_iter(match=prefix + "*", count=1000):
-        call_id = (key.decode() if isinstance(key, bytes) else key).removeprefix(prefix)
+    async for key in redis.scan_iter(match=pattern, count=1000):
+        name = key.decode() if isinstance(key, bytes) else key
         entry = await redis.memory_usage(key, samples=0)
-        chain = await redis.memory_usage(keys.audit(tenant, call_id), samples=0)
+        chain = await redis.memory_usage(name.replace(":call:", ":audit:", 1), samples=0)
         if entry:
             sizes.append(int(entry) + int(chain or 0))
         if len(sizes) >= sample:

@@ -89,8 +89,8 @@ class AfterPublish:
     async def _write(self, ref: str | None, entries: Sequence[_Entry]) -> None:
         keys = []
         for outcome, _, _ in entries:
-            keys += [self.keys.call(outcome.tenant_id, outcome.call_id),
-                     self.keys.audit(outcome.tenant_id, outcome.call_id)]  # fmt: skip
+            tenant, run, call = outcome.tenant_id, outcome.run_id, outcome.call_id
+            keys += [self.keys.call(tenant, run, call), self.keys.audit(tenant, run, call)]
         # The wall clock: the window's buckets are shared by every worker's clock.
         args: list[Any] = [len(entries), self.retention_s, time.time()]
         args += self.circuits.window_args()

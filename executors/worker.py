@@ -353,7 +353,9 @@ class Worker:
             self._spans.add(_span(command, outcome))
         if outcome.status == "pending_approval":
             await _persist(
-                lambda: self.ledger.set_pending_approval(command.tenant_id, command.call_id)
+                lambda: self.ledger.set_pending_approval(
+                    command.tenant_id, command.run_id, command.call_id
+                )
             )
             return outcome
         outcome = self._as_reported(tool, command, outcome)
@@ -433,12 +435,13 @@ class Worker:
         while True:
             verdict, _stored = await self.ledger.begin(
                 command.tenant_id,
+                command.run_id,
                 command.call_id,
-                command.fencing_token,
-                self.worker_id,
-                self.limits.lease_s,
+                token=command.fencing_token,
+                worker_id=self.worker_id,
+                lease_s=self.limits.lease_s,
                 # An approved compensation runs even if its run was cancelled since.
-                run_id=command.run_id if command.kind == "execute" else None,
+                unless_cancelled=command.kind == "execute",
                 tool_version=tool_version,
             )
             if verdict != "busy":
@@ -449,9 +452,8 @@ class Worker:
 
     async def _refused(self, command: ExecutionCommand, verdict: str) -> CallOutcome | None:
         if verdict == "done":
-            entry = (await self.ledger.read(command.tenant_id, [command.call_id])).get(
-                command.call_id
-            )
+            entries = await self.ledger.read(command.tenant_id, command.run_id, [command.call_id])
+            entry = entries.get(command.call_id)
             return entry.outcome if entry else None
         if verdict == "cancelled":  # queued when its run was cancelled: never starts
             return _ended(command, self.worker_id, "skipped")
@@ -492,7 +494,12 @@ class Worker:
             held = list(self._leases.values())
             renewals = (
                 self.ledger.renew(
-                    c.tenant_id, c.call_id, c.fencing_token, self.worker_id, self.limits.lease_s
+                    c.tenant_id,
+                    c.run_id,
+                    c.call_id,
+                    token=c.fencing_token,
+                    worker_id=self.worker_id,
+                    lease_s=self.limits.lease_s,
                 )
                 for c in held
             )

@@ -71,6 +71,11 @@ class Settings(BaseSettings):
         "requests and markers)",
     )
 
+    identity_scope: Literal["run", "tenant"] = Field(
+        default="run",
+        description="What a call id is unique within: its run, as the Agents SDK has it, or "
+        "the tenant (also refuses a model response replayed under a new run id)",
+    )
     client_result_window_s: float = Field(
         default=300.0,
         gt=0,

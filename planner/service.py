@@ -157,12 +157,12 @@ class Planner:
             await self.bus.publish_and_wait("outcomes", outcome.run_id, skipped)
         if not released.send:
             return
-        tenant = outcome.tenant_id
-        entries = await self.ledger.read(tenant, (c.call_id for c in released.send))
+        tenant, run = outcome.tenant_id, outcome.run_id
+        entries = await self.ledger.read(tenant, run, (c.call_id for c in released.send))
         commands = []
         for call in released.send:
             entry = entries.get(call.call_id)
-            issued = await self.ledger.dispatch(tenant, call.call_id) if entry else None
+            issued = await self.ledger.dispatch(tenant, run, call.call_id) if entry else None
             if entry is None or issued is None:
                 continue
             commands.append(
@@ -193,6 +193,7 @@ class Planner:
             await pipe.execute()
         await self.ledger.append_audit(
             decision.tenant_id,
+            decision.run_id,
             decision.call_id,
             "approval_decision",
             approve=decision.approve,
@@ -279,7 +280,9 @@ class Planner:
         items = event.function_calls
         # Both reads in one round trip.
         entries, approvals, held = await asyncio.gather(
-            self.ledger.read(event.tenant_id, (c.call_id for c in items if c.call_id)),
+            self.ledger.read(
+                event.tenant_id, event.run_id, (c.call_id for c in items if c.call_id)
+            ),
             self._approvals(event.tenant_id, event.run_id),
             self.redis.smembers(self.keys.held(event.tenant_id, event.run_id)),
         )
@@ -345,17 +348,20 @@ class Planner:
         token per call, None when none should be sent); nothing is sent before this is durable.
         """
         new_calls = _new_calls(event, [u for u in updates if u.create])
-        issued = await self.ledger.create(event.tenant_id, new_calls, dispatch=dispatch)
+        issued = await self.ledger.create(
+            event.tenant_id, event.run_id, new_calls, dispatch=dispatch
+        )
         for update in updates:
             call = update.call
             if update.pending_approval:
-                await self.ledger.set_pending_approval(event.tenant_id, call.call_id)
+                await self.ledger.set_pending_approval(event.tenant_id, event.run_id, call.call_id)
             if update.approval is not None:
                 await self.ledger.set_approval(
                     event.tenant_id,
+                    event.run_id,
                     call.call_id,
-                    update.approval == "approved",
-                    update.approval_message,
+                    approve=update.approval == "approved",
+                    message=update.approval_message,
                     by="planner",
                 )
             if call.disposition in ("reject", "not_found"):
@@ -364,7 +370,7 @@ class Planner:
 
     async def _send(self, event: ModelResponseEvent, dispatches: list[Dispatch]) -> None:
         attempts = await self.ledger.dispatch_many(
-            event.tenant_id, [d.call.call_id for d in dispatches]
+            event.tenant_id, event.run_id, [d.call.call_id for d in dispatches]
         )
         # None: already running or finished; its outcome is (or will be) on its way.
         pairs = zip(dispatches, attempts, strict=True)

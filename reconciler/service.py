@@ -28,7 +28,7 @@ from kernel.rules.effects import probe_answer
 from kernel.rules.outcomes import lost
 from kernel.rules.texts import COMPENSATED, DEFAULT_ERROR, unknown_outcome_text
 from kernel.settings import Settings
-from kernel.stores.keys import Keys
+from kernel.stores.keys import SLOT_GROUPS, Keys
 from kernel.stores.ledger import Ledger, LedgerEntry, NewCall, command_for, lease_member
 from kernel.stores.registry import ToolDirectory
 from kernel.stores.tasks import TaskStore, new_task_id
@@ -186,12 +186,14 @@ class Reconciler:
             return
         elif outcome.effect in ("unknown", "wrong_effect") or outcome.retry == "transient":
             claimed = await self._claim(
-                keys=[self.keys.recon(outcome.tenant_id, outcome.call_id)],
+                keys=[self.keys.recon(outcome.tenant_id, outcome.run_id, outcome.call_id)],
                 args=[outcome.fencing_token],
             )
             if not claimed:
                 return
-            case, _entry, _spec = await self._case(outcome.tenant_id, outcome.call_id)
+            case, _entry, _spec = await self._case(
+                outcome.tenant_id, outcome.run_id, outcome.call_id
+            )
             if outcome.effect == "unknown":
                 await self._act(outcome, decide_unknown(case, self.policy))
             elif outcome.effect == "wrong_effect":
@@ -216,10 +218,11 @@ class Reconciler:
         if not await self.tasks.close(resolution.task_id, resolution):
             return  # already resolved: a redelivery
         task = stored.task
-        call_id = task.call_id
+        call_id, run_id = task.call_id, task.run_id or ""
         assert call_id is not None
         await self.ledger.append_audit(
             resolution.tenant_id,
+            run_id,
             call_id,
             "human_resolution",
             task_id=task.task_id,
@@ -227,27 +230,28 @@ class Reconciler:
             by=resolution.decided_by,
             note=resolution.note,
         )
-        case, entry, _spec = await self._case(resolution.tenant_id, call_id)
+        case, entry, _spec = await self._case(resolution.tenant_id, run_id, call_id)
         action = decide_resolution(case, resolution.resolution, resolution.output)
         await self._act(self._latest(entry), action, source="human")
 
     async def _on_probe(self, answer: CallOutcome) -> None:
-        probes = await self._take_probe(keys=[self.keys.recon(answer.tenant_id, answer.call_id)])
+        recon = self.keys.recon(answer.tenant_id, answer.run_id, answer.call_id)
+        probes = await self._take_probe(keys=[recon])
         if int(probes) < 0:
             return  # a duplicate answer, or one for a reconciliation that moved on
         state = probe_answer(answer.effect)
         detail = answer.error.message if answer.error else None
         await self.ledger.append_audit(
-            answer.tenant_id, answer.call_id, "probe", answer=state, detail=detail
+            answer.tenant_id, answer.run_id, answer.call_id, "probe", answer=state, detail=detail
         )
-        case, entry, _spec = await self._case(answer.tenant_id, answer.call_id)
+        case, entry, _spec = await self._case(answer.tenant_id, answer.run_id, answer.call_id)
         action = decide_probe(case, state, answer.output, detail, self.policy)
         await self._act(self._latest(entry), action)
 
     async def _on_compensated(self, answer: CallOutcome) -> None:
         original_id = answer.call_id.removesuffix(COMPENSATION_SUFFIX)
         tenant = answer.tenant_id
-        entry = (await self.ledger.read(tenant, [original_id])).get(original_id)
+        entry = (await self.ledger.read(tenant, answer.run_id, [original_id])).get(original_id)
         if entry is None or entry.outcome is None or entry.outcome.effect == "compensated":
             return
         if answer.status != "succeeded":
@@ -270,18 +274,18 @@ class Reconciler:
 
     # --- actions ----------------------------------------------------------------------------
     async def _act(self, about: CallOutcome, action: Action, source: str = "reconciler") -> None:
-        tenant, call_id = about.tenant_id, about.call_id
+        tenant, run, call_id = about.tenant_id, about.run_id, about.call_id
         log.info(
             "reconciling", extra={"call": call_id, "action": type(action).__name__, **vars(action)}
         )
         if isinstance(action, Probe):
             if action.delay_s > 0:
-                due = {"tenant": tenant, "call_id": call_id, "do": "probe"}
+                due = {"tenant": tenant, "run": run, "call_id": call_id, "do": "probe"}
                 await self.redis.zadd(
-                    self.keys.due, {json.dumps(due): time.time() + action.delay_s}
+                    self._due_of(tenant, run), {json.dumps(due): time.time() + action.delay_s}
                 )
             else:
-                await self._send_probe(tenant, call_id)
+                await self._send_probe(tenant, run, call_id)
         elif isinstance(action, ResolveApplied):
             await self._resolve(
                 about, status="succeeded", effect="applied", output=action.output,
@@ -293,17 +297,19 @@ class Reconciler:
                 output=action.output or DEFAULT_ERROR, source=source, why=action.reason,
             )  # fmt: skip
         elif isinstance(action, Retry) and action.delay_s > 0:
-            due = {"tenant": tenant, "call_id": call_id, "do": "retry", "why": action.reason}
-            await self.redis.zadd(self.keys.due, {json.dumps(due): time.time() + action.delay_s})
+            due = {"tenant": tenant, "run": run, "call_id": call_id, "do": "retry",
+                   "why": action.reason}  # fmt: skip
+            when = time.time() + action.delay_s
+            await self.redis.zadd(self._due_of(tenant, run), {json.dumps(due): when})
         elif isinstance(action, Retry):
-            await self._retry(tenant, call_id, action.reason)
+            await self._retry(tenant, run, call_id, action.reason)
         elif isinstance(action, HandOver):
             await self._hand_over(about, action.reason, kind="unknown_effect")
         elif isinstance(action, AskCompensationApproval):
             await self._record_wrong_effect(about)
             await self._hand_over(about, action.reason, kind="compensation_approval")
         elif isinstance(action, Compensate):
-            await self._send_compensation(tenant, call_id)
+            await self._send_compensation(tenant, run, call_id)
 
     async def _record_wrong_effect(self, about: CallOutcome) -> None:
         """The ledger keeps what was wrong; the compensation will be linked to it. Until it
@@ -313,27 +319,31 @@ class Reconciler:
         held = self.keys.held(about.tenant_id, about.run_id)
         await self.redis.sadd(held, about.call_id)
 
-    async def _send_probe(self, tenant: str, call_id: str) -> None:
-        entry = (await self.ledger.read(tenant, [call_id])).get(call_id)
+    def _due_of(self, tenant: str, run: str) -> str:
+        return self.keys.due(self.keys.group(tenant, run))
+
+    async def _send_probe(self, tenant: str, run: str, call_id: str) -> None:
+        entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)
         if entry is None:
             return
-        await self.redis.hset(self.keys.recon(tenant, call_id), "awaiting_probe", 1)
+        await self.redis.hset(self.keys.recon(tenant, run, call_id), "awaiting_probe", 1)
         await self._send(_command(entry, "probe", entry.fencing_token))
 
-    async def _retry(self, tenant: str, call_id: str, reason: str) -> None:
-        issued = await self.ledger.dispatch(tenant, call_id, reason=reason, force=True)
-        entry = (await self.ledger.read(tenant, [call_id])).get(call_id)
+    async def _retry(self, tenant: str, run: str, call_id: str, reason: str) -> None:
+        issued = await self.ledger.dispatch(tenant, run, call_id, reason=reason, force=True)
+        entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)
         if issued is None or entry is None:
             return
         await self._send(_command(entry, "execute", issued[1], attempt=issued[0]))
 
-    async def _send_compensation(self, tenant: str, call_id: str) -> None:
-        entry = (await self.ledger.read(tenant, [call_id])).get(call_id)
+    async def _send_compensation(self, tenant: str, run: str, call_id: str) -> None:
+        entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)
         if entry is None or entry.outcome is None:
             return
         comp_id = f"{call_id}{COMPENSATION_SUFFIX}"
         await self.ledger.create(
             tenant,
+            run,
             [
                 NewCall(
                     comp_id,
@@ -349,10 +359,12 @@ class Reconciler:
                 )
             ],
         )
-        issued = await self.ledger.dispatch(tenant, comp_id, reason=f"compensates {call_id}")
+        issued = await self.ledger.dispatch(tenant, run, comp_id, reason=f"compensates {call_id}")
         if issued is None:
             return
-        await self.ledger.append_audit(tenant, call_id, "compensation_dispatched", link=comp_id)
+        await self.ledger.append_audit(
+            tenant, run, call_id, "compensation_dispatched", link=comp_id
+        )
         command = _command(entry, "compensate", issued[1], attempt=issued[0])
         await self._send(
             command.model_copy(
@@ -371,7 +383,8 @@ class Reconciler:
             }
         )  # fmt: skip
         await self.ledger.resolve(resolved, f"resolved_{effect}", reason=why, by=source)
-        await self.redis.hset(self.keys.recon(about.tenant_id, about.call_id), "status", "resolved")
+        recon = self.keys.recon(about.tenant_id, about.run_id, about.call_id)
+        await self.redis.hset(recon, "status", "resolved")
         await self.bus.publish_and_wait("outcomes", resolved.run_id, resolved)
         OUTCOMES.labels("reconciler", resolved.tool_name, status, effect).inc()
 
@@ -391,28 +404,27 @@ class Reconciler:
         await self.tasks.add(task)
         await self.bus.publish_and_wait("human-tasks", about.run_id, task)
         HUMAN_TASKS.labels(kind).inc()
+        tenant, run, call_id = about.tenant_id, about.run_id, about.call_id
         await self.ledger.append_audit(
-            about.tenant_id, about.call_id, "handed_over", task_id=task.task_id, reason=reason
+            tenant, run, call_id, "handed_over", task_id=task.task_id, reason=reason
         )
-        await self.redis.hset(
-            self.keys.recon(about.tenant_id, about.call_id), "status", "handed_over"
-        )
+        await self.redis.hset(self.keys.recon(tenant, run, call_id), "status", "handed_over")
         if kind != "circuit_open" and not about.resolved:
             # The turn waits for this call: tell the model after a while, and keep the task.
-            due = {"tenant": about.tenant_id, "call_id": about.call_id, "do": "report"}
+            due = {"tenant": tenant, "run": run, "call_id": call_id, "do": "report"}
             when = time.time() + self.policy.report_after_s
-            await self.redis.zadd(self.keys.due, {json.dumps(due): when})
+            await self.redis.zadd(self._due_of(tenant, run), {json.dumps(due): when})
 
-    async def _report_unknown(self, tenant: str, call_id: str) -> None:
-        status = await self.redis.hget(self.keys.recon(tenant, call_id), "status")
-        _case, entry, spec = await self._case(tenant, call_id)
+    async def _report_unknown(self, tenant: str, run: str, call_id: str) -> None:
+        status = await self.redis.hget(self.keys.recon(tenant, run, call_id), "status")
+        _case, entry, spec = await self._case(tenant, run, call_id)
         if status is None or text(status) != "handed_over" or entry is None or spec is None:
             return  # resolved in the meantime
         latest = self._latest(entry)
         reported = latest.model_copy(
             update={"resolved": True, "output": unknown_outcome_text(spec), "source": "reconciler"}
         )
-        await self.ledger.append_audit(tenant, call_id, "reported_unknown_to_model")
+        await self.ledger.append_audit(tenant, run, call_id, "reported_unknown_to_model")
         await self.bus.publish_and_wait("outcomes", reported.run_id, reported)
 
     async def _send(self, command: ExecutionCommand) -> None:
@@ -430,31 +442,38 @@ class Reconciler:
 
     async def tick(self) -> None:
         """Run due actions, and report calls whose worker died without any outcome."""
-        for raw in await self._pop_due(keys=[self.keys.due], args=[time.time()]):
+        now = time.time()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for group in range(SLOT_GROUPS):  # one script per group, all in one round trip
+                await self._pop_due(keys=[self.keys.due(group)], args=[now], client=pipe)
+            popped = await pipe.execute()
+        for raw in (item for items in popped for item in items):
             due = json.loads(raw)
+            where = (due["tenant"], due["run"], due["call_id"])
             if due["do"] == "probe":
-                await self._send_probe(due["tenant"], due["call_id"])
+                await self._send_probe(*where)
             elif due["do"] == "retry":
-                await self._retry(due["tenant"], due["call_id"], due["why"])
+                await self._retry(*where, due["why"])
             else:
-                await self._report_unknown(due["tenant"], due["call_id"])
-        for tenant, call_id in await self.ledger.expired_leases(time.time()):
-            entry = (await self.ledger.read(tenant, [call_id])).get(call_id)
+                await self._report_unknown(*where)
+        for tenant, run, call_id in await self.ledger.expired_leases(now):
+            entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)
             if entry is not None and entry.state == "started":
                 spec = (await self.tools.specs(needed=[entry.tool_name])).get(entry.tool_name)
                 lost_call = lost(_command(entry, "execute", entry.fencing_token), spec,
                                  worker_id=entry.worker_id, source="reconciler")  # fmt: skip
                 await self.bus.publish_and_wait("outcomes", entry.run_id, lost_call)
-            await self.redis.zrem(self.keys.leases, lease_member(tenant, call_id))
+            index = self.ledger.lease_index(tenant, run)
+            await self.redis.zrem(index, lease_member(tenant, run, call_id))
 
     # --- reading ----------------------------------------------------------------------------
     async def _case(
-        self, tenant: str, call_id: str
+        self, tenant: str, run: str, call_id: str
     ) -> tuple[CallCase, LedgerEntry | None, ToolSpec | None]:
-        entry = (await self.ledger.read(tenant, [call_id])).get(call_id)
+        entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)
         name = entry.tool_name if entry else ""
         spec = (await self.tools.specs(needed=[name])).get(name)
-        probes = await self.redis.hget(self.keys.recon(tenant, call_id), "probes")
+        probes = await self.redis.hget(self.keys.recon(tenant, run, call_id), "probes")
         case = CallCase(
             effect_class=spec.effect_class if spec else "non_idempotent",
             has_probe=bool(spec and spec.has_probe),
@@ -474,7 +493,8 @@ class Reconciler:
                     worker_id=entry.worker_id, source="reconciler")  # fmt: skip
 
     async def _idempotency_key(self, about: CallOutcome) -> str:
-        entry = (await self.ledger.read(about.tenant_id, [about.call_id])).get(about.call_id)
+        entries = await self.ledger.read(about.tenant_id, about.run_id, [about.call_id])
+        entry = entries.get(about.call_id)
         return entry.idempotency_key if entry else ""
 
 

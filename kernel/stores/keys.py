@@ -1,15 +1,33 @@
 """Every Redis key toolfleet uses, under one namespace per deployment.
 
 The namespace follows the topic prefix, so two deployments (or two test sessions) that share
-a Redis never see each other's ledger, registry, semaphores or circuits. Per-tenant keys put
-the tenant in a hash tag, so a Redis Cluster keeps a tenant's keys together.
+a Redis never see each other's ledger, registry, semaphores or circuits.
+
+Slot groups: every key of one run (its calls' ledger entries and audit chains, approvals,
+concurrency gates, turn state, cancellation marker) carries the hash tag of the run's slot
+group, one of ``SLOT_GROUPS`` chosen from (tenant, run). A Redis Cluster keeps each group in
+one hash slot, so every script's keys share a slot, while one busy tenant's runs spread over
+every shard. The indexes a service scans (leases, the reconciler's due set) are split by
+group, and scanned group by group.
+
+Identity scope: a call's ledger key names its run (``identity_scope="run"``, as the Agents SDK
+scopes call ids), so two runs may both use call id ``call_0``. With ``"tenant"`` the run is
+left out of call keys and the group comes from the tenant alone: a call id is then unique per
+tenant, which also stops a model response replayed under a new run id.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
+from typing import Literal
 
 from kernel.settings import Settings
+
+SLOT_GROUPS = 64
+"""How many slot groups a deployment's run keys are spread over (fixed: keys name it)."""
+
+IdentityScope = Literal["run", "tenant"]
 
 
 @dataclass(frozen=True)
@@ -17,74 +35,85 @@ class Keys:
     """Key names under ``namespace``."""
 
     namespace: str = "tf"
+    identity_scope: IdentityScope = "run"
 
     @classmethod
     def of(cls, settings: Settings) -> Keys:
         """The keys of the deployment ``settings`` describe."""
         prefix = settings.topic_prefix.rstrip(".")
-        return cls("tf" if prefix == "toolfleet" else f"tf:{prefix}")
+        namespace = "tf" if prefix == "toolfleet" else f"tf:{prefix}"
+        return cls(namespace, settings.identity_scope)
 
-    def _tenant(self, tenant_id: str, kind: str, rest: str) -> str:
-        return f"{self.namespace}:{{{tenant_id}}}:{kind}:{rest}"
+    def group(self, tenant_id: str, run_id: str) -> int:
+        """The slot group of a run's keys."""
+        scoped = run_id if self.identity_scope == "run" else ""
+        return zlib.crc32(f"{tenant_id}\x1f{scoped}".encode()) % SLOT_GROUPS
+
+    def _run(self, tenant_id: str, run_id: str, kind: str, rest: str = "") -> str:
+        tag = self.group(tenant_id, run_id)
+        return f"{self.namespace}:{{g{tag}}}:{kind}:{tenant_id}\x1f{run_id}{rest}"
+
+    def _call(self, tenant_id: str, run_id: str, kind: str, call_id: str) -> str:
+        tag = self.group(tenant_id, run_id)
+        scoped = run_id if self.identity_scope == "run" else ""
+        return f"{self.namespace}:{{g{tag}}}:{kind}:{tenant_id}\x1f{scoped}\x1f{call_id}"
 
     # ledger
-    def call(self, tenant_id: str, call_id: str) -> str:
+    def call(self, tenant_id: str, run_id: str, call_id: str) -> str:
         """Hash: one call's ledger entry."""
-        return self._tenant(tenant_id, "call", call_id)
+        return self._call(tenant_id, run_id, "call", call_id)
 
-    def audit(self, tenant_id: str, call_id: str) -> str:
+    def audit(self, tenant_id: str, run_id: str, call_id: str) -> str:
         """List: one call's audit chain, only ever appended to."""
-        return self._tenant(tenant_id, "audit", call_id)
+        return self._call(tenant_id, run_id, "audit", call_id)
 
-    @property
-    def leases(self) -> str:
-        """Sorted set: started calls by lease expiry."""
-        return f"{self.namespace}:leases"
+    def leases(self, group: int) -> str:
+        """Sorted set: started calls of one slot group by lease expiry."""
+        return f"{self.namespace}:{{g{group}}}:leases"
 
     # planner
     def approvals(self, tenant_id: str, run_id: str) -> str:
         """Hash: a run's approval decisions (per call and sticky per tool)."""
-        return self._tenant(tenant_id, "approvals", run_id)
+        return self._run(tenant_id, run_id, "approvals")
 
     def cancelled(self, tenant_id: str, run_id: str) -> str:
         """String: set when a run is cancelled."""
-        return self._tenant(tenant_id, "cancelled", run_id)
+        return self._run(tenant_id, run_id, "cancelled")
 
     def gate(self, tenant_id: str, run_id: str, turn_id: int) -> str:
         """String (JSON): the concurrency gate of one capped turn."""
-        return self._tenant(tenant_id, "gate", f"{run_id}:{turn_id}")
+        return self._run(tenant_id, run_id, "gate", f"\x1f{turn_id}")
 
     def gates(self, tenant_id: str, run_id: str) -> str:
         """Set: the capped turns of a run."""
-        return self._tenant(tenant_id, "gates", run_id)
+        return self._run(tenant_id, run_id, "gates")
 
     def held(self, tenant_id: str, run_id: str) -> str:
         """Set: the run's calls with a wrong effect not yet compensated; while it has members,
         the run's later side-effecting calls wait for a human."""
-        return self._tenant(tenant_id, "held", run_id)
+        return self._run(tenant_id, run_id, "held")
 
     # aggregator
     def turn(self, tenant_id: str, run_id: str, turn_id: int) -> str:
         """Hash: one turn's aggregation state, a field per outcome (aggregator/_store.py)."""
-        return self._tenant(tenant_id, "turn", f"{run_id}:{turn_id}")
+        return self._run(tenant_id, run_id, "turn", f"\x1f{turn_id}")
 
     def turns(self, tenant_id: str, run_id: str) -> str:
         """Set: the turns of a run the aggregator has seen."""
-        return self._tenant(tenant_id, "turns", run_id)
+        return self._run(tenant_id, run_id, "turns")
 
-    def attached(self, tenant_id: str, call_id: str) -> str:
+    def attached(self, tenant_id: str, run_id: str, call_id: str) -> str:
         """Set: other turns waiting on a call that runs for its first turn."""
-        return self._tenant(tenant_id, "attached", call_id)
+        return self._call(tenant_id, run_id, "attached", call_id)
 
     # reconciler and operators
-    def recon(self, tenant_id: str, call_id: str) -> str:
+    def recon(self, tenant_id: str, run_id: str, call_id: str) -> str:
         """Hash: the reconciler's state for one call."""
-        return self._tenant(tenant_id, "recon", call_id)
+        return self._call(tenant_id, run_id, "recon", call_id)
 
-    @property
-    def due(self) -> str:
-        """Sorted set: the reconciler's delayed actions by due time."""
-        return f"{self.namespace}:recon:due"
+    def due(self, group: int) -> str:
+        """Sorted set: the reconciler's delayed actions of one slot group, by due time."""
+        return f"{self.namespace}:{{g{group}}}:recon:due"
 
     @property
     def tasks(self) -> str:

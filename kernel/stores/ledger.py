@@ -28,7 +28,7 @@ from redis.asyncio import Redis
 
 from kernel.adapters.redis import HashFields, text
 from kernel.settings import LEDGER_RETENTION_S
-from kernel.stores.keys import Keys
+from kernel.stores.keys import SLOT_GROUPS, Keys
 from schemas import CallOutcome, ExecutionCommand, TurnConfig
 
 LedgerState = Literal["planned", "dispatched", "started", "finished", "committed"]
@@ -75,9 +75,9 @@ def command_for(
     )
 
 
-def lease_member(tenant_id: str, call_id: str) -> str:
-    """Member of the leases sorted set for one call."""
-    return f"{tenant_id}\x1f{call_id}"
+def lease_member(tenant_id: str, run_id: str, call_id: str) -> str:
+    """Member of a lease index for one call."""
+    return f"{tenant_id}\x1f{run_id}\x1f{call_id}"
 
 
 @dataclass(frozen=True)
@@ -500,14 +500,16 @@ class Ledger:
         self._append = redis.register_script(_APPEND)
         self._audit = redis.register_script(_AUDIT)
 
-    async def read(self, tenant_id: str, call_ids: Iterable[str]) -> dict[str, LedgerEntry]:
+    async def read(
+        self, tenant_id: str, run_id: str, call_ids: Iterable[str]
+    ) -> dict[str, LedgerEntry]:
         """The entries that exist among ``call_ids``, in one round trip."""
         ids = list(dict.fromkeys(call_ids))
         if not ids:
             return {}
         async with self.redis.pipeline(transaction=False) as pipe:
             for call_id in ids:
-                pipe.hgetall(self.keys.call(tenant_id, call_id))
+                pipe.hgetall(self.keys.call(tenant_id, run_id, call_id))
             replies = await pipe.execute()
         return {
             call_id: LedgerEntry.from_hash(tenant_id, call_id, raw)
@@ -516,7 +518,11 @@ class Ledger:
         }
 
     async def create(
-        self, tenant_id: str, calls: Iterable[NewCall], dispatch: Iterable[str] = ()
+        self,
+        tenant_id: str,
+        run_id: str,
+        calls: Iterable[NewCall],
+        dispatch: Iterable[str] = (),
     ) -> list[tuple[int, int] | None]:
         """Record planned calls (an existing entry is left exactly as it is), then ``dispatch``
         the given ones (idempotent, as ``dispatch_many``), in one round trip and that order."""
@@ -530,8 +536,8 @@ class Ledger:
                 issued[c.call_id] = None
                 await self._create(
                     keys=[
-                        self.keys.call(tenant_id, c.call_id),
-                        self.keys.audit(tenant_id, c.call_id),
+                        self.keys.call(tenant_id, c.run_id, c.call_id),
+                        self.keys.audit(tenant_id, c.run_id, c.call_id),
                     ],
                     args=[
                         c.fingerprint,
@@ -551,7 +557,10 @@ class Ledger:
             others = [call_id for call_id in dispatch if call_id not in issued]
             for call_id in others:
                 await self._dispatch(
-                    keys=[self.keys.call(tenant_id, call_id), self.keys.audit(tenant_id, call_id)],
+                    keys=[
+                        self.keys.call(tenant_id, run_id, call_id),
+                        self.keys.audit(tenant_id, run_id, call_id),
+                    ],
                     args=[now, "planned", "0"],
                     client=pipe,
                 )
@@ -571,7 +580,10 @@ class Ledger:
         keys = [self.keys.approvals(tenant_id, run_id), self.keys.held(tenant_id, run_id)]
         args: list[Any] = [time.time()]
         for c in calls:
-            keys += [self.keys.call(tenant_id, c.call_id), self.keys.audit(tenant_id, c.call_id)]
+            keys += [
+                self.keys.call(tenant_id, run_id, c.call_id),
+                self.keys.audit(tenant_id, run_id, c.call_id),
+            ]
             args += [c.fingerprint, c.idempotency_key, c.run_id, c.turn_id, c.tool_name,
                      c.pool or "", c.arguments, c.index, c.policy.encode()]  # fmt: skip
         if int(await self._create_fresh(keys=keys, args=args)) != len(calls):
@@ -579,7 +591,13 @@ class Ledger:
         return [(1, 1)] * len(calls)  # a new call's first attempt, as _ISSUE numbers it
 
     async def dispatch(
-        self, tenant_id: str, call_id: str, reason: str = "planned", *, force: bool = False
+        self,
+        tenant_id: str,
+        run_id: str,
+        call_id: str,
+        reason: str = "planned",
+        *,
+        force: bool = False,
     ) -> tuple[int, int] | None:
         """(attempt, fencing token) to put on the command, or None when none should be sent.
 
@@ -587,7 +605,10 @@ class Ledger:
         ``force`` starts a new attempt and fences off the previous one.
         """
         attempt, token = await self._dispatch(
-            keys=[self.keys.call(tenant_id, call_id), self.keys.audit(tenant_id, call_id)],
+            keys=[
+                self.keys.call(tenant_id, run_id, call_id),
+                self.keys.audit(tenant_id, run_id, call_id),
+            ],
             args=[time.time(), reason, "1" if force else "0"],
         )
         if int(attempt) < 0:
@@ -595,47 +616,61 @@ class Ledger:
         return int(attempt), int(token)
 
     async def dispatch_many(
-        self, tenant_id: str, call_ids: list[str]
+        self, tenant_id: str, run_id: str, call_ids: list[str]
     ) -> list[tuple[int, int] | None]:
-        """``dispatch`` (idempotent) for several calls in one round trip."""
-        return await self.create(tenant_id, (), dispatch=call_ids)
+        """``dispatch`` (idempotent) for several calls of a run in one round trip."""
+        return await self.create(tenant_id, run_id, (), dispatch=call_ids)
 
     async def begin(
         self,
         tenant_id: str,
+        run_id: str,
         call_id: str,
+        *,
         token: int,
         worker_id: str,
         lease_s: float,
-        *,
-        run_id: str | None = None,
+        unless_cancelled: bool = True,
         tool_version: str | None = None,
     ) -> tuple[BeginVerdict, CallOutcome | None]:
         """May this worker run this attempt now? ``run`` means ``started`` is durably written.
 
-        With ``run_id``, a call of a cancelled run never starts (``cancelled``). The
+        With ``unless_cancelled``, a call of a cancelled run never starts (``cancelled``). The
         ``tool_version`` that runs is recorded, so retries and probes go to the same version.
         """
+        # A key of the run's slot group that is never set stands for "do not check".
+        cancelled = self.keys.cancelled(tenant_id, run_id)
         verdict, outcome = await self._begin(
             keys=[
-                self.keys.call(tenant_id, call_id),
-                self.keys.audit(tenant_id, call_id),
-                self.keys.leases,
-                self.keys.cancelled(tenant_id, run_id or ""),
+                self.keys.call(tenant_id, run_id, call_id),
+                self.keys.audit(tenant_id, run_id, call_id),
+                self.keys.leases(self.keys.group(tenant_id, run_id)),
+                cancelled if unless_cancelled else f"{cancelled}\x1fnever",
             ],
-            args=[token, worker_id, lease_s, lease_member(tenant_id, call_id), tool_version or ""],
-        )
+            args=[
+                token, worker_id, lease_s, lease_member(tenant_id, run_id, call_id),
+                tool_version or "",
+            ],
+        )  # fmt: skip
         stored = CallOutcome.model_validate_json(outcome) if outcome else None
         return verdict.decode(), stored
 
     async def renew(
-        self, tenant_id: str, call_id: str, token: int, worker_id: str, lease_s: float
+        self,
+        tenant_id: str,
+        run_id: str,
+        call_id: str,
+        *,
+        token: int,
+        worker_id: str,
+        lease_s: float,
     ) -> bool:
         """Extend the holder's lease; False when the attempt is no longer this worker's."""
+        leases = self.keys.leases(self.keys.group(tenant_id, run_id))
         return bool(
             await self._renew(
-                keys=[self.keys.call(tenant_id, call_id), self.keys.leases],
-                args=[token, worker_id, lease_s, lease_member(tenant_id, call_id)],
+                keys=[self.keys.call(tenant_id, run_id, call_id), leases],
+                args=[token, worker_id, lease_s, lease_member(tenant_id, run_id, call_id)],
             )
         )
 
@@ -645,8 +680,8 @@ class Ledger:
         return bool(
             await self._upstream_ref(
                 keys=[
-                    self.keys.call(command.tenant_id, command.call_id),
-                    self.keys.audit(command.tenant_id, command.call_id),
+                    self.keys.call(command.tenant_id, command.run_id, command.call_id),
+                    self.keys.audit(command.tenant_id, command.run_id, command.call_id),
                 ],
                 args=[command.fencing_token, ref],
             )
@@ -656,9 +691,9 @@ class Ledger:
         """Store the outcome of the current attempt: ``ok``, ``stale``, ``done`` or ``missing``."""
         reply = await self._finish(
             keys=[
-                self.keys.call(outcome.tenant_id, outcome.call_id),
-                self.keys.audit(outcome.tenant_id, outcome.call_id),
-                self.keys.leases,
+                self.keys.call(outcome.tenant_id, outcome.run_id, outcome.call_id),
+                self.keys.audit(outcome.tenant_id, outcome.run_id, outcome.call_id),
+                self.keys.leases(self.keys.group(outcome.tenant_id, outcome.run_id)),
             ],
             args=[
                 outcome.fencing_token,
@@ -666,48 +701,67 @@ class Ledger:
                 outcome.status,
                 outcome.effect,
                 time.time(),
-                lease_member(outcome.tenant_id, outcome.call_id),
+                lease_member(outcome.tenant_id, outcome.run_id, outcome.call_id),
             ],
         )
         return str(reply.decode())
 
     async def resolve(self, outcome: CallOutcome, event: str, **details: Any) -> bool:
         """Record the reconciler's or a human's verdict as the call's outcome, with why."""
-        tenant, call = outcome.tenant_id, outcome.call_id
+        tenant, run, call = outcome.tenant_id, outcome.run_id, outcome.call_id
         entry = _event(event, {"effect": outcome.effect, **details})
         return bool(
             await self._resolve(
                 keys=[
-                    self.keys.call(tenant, call),
-                    self.keys.audit(tenant, call),
-                    self.keys.leases,
+                    self.keys.call(tenant, run, call),
+                    self.keys.audit(tenant, run, call),
+                    self.keys.leases(self.keys.group(tenant, run)),
                 ],
                 args=[
                     outcome.model_dump_json(exclude_none=True),
                     entry,
-                    lease_member(tenant, call),
+                    lease_member(tenant, run, call),
                 ],
             )
         )
 
-    async def expired_leases(self, now: float, limit: int = 100) -> list[tuple[str, str]]:
-        """(tenant, call_id) of started calls whose holder stopped renewing before ``now``."""
-        members = await self.redis.zrangebyscore(self.keys.leases, 0, now, start=0, num=limit)
-        pairs = [text(m).partition("\x1f") for m in members if isinstance(m, bytes | str)]
-        return [(tenant, call_id) for tenant, _, call_id in pairs]
+    async def expired_leases(self, now: float, limit: int = 100) -> list[tuple[str, str, str]]:
+        """(tenant, run, call_id) of started calls whose holder stopped renewing before
+        ``now``: at most ``limit`` per slot group, every group in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for group in range(SLOT_GROUPS):
+                pipe.zrangebyscore(self.keys.leases(group), 0, now, start=0, num=limit)
+            replies = await pipe.execute()
+        found = []
+        for members in replies:
+            for member in members:
+                tenant, run, call_id = text(member).split("\x1f", 2)
+                found.append((tenant, run, call_id))
+        return found
+
+    def lease_index(self, tenant_id: str, run_id: str) -> str:
+        """The lease index of a run's slot group."""
+        return self.keys.leases(self.keys.group(tenant_id, run_id))
 
     async def settle(self, outcome: CallOutcome) -> None:
         """Commit an outcome decided without running the call (a rejection, a missing tool)."""
         await self._settle(
             keys=[
-                self.keys.call(outcome.tenant_id, outcome.call_id),
-                self.keys.audit(outcome.tenant_id, outcome.call_id),
+                self.keys.call(outcome.tenant_id, outcome.run_id, outcome.call_id),
+                self.keys.audit(outcome.tenant_id, outcome.run_id, outcome.call_id),
             ],
             args=[outcome.model_dump_json(exclude_none=True), time.time(), self.retention_s],
         )
 
     async def set_approval(
-        self, tenant_id: str, call_id: str, approve: bool, message: str | None, by: str
+        self,
+        tenant_id: str,
+        run_id: str,
+        call_id: str,
+        *,
+        approve: bool,
+        message: str | None,
+        by: str,
     ) -> None:
         """Record an approval decision; it is authoritative from now on."""
         fields: HashFields = {
@@ -717,18 +771,24 @@ class Ledger:
         }
         event = _event("approval", {str(k): v for k, v in fields.items()}, by=by)
         await self._append(
-            keys=[self.keys.call(tenant_id, call_id), self.keys.audit(tenant_id, call_id)],
+            keys=[
+                self.keys.call(tenant_id, run_id, call_id),
+                self.keys.audit(tenant_id, run_id, call_id),
+            ],
             args=[event, *(x for pair in fields.items() for x in pair)],
         )
 
-    async def set_pending_approval(self, tenant_id: str, call_id: str) -> None:
+    async def set_pending_approval(self, tenant_id: str, run_id: str, call_id: str) -> None:
         """Remember that the call waits for a decision, so needs_approval is not asked again."""
-        await self.redis.hset(self.keys.call(tenant_id, call_id), "pending_approval", "1")
+        await self.redis.hset(self.keys.call(tenant_id, run_id, call_id), "pending_approval", "1")
 
-    async def audit(self, tenant_id: str, call_id: str) -> list[dict[str, Any]]:
+    async def audit(self, tenant_id: str, run_id: str, call_id: str) -> list[dict[str, Any]]:
         """The call's audit chain, oldest first; a plain run's events come from its entry."""
         chain, plain = await self._audit(
-            keys=[self.keys.call(tenant_id, call_id), self.keys.audit(tenant_id, call_id)]
+            keys=[
+                self.keys.call(tenant_id, run_id, call_id),
+                self.keys.audit(tenant_id, run_id, call_id),
+            ]
         )
         events = [json.loads(e) for e in chain]
         ran = [json.loads(e) for e in plain]
@@ -739,11 +799,16 @@ class Ledger:
         events += [e for e in ran if (e["event"], e.get("at")) not in known]
         return sorted(events, key=lambda e: float(e.get("at") or 0))
 
-    async def append_audit(self, tenant_id: str, call_id: str, event: str, **data: Any) -> None:
+    async def append_audit(
+        self, tenant_id: str, run_id: str, call_id: str, event: str, **data: Any
+    ) -> None:
         """Append one event (probe, retry, compensation, human decision) to the audit chain;
         the call is kept from now on (see the module's docstring on retention)."""
         await self._append(
-            keys=[self.keys.call(tenant_id, call_id), self.keys.audit(tenant_id, call_id)],
+            keys=[
+                self.keys.call(tenant_id, run_id, call_id),
+                self.keys.audit(tenant_id, run_id, call_id),
+            ],
             args=[_event(event, data)],
         )
 

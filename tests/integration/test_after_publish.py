@@ -20,9 +20,9 @@ pytestmark = pytest.mark.integration
 
 async def _finished(ledger: Ledger, status: str = "succeeded") -> CallOutcome:
     call_id = f"call-{uuid.uuid4().hex}"
-    await ledger.create("t", [NewCall(call_id, "fp", "key", "run", 0, "tool", "default")])
-    _attempt, token = await ledger.dispatch("t", call_id) or (0, 0)
-    await ledger.begin("t", call_id, token, "w1", 30)
+    await ledger.create("t", "run", [NewCall(call_id, "fp", "key", "run", 0, "tool", "default")])
+    _attempt, token = await ledger.dispatch("t", "run", call_id) or (0, 0)
+    await ledger.begin("t", "run", call_id, token=token, worker_id="w1", lease_s=30)
     outcome = CallOutcome(
         tenant_id="t", run_id="run", turn_id=0, call_id=call_id, tool_name="tool", index=0,
         attempt=1, fencing_token=token, status=status,
@@ -44,7 +44,7 @@ async def test_a_burst_of_outcomes_is_committed_and_counted_in_one_step(
     uncounted = await _finished(ledger)  # e.g. a call that never started: committed only
     replies = await asyncio.gather(*(after(o, ref) for o in counted), after(uncounted, None))
     assert replies == [[]] * 6
-    entries = await ledger.read("t", [o.call_id for o in [*counted, uncounted]])
+    entries = await ledger.read("t", "run", [o.call_id for o in [*counted, uncounted]])
     assert {e.state for e in entries.values()} == {"committed"}
     window = await redis.hgetall(keys.circuit("window", ref))
     assert sum(int(v) for k, v in window.items() if k.endswith(b":n")) == 5
@@ -73,7 +73,9 @@ async def test_failures_that_open_the_circuit_name_the_window_to_one_caller(
 
 async def _ttls(redis: Redis, keys: Keys, call_id: str) -> tuple[int, int]:
     """Seconds left to the call's ledger entry and audit chain (-1: never, -2: no such key)."""
-    return await redis.ttl(keys.call("t", call_id)), await redis.ttl(keys.audit("t", call_id))
+    return await redis.ttl(keys.call("t", "run", call_id)), await redis.ttl(
+        keys.audit("t", "run", call_id)
+    )
 
 
 async def test_a_plain_run_expires_after_the_retention_and_a_call_with_history_is_kept(
@@ -83,13 +85,13 @@ async def test_a_plain_run_expires_after_the_retention_and_a_call_with_history_i
     ledger = Ledger(redis, keys, retention_s=600)
     after = AfterPublish(redis, keys, CircuitBreaker(redis, settings), retention_s=600)
     plain, probed = await _finished(ledger), await _finished(ledger)
-    await ledger.append_audit("t", probed.call_id, "probe", state="applied")
+    await ledger.append_audit("t", "run", probed.call_id, "probe", state="applied")
     await asyncio.gather(after(plain, None), after(probed, None))
     entry_ttl, chain_ttl = await _ttls(redis, keys, plain.call_id)
     assert 0 < entry_ttl <= 600 and chain_ttl == -2  # a plain run's events are in its entry
     assert await _ttls(redis, keys, probed.call_id) == (-1, -1)
     # History added later (a human finds the effect wrong) keeps a call that was to expire.
-    await ledger.append_audit("t", plain.call_id, "human_verdict", effect="wrong_effect")
+    await ledger.append_audit("t", "run", plain.call_id, "human_verdict", effect="wrong_effect")
     assert await _ttls(redis, keys, plain.call_id) == (-1, -1)
     # Retention 0 keeps everything.
     forever = Ledger(redis, keys, retention_s=0)

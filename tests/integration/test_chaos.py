@@ -163,7 +163,7 @@ async def _tally(
         result = done[event.run_id]
         assert result.status == "completed", result
         records = {c.call_id: c for c in result.calls}
-        entries = await ledger.read(event.tenant_id, records)
+        entries = await ledger.read(event.tenant_id, event.run_id, records)
         for call_id, record in records.items():
             applies = int(await redis.get(applies_key(entries[call_id].idempotency_key)) or 0)
             assert applies <= 1, f"{call_id} was charged {applies} times"

@@ -71,8 +71,12 @@ async def _one_call(
     return event.function_calls[0].call_id, await result_of(fleet, client, event.run_id)
 
 
+def _run_of(call_id: str) -> str:
+    return call_id.rsplit("-", 1)[0]  # turn() names a call "<run>-<suffix>"
+
+
 async def _entry(redis: Redis, keys: Keys, call_id: str) -> LedgerEntry:
-    return (await Ledger(redis, keys).read("acme", [call_id]))[call_id]
+    return (await Ledger(redis, keys).read("acme", _run_of(call_id), [call_id]))[call_id]
 
 
 async def _count(redis: Redis, key: str) -> int:
@@ -80,7 +84,7 @@ async def _count(redis: Redis, key: str) -> int:
 
 
 async def _events(redis: Redis, keys: Keys, call_id: str) -> list[str]:
-    return [e["event"] for e in await Ledger(redis, keys).audit("acme", call_id)]
+    return [e["event"] for e in await Ledger(redis, keys).audit("acme", _run_of(call_id), call_id)]
 
 
 async def _task_for(redis: Redis, keys: Keys, call_id: str) -> StoredTask:
@@ -135,7 +139,7 @@ async def test_http_429_is_retried_after_its_retry_after(
         fleet, client, "put_value", {"value": "v2", "first": "http_429"}
     )
     assert (result.calls[0].effect, result.calls[0].attempts) == ("applied", 2)
-    chain = await Ledger(redis, keys).audit("acme", call_id)
+    chain = await Ledger(redis, keys).audit("acme", _run_of(call_id), call_id)
     finished = next(e for e in chain if e["event"] == "finished")
     redispatched = [e for e in chain if e["event"] == "dispatched"][1]
     assert redispatched["at"] - finished["at"] >= 1.0  # Retry-After: 1
@@ -202,7 +206,7 @@ async def test_a_wrong_effect_holds_the_run_and_its_ref_survives_a_crash_into_co
     await client.submit(booking)
 
     async def recorded() -> LedgerEntry | None:
-        entry = (await Ledger(redis, keys).read("acme", [call_id])).get(call_id)
+        entry = (await Ledger(redis, keys).read("acme", booking.run_id, [call_id])).get(call_id)
         return entry if entry is not None and entry.upstream_ref else None
 
     entry = await wait_for(recorded)
@@ -234,7 +238,9 @@ async def test_a_wrong_effect_holds_the_run_and_its_ref_survives_a_crash_into_co
     assert await redis.get(compensated_ref_key(key)) == b"B-12A"  # the ref reached it
     assert await redis.get(record_key(key)) == b"CANCELLED"
     assert await _count(redis, applies_key(key)) == 1
-    printed = _toolfleet(fleet, "inspect", "call", call_id, "--tenant", "acme")
+    printed = _toolfleet(
+        fleet, "inspect", "call", call_id, "--tenant", "acme", "--run", booking.run_id
+    )
     assert '"upstream_ref": "B-12A"' in printed and "arguments_digest" in printed
 
     async def released() -> bool:

@@ -105,7 +105,10 @@ async def test_a_call_runs_at_most_once_while_a_worker_is_sigkilled_mid_run(
     effects = {cid: int(await redis.get(effects_key(cid)) or 0) for cid in call_ids}
     # Started on the victim, by the ledger (which records the worker at ``started``): a call
     # can be started there and killed before its body wrote the holder key.
-    entries = await Ledger(redis, keys).read("acme", call_ids)
+    ledger = Ledger(redis, keys)
+    entries = {}
+    for e in events:
+        entries |= await ledger.read("acme", e.run_id, [c.call_id for c in e.function_calls])
     killed = {cid for cid, e in entries.items() if (e.worker_id or "").endswith(f"-{victim_pid}")}
     print(f"{len(killed)} calls were on the killed worker; effects: {sorted(effects.values())}")
     assert killed

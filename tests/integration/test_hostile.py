@@ -19,6 +19,7 @@ import pytest
 from redis.asyncio import Redis
 
 from kernel.adapters.bus import KafkaBus
+from kernel.adapters.topics import ensure_topics
 from kernel.rules.texts import DEFAULT_ERROR
 from kernel.settings import Settings
 from schemas import ApprovalDecision, CancelRequest, DeadLetter, ModelResponseEvent
@@ -162,11 +163,8 @@ async def test_a_cancellation_never_reaches_another_tenants_calls(
     assert (b_result.tenant_id, b_result.outputs[0].output) == ("beta", "charged 2")
 
 
-async def test_one_new_call_id_in_several_runs_at_once_gives_each_turn_its_result(
-    fleet: LocalFleet, client: FleetClient, redis: Redis
-) -> None:
-    call_id = f"shared-{uuid.uuid4().hex[:8]}"
-    events = [
+def _shared_call_id_in_three_runs(call_id: str) -> list[ModelResponseEvent]:
+    return [
         ModelResponseEvent.model_validate(
             {
                 "tenant_id": "acme", "run_id": f"run-{uuid.uuid4().hex[:8]}", "turn_id": 0,
@@ -177,11 +175,39 @@ async def test_one_new_call_id_in_several_runs_at_once_gives_each_turn_its_resul
         )
         for i in range(3)
     ]  # fmt: skip
+
+
+async def _each_turn_gets_its_result(
+    fleet: LocalFleet, client: FleetClient, events: list[ModelResponseEvent]
+) -> None:
     await asyncio.gather(*(client.submit(event) for event in events))
     results = [await result_of(fleet, client, event.run_id) for event in events]
     for event, result in zip(events, results, strict=True):
         assert (result.run_id, result.status) == (event.run_id, "completed")
         assert result.outputs[0].output == "charged 7"
+
+
+async def test_one_call_id_in_several_runs_is_a_call_of_each_run(
+    fleet: LocalFleet, client: FleetClient, redis: Redis
+) -> None:
+    """Identity is per run, as in the SDK: providers that number their calls reuse ids."""
+    call_id = f"shared-{uuid.uuid4().hex[:8]}"
+    await _each_turn_gets_its_result(fleet, client, _shared_call_id_in_three_runs(call_id))
+    assert int(await redis.get(effects_key(call_id)) or 0) == 3  # three runs, three calls
+
+
+async def test_with_tenant_scope_one_new_call_id_in_several_runs_at_once_runs_once(
+    settings: Settings, redis: Redis
+) -> None:
+    own = settings.model_copy(
+        update={"topic_prefix": f"tenant-scope-{uuid.uuid4().hex[:6]}.", "identity_scope": "tenant"}
+    )
+    await ensure_topics(own)
+    with LocalFleet(own, tools="tests.integration.fleet_tools:tools", workers=1) as scoped:
+        async with connected_client(scoped, own) as client:
+            call_id = f"shared-{uuid.uuid4().hex[:8]}"
+            events = _shared_call_id_in_three_runs(call_id)
+            await _each_turn_gets_its_result(scoped, client, events)
     assert int(await redis.get(effects_key(call_id)) or 0) == 1  # one identity, one effect
 
 

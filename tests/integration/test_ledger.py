@@ -17,8 +17,8 @@ from schemas import CallOutcome
 pytestmark = pytest.mark.integration
 
 
-def _call(call_id: str) -> NewCall:
-    return NewCall(call_id, "fp", "tf-key", "run", 0, "tool", "default")
+def _call(call_id: str, run_id: str = "run") -> NewCall:
+    return NewCall(call_id, "fp", "tf-key", run_id, 0, "tool", "default")
 
 
 def _outcome(call_id: str, token: int) -> CallOutcome:
@@ -46,9 +46,9 @@ async def test_create_never_overwrites_an_existing_entry(
     redis: Redis, call_id: str, settings: Settings
 ) -> None:
     ledger = Ledger(redis, Keys.of(settings))
-    await ledger.create("t", [_call(call_id)])
-    await ledger.create("t", [NewCall(call_id, "other", "k2", "run", 1, "tool", None)])
-    entry = (await ledger.read("t", [call_id]))[call_id]
+    await ledger.create("t", "run", [_call(call_id)])
+    await ledger.create("t", "run", [NewCall(call_id, "other", "k2", "run", 1, "tool", None)])
+    entry = (await ledger.read("t", "run", [call_id]))[call_id]
     assert (entry.fingerprint, entry.state, entry.idempotency_key) == ("fp", "planned", "tf-key")
 
 
@@ -60,17 +60,19 @@ async def test_a_fresh_turn_is_recorded_as_create_and_dispatch_would_record_it(
     fresh = [f"call-{uuid.uuid4().hex}" for _ in range(3)]
     usual = [f"call-{uuid.uuid4().hex}" for _ in range(3)]
 
+    run = f"run-{uuid.uuid4().hex}"
+
     def calls(ids: list[str]) -> list[NewCall]:
-        return [NewCall(c, f"fp{i}", f"k{i}", "run", 2, "tool", None, "{}", i)
+        return [NewCall(c, f"fp{i}", f"k{i}", run, 2, "tool", None, "{}", i)
                 for i, c in enumerate(ids)]  # fmt: skip
 
-    issued = await ledger.create_fresh("t", f"run-{uuid.uuid4().hex}", calls(fresh))
-    assert issued == await ledger.create("t", calls(usual), dispatch=usual) == [(1, 1)] * 3
+    issued = await ledger.create_fresh("t", run, calls(fresh))
+    assert issued == await ledger.create("t", run, calls(usual), dispatch=usual) == [(1, 1)] * 3
 
     async def stored(call_id: str) -> tuple[dict[bytes, bytes], list[str]]:
-        entry = await redis.hgetall(keys.call("t", call_id))
+        entry = await redis.hgetall(keys.call("t", run, call_id))
         entry.pop(b"created_at"), entry.pop(b"dispatched_at")
-        return entry, [e["event"] for e in await ledger.audit("t", call_id)]
+        return entry, [e["event"] for e in await ledger.audit("t", run, call_id)]
 
     for a, b in zip(fresh, usual, strict=True):
         assert await stored(a) == await stored(b)
@@ -83,31 +85,34 @@ async def test_a_fresh_turn_writes_nothing_if_the_ledger_knows_a_call_or_the_run
     keys = Keys.of(settings)
     ledger = Ledger(redis, keys)
     known, new = f"call-{uuid.uuid4().hex}", f"call-{uuid.uuid4().hex}"
-    await ledger.create("t", [_call(known)])
+    await ledger.create("t", "run", [_call(known)])
     assert await ledger.create_fresh("t", "run", [_call(new), _call(known)]) is None
-    assert await redis.exists(keys.call("t", new), keys.audit("t", new)) == 0
+    assert await redis.exists(keys.call("t", "run", new), keys.audit("t", "run", new)) == 0
     run = f"run-{uuid.uuid4().hex}"
     await redis.hset(keys.approvals("t", run), "sticky:tool", '{"approve": false}')
     assert await ledger.create_fresh("t", run, [_call(new)]) is None
-    assert await redis.exists(keys.call("t", new)) == 0
+    assert await redis.exists(keys.call("t", "run", new)) == 0
     assert await ledger.create_fresh("t", "run", [_call(new)]) == [(1, 1)]
     # Thousands of calls (more keys than one Lua unpack takes): a known one at the end
     # still stops it; without it, all are recorded.
     many = [_call(f"call-{uuid.uuid4().hex}") for _ in range(5_000)]
     assert await ledger.create_fresh("t", "run", [*many, _call(known)]) is None
-    assert await redis.exists(keys.call("t", many[0].call_id)) == 0
+    assert await redis.exists(keys.call("t", "run", many[0].call_id)) == 0
     assert await ledger.create_fresh("t", "run", many) == [(1, 1)] * 5_000
-    assert len(await ledger.read("t", [c.call_id for c in many])) == 5_000
+    assert len(await ledger.read("t", "run", [c.call_id for c in many])) == 5_000
 
 
 async def test_only_one_of_many_concurrent_workers_may_start_an_attempt(
     redis: Redis, call_id: str, settings: Settings
 ) -> None:
     ledger = Ledger(redis, Keys.of(settings))
-    await ledger.create("t", [_call(call_id)])
-    _attempt, token = await ledger.dispatch("t", call_id) or (0, 0)
+    await ledger.create("t", "run", [_call(call_id)])
+    _attempt, token = await ledger.dispatch("t", "run", call_id) or (0, 0)
     verdicts = await asyncio.gather(
-        *(ledger.begin("t", call_id, token, f"w{i}", 30) for i in range(10))
+        *(
+            ledger.begin("t", "run", call_id, token=token, worker_id=f"w{i}", lease_s=30)
+            for i in range(10)
+        )
     )
     assert sorted(v for v, _ in verdicts) == ["busy"] * 9 + ["run"]
 
@@ -116,20 +121,29 @@ async def test_a_started_call_whose_lease_expired_is_unknown_not_rerun(
     redis: Redis, call_id: str, settings: Settings
 ) -> None:
     ledger = Ledger(redis, Keys.of(settings))
-    await ledger.create("t", [_call(call_id)])
-    _attempt, token = await ledger.dispatch("t", call_id) or (0, 0)
-    assert (await ledger.begin("t", call_id, token, "w1", 0.0))[0] == "run"
-    assert (await ledger.begin("t", call_id, token, "w2", 30))[0] == "unknown"
+    await ledger.create("t", "run", [_call(call_id)])
+    _attempt, token = await ledger.dispatch("t", "run", call_id) or (0, 0)
+    assert (await ledger.begin("t", "run", call_id, token=token, worker_id="w1", lease_s=0.0))[
+        0
+    ] == "run"
+    assert (await ledger.begin("t", "run", call_id, token=token, worker_id="w2", lease_s=30))[
+        0
+    ] == "unknown"
 
 
 async def test_an_older_fencing_token_is_stale(
     redis: Redis, call_id: str, settings: Settings
 ) -> None:
     ledger = Ledger(redis, Keys.of(settings))
-    await ledger.create("t", [_call(call_id)])
-    await ledger.dispatch("t", call_id)
-    _attempt, token = await ledger.dispatch("t", call_id, reason="retry", force=True) or (0, 0)
-    assert (await ledger.begin("t", call_id, token - 1, "w1", 30))[0] == "stale"
+    await ledger.create("t", "run", [_call(call_id)])
+    await ledger.dispatch("t", "run", call_id)
+    _attempt, token = await ledger.dispatch("t", "run", call_id, reason="retry", force=True) or (
+        0,
+        0,
+    )
+    assert (await ledger.begin("t", "run", call_id, token=token - 1, worker_id="w1", lease_s=30))[
+        0
+    ] == "stale"
     assert await ledger.finish(_outcome(call_id, token - 1)) == "stale"
 
 
@@ -137,12 +151,15 @@ async def test_planner_dispatch_is_idempotent_and_a_forced_retry_fences_the_old_
     redis: Redis, call_id: str, settings: Settings
 ) -> None:
     ledger = Ledger(redis, Keys.of(settings))
-    await ledger.create("t", [_call(call_id)])
-    assert await ledger.dispatch("t", call_id) == (1, 1)
-    assert await ledger.dispatch("t", call_id) == (1, 1)
-    await ledger.begin("t", call_id, 1, "w1", 30)
-    assert await ledger.dispatch("t", call_id) is None
-    assert await ledger.dispatch("t", call_id, reason="probe: not applied", force=True) == (2, 2)
+    await ledger.create("t", "run", [_call(call_id)])
+    assert await ledger.dispatch("t", "run", call_id) == (1, 1)
+    assert await ledger.dispatch("t", "run", call_id) == (1, 1)
+    await ledger.begin("t", "run", call_id, token=1, worker_id="w1", lease_s=30)
+    assert await ledger.dispatch("t", "run", call_id) is None
+    assert await ledger.dispatch("t", "run", call_id, reason="probe: not applied", force=True) == (
+        2,
+        2,
+    )
     assert await ledger.finish(_outcome(call_id, 1)) == "stale"
 
 
@@ -150,15 +167,17 @@ async def test_a_finished_call_returns_its_stored_outcome_instead_of_running(
     redis: Redis, call_id: str, settings: Settings
 ) -> None:
     ledger = Ledger(redis, Keys.of(settings))
-    await ledger.create("t", [_call(call_id)])
-    _attempt, token = await ledger.dispatch("t", call_id) or (0, 0)
-    await ledger.begin("t", call_id, token, "w1", 30)
+    await ledger.create("t", "run", [_call(call_id)])
+    _attempt, token = await ledger.dispatch("t", "run", call_id) or (0, 0)
+    await ledger.begin("t", "run", call_id, token=token, worker_id="w1", lease_s=30)
     assert await ledger.finish(_outcome(call_id, token)) == "ok"
-    verdict, stored = await ledger.begin("t", call_id, token, "w2", 30)
+    verdict, stored = await ledger.begin(
+        "t", "run", call_id, token=token, worker_id="w2", lease_s=30
+    )
     assert verdict == "done"
     assert stored == _outcome(call_id, token)
-    assert await ledger.dispatch("t", call_id) is None
-    events = [e["event"] for e in await ledger.audit("t", call_id)]
+    assert await ledger.dispatch("t", "run", call_id) is None
+    events = [e["event"] for e in await ledger.audit("t", "run", call_id)]
     assert events == ["planned", "dispatched", "started", "finished"]
 
 
@@ -167,11 +186,13 @@ async def test_a_call_of_a_cancelled_run_never_starts(
 ) -> None:
     keys = Keys.of(settings)
     ledger = Ledger(redis, keys)
-    await ledger.create("t", [_call(call_id)])
-    _attempt, token = await ledger.dispatch("t", call_id) or (0, 0)
-    await redis.set(keys.cancelled("t", "run"), "user pressed stop")
-    assert (await ledger.begin("t", call_id, token, "w1", 30, run_id="run"))[0] == "cancelled"
-    assert (await ledger.read("t", [call_id]))[call_id].state == "dispatched"
+    run = f"run-{uuid.uuid4().hex}"  # cancelled for good: no other test may share it
+    await ledger.create("t", run, [_call(call_id, run)])
+    _attempt, token = await ledger.dispatch("t", run, call_id) or (0, 0)
+    await redis.set(keys.cancelled("t", run), "user pressed stop")
+    verdict, _ = await ledger.begin("t", run, call_id, token=token, worker_id="w1", lease_s=30)
+    assert verdict == "cancelled"
+    assert (await ledger.read("t", run, [call_id]))[call_id].state == "dispatched"
 
 
 async def test_retention_lets_a_plain_settled_call_expire_and_keeps_any_other_history(
@@ -180,27 +201,29 @@ async def test_retention_lets_a_plain_settled_call_expire_and_keeps_any_other_hi
     keys = Keys.of(settings)
     ledger = Ledger(redis, keys, retention_s=600)
     rejected, approved, resolved, retried = (f"call-{uuid.uuid4().hex}" for _ in range(4))
-    await ledger.create("t", [_call(c) for c in (rejected, approved, resolved, retried)])
+    await ledger.create("t", "run", [_call(c) for c in (rejected, approved, resolved, retried)])
 
     async def ttls(call_id: str) -> tuple[int, int]:
-        return await redis.ttl(keys.call("t", call_id)), await redis.ttl(keys.audit("t", call_id))
+        return await redis.ttl(keys.call("t", "run", call_id)), await redis.ttl(
+            keys.audit("t", "run", call_id)
+        )
 
     # Settled without running (a missing tool): a plain history, it expires (and has no
     # chain of its own: its events are in its entry).
     await ledger.settle(_outcome(rejected, 0).model_copy(update={"effect": "not_executed"}))
     entry_ttl, chain_ttl = await ttls(rejected)
     assert 0 < entry_ttl <= 600 and chain_ttl == -2
-    assert [e["event"] for e in await ledger.audit("t", rejected)] == [
+    assert [e["event"] for e in await ledger.audit("t", "run", rejected)] == [
         "planned", "settled_without_running"
     ]  # fmt: skip
     # A human's decision, a reconciler's verdict, a forced retry: kept, whatever comes after.
-    await ledger.set_approval("t", approved, False, "no", by="ops")
+    await ledger.set_approval("t", "run", approved, approve=False, message="no", by="ops")
     await ledger.settle(_outcome(approved, 0).model_copy(update={"effect": "not_executed"}))
     await ledger.resolve(_outcome(resolved, 0), "probe_resolved", probe="applied")
-    await ledger.dispatch("t", retried, "probe proved it not applied", force=True)
+    await ledger.dispatch("t", "run", retried, "probe proved it not applied", force=True)
     for call_id in (approved, resolved, retried):
         assert await ttls(call_id) == (-1, -1), call_id
-        assert (await redis.hget(keys.call("t", call_id), "keep")) == b"1"
+        assert (await redis.hget(keys.call("t", "run", call_id), "keep")) == b"1"
 
 
 async def test_a_retry_keeps_the_first_attempts_events_before_its_own(
@@ -210,20 +233,20 @@ async def test_a_retry_keeps_the_first_attempts_events_before_its_own(
     them into the chain before the retry overwrites the entry's fields."""
     keys = Keys.of(settings)
     ledger = Ledger(redis, keys)
-    await ledger.create("t", [_call(call_id)], dispatch=[call_id])
-    await ledger.begin("t", call_id, 1, "w1", 30)
-    plain = await ledger.audit("t", call_id)
+    await ledger.create("t", "run", [_call(call_id)], dispatch=[call_id])
+    await ledger.begin("t", "run", call_id, token=1, worker_id="w1", lease_s=30)
+    plain = await ledger.audit("t", "run", call_id)
     assert [(e["event"], e.get("attempt"), e.get("worker")) for e in plain] == [
         ("planned", None, None), ("dispatched", 1, None), ("started", None, "w1"),
     ]  # fmt: skip
     assert plain[1]["reason"] == "planned" and plain[2]["fencing_token"] == 1
-    assert not await redis.exists(keys.audit("t", call_id))
+    assert not await redis.exists(keys.audit("t", "run", call_id))
 
-    await ledger.append_audit("t", call_id, "probe", state="not_applied")
-    assert await ledger.dispatch("t", call_id, "probe: not applied", force=True) == (2, 2)
-    await ledger.begin("t", call_id, 2, "w2", 30)
+    await ledger.append_audit("t", "run", call_id, "probe", state="not_applied")
+    assert await ledger.dispatch("t", "run", call_id, "probe: not applied", force=True) == (2, 2)
+    await ledger.begin("t", "run", call_id, token=2, worker_id="w2", lease_s=30)
     assert await ledger.finish(_outcome(call_id, 2)) == "ok"
-    events = await ledger.audit("t", call_id)
+    events = await ledger.audit("t", "run", call_id)
     assert [(e["event"], e.get("fencing_token"), e.get("worker")) for e in events] == [
         ("planned", None, None), ("dispatched", 1, None), ("started", 1, "w1"),
         ("probe", None, None), ("dispatched", 2, None), ("started", 2, "w2"),
@@ -240,18 +263,18 @@ async def test_a_chain_written_before_plain_runs_lived_in_the_entry_reads_withou
     """During an upgrade: 0.1 appended every transition, this version finishes the call."""
     keys = Keys.of(settings)
     ledger = Ledger(redis, keys)
-    await ledger.create("t", [_call(call_id)], dispatch=[call_id])
-    fields = await redis.hmget(keys.call("t", call_id), ["created_at", "dispatched_at"])
+    await ledger.create("t", "run", [_call(call_id)], dispatch=[call_id])
+    fields = await redis.hmget(keys.call("t", "run", call_id), ["created_at", "dispatched_at"])
     # As Lua's cjson wrote them: 14 significant digits.
     created, dispatched = (float(f"{float(v):.14g}") for v in fields)
-    await redis.hdel(keys.call("t", call_id), "dispatched_at")  # 0.1 did not write it
+    await redis.hdel(keys.call("t", "run", call_id), "dispatched_at")  # 0.1 did not write it
     await redis.rpush(
-        keys.audit("t", call_id),
+        keys.audit("t", "run", call_id),
         json.dumps({"event": "planned", "at": created}),
         json.dumps({"event": "dispatched", "attempt": 1, "fencing_token": 1,
                     "reason": "planned", "at": dispatched}),
     )  # fmt: skip
-    await ledger.begin("t", call_id, 1, "w1", 30)
+    await ledger.begin("t", "run", call_id, token=1, worker_id="w1", lease_s=30)
     assert await ledger.finish(_outcome(call_id, 1)) == "ok"
-    events = [e["event"] for e in await ledger.audit("t", call_id)]
+    events = [e["event"] for e in await ledger.audit("t", "run", call_id)]
     assert events == ["planned", "dispatched", "started", "finished"]

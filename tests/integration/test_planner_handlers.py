@@ -17,6 +17,7 @@ from kernel.errors import InvalidMessageError
 from kernel.settings import Settings
 from kernel.stores.keys import Keys
 from kernel.stores.registry import publish_tools
+from planner import REUSED_IN_FLIGHT
 from planner.service import Planner
 from schemas import ExecutionCommand, ModelResponseEvent, TurnPlan
 from toolfleet.testing import ConsumedRecord, InMemoryBus
@@ -65,7 +66,7 @@ async def test_a_response_becomes_one_plan_and_one_command_per_call(planner: Pla
     ]  # fmt: skip
     assert all(c.deadline_at is not None for c in commands)
     # The ledger records every call before its command is published, with its turn's policy.
-    entries = await planner.ledger.read("t", [c.call_id for c in commands])
+    entries = await planner.ledger.read("t", run, [c.call_id for c in commands])
     assert {e.state for e in entries.values()} == {"dispatched"}
     assert {e.policy.deadline_s for e in entries.values()} == {30}
 
@@ -92,3 +93,59 @@ async def test_bytes_that_are_not_a_response_raise_for_the_dead_letter_topic(
     record = ConsumedRecord(planner.settings.topic("model-responses"), b"{not json", b"run")
     with pytest.raises(InvalidMessageError):
         await planner.handle(record)
+
+
+def _numbered(run_id: str, arguments: dict[str, int]) -> ModelResponseEvent:
+    """A response whose one call is ``call_0``, as providers that number their calls write."""
+    return ModelResponseEvent.model_validate({
+        "tenant_id": "t", "run_id": run_id, "turn_id": 0, "agent": {"name": "a"},
+        "response_id": f"resp-{run_id}",
+        "items": [{"type": "function_call", "call_id": "call_0", "name": "add",
+                   "arguments": json.dumps(arguments)}],
+    })  # fmt: skip
+
+
+async def _plan(planner: Planner, event: ModelResponseEvent) -> TurnPlan:
+    bus = planner.bus
+    assert isinstance(bus, InMemoryBus)
+    before = len(bus.on("plans"))
+    await planner.handle(
+        ConsumedRecord.of(planner.settings, "model-responses", event, key=event.run_id)
+    )
+    [plan] = [TurnPlan.decode(raw) for raw in bus.on("plans")[before:]]
+    return plan
+
+
+async def test_two_runs_of_a_tenant_may_both_use_call_0_for_different_calls(
+    planner: Planner,
+) -> None:
+    first, second = f"run-{uuid.uuid4().hex}", f"run-{uuid.uuid4().hex}"
+    assert (await _plan(planner, _numbered(first, {"a": 1, "b": 2}))).error is None
+    assert (await _plan(planner, _numbered(second, {"a": 5, "b": 5}))).error is None
+    bus = planner.bus
+    assert isinstance(bus, InMemoryBus)
+    commands = [ExecutionCommand.decode(raw) for raw in bus.on("commands.default")]
+    assert [(c.run_id, c.call_id, c.arguments) for c in commands] == [
+        (first, "call_0", '{"a": 1, "b": 2}'), (second, "call_0", '{"a": 5, "b": 5}'),
+    ]  # fmt: skip
+
+
+async def test_with_tenant_identity_scope_a_second_run_reusing_call_0_is_refused(
+    settings: Settings, redis: Redis
+) -> None:
+    own = settings.model_copy(
+        update={"topic_prefix": f"scope-{uuid.uuid4().hex[:8]}.", "identity_scope": "tenant"}
+    )
+    await publish_tools(redis, Keys.of(own), tools.specs("default"))
+    planner = Planner(own, bus=InMemoryBus(settings=own), redis=redis)
+    first, second = f"run-{uuid.uuid4().hex}", f"run-{uuid.uuid4().hex}"
+    assert (await _plan(planner, _numbered(first, {"a": 1, "b": 2}))).error is None
+    refused = await _plan(planner, _numbered(second, {"a": 5, "b": 5}))
+    assert refused.error is not None
+    # The first call_0 is still in flight (dispatched, no worker here): the SDK's text for an
+    # id reused for a different invocation.
+    assert refused.error.message == REUSED_IN_FLIGHT
+    bus = planner.bus
+    assert isinstance(bus, InMemoryBus)
+    commands = [ExecutionCommand.decode(raw) for raw in bus.on("commands.default")]
+    assert [(c.run_id, c.call_id) for c in commands] == [(first, "call_0")]

@@ -72,7 +72,8 @@ def _run_id(call_id: str) -> str:
 
 
 async def _idempotency_key(redis: Redis, keys: Keys, call_id: str) -> str:
-    return (await Ledger(redis, keys).read("acme", [call_id]))[call_id].idempotency_key
+    entries = await Ledger(redis, keys).read("acme", _run_id(call_id), [call_id])
+    return entries[call_id].idempotency_key
 
 
 async def test_a_timed_out_call_that_did_apply_is_resolved_by_the_probe_and_never_run_twice(
@@ -85,7 +86,9 @@ async def test_a_timed_out_call_that_did_apply_is_resolved_by_the_probe_and_neve
     assert (result.calls[0].status, result.calls[0].effect) == ("succeeded", "applied")
     assert int(await redis.get(executions_key(call_id)) or 0) == 1
     assert int(await redis.get(count_key(key)) or 0) == 1
-    printed = _toolfleet(fleet, "inspect", "call", call_id, "--tenant", "acme")
+    printed = _toolfleet(
+        fleet, "inspect", "call", call_id, "--tenant", "acme", "--run", _run_id(call_id)
+    )
     chain = [line.split()[1] for line in printed.split("audit chain:")[1].splitlines() if line]
     assert chain == ["planned", "dispatched", "started", "finished", "probe", "resolved_applied"]
 
@@ -140,7 +143,7 @@ async def test_compensation_runs_only_after_approval_and_is_linked_in_the_audit_
     assert task.task.kind == "compensation_approval"
     assert await redis.get(effect_key(key)) == b"WRONG 7"  # nothing compensated yet
     ledger = Ledger(redis, keys)
-    entry = (await ledger.read("acme", [call_id]))[call_id]
+    entry = (await ledger.read("acme", _run_id(call_id), [call_id]))[call_id]
     assert entry.outcome is not None and entry.outcome.effect == "wrong_effect"
 
     _toolfleet(
@@ -149,15 +152,21 @@ async def test_compensation_runs_only_after_approval_and_is_linked_in_the_audit_
     result = await result_of(fleet, client, _run_id(call_id))
     assert result.outputs[0].output == COMPENSATED.format(name="pay")
     assert await redis.get(effect_key(key)) == b"COMPENSATED"
-    entry = (await ledger.read("acme", [call_id]))[call_id]
+    entry = (await ledger.read("acme", _run_id(call_id), [call_id]))[call_id]
     assert entry.outcome is not None and entry.outcome.effect == "compensated"
-    events = [e["event"] for e in await ledger.audit("acme", call_id)]
+    events = [e["event"] for e in await ledger.audit("acme", _run_id(call_id), call_id)]
     assert events[-5:] == [
         "wrong_effect", "handed_over", "human_resolution", "compensation_dispatched", "compensated",
     ]  # fmt: skip
-    links = [e for e in await ledger.audit("acme", call_id) if e["event"] == "compensated"]
+    links = [
+        e
+        for e in await ledger.audit("acme", _run_id(call_id), call_id)
+        if e["event"] == "compensated"
+    ]
     assert links[0]["compensation"] == f"{call_id}#compensate"
-    comp_events = [e["event"] for e in await ledger.audit("acme", f"{call_id}#compensate")]
+    comp_events = [
+        e["event"] for e in await ledger.audit("acme", _run_id(call_id), f"{call_id}#compensate")
+    ]
     assert comp_events == ["planned", "dispatched", "started", "finished"]
 
 

@@ -149,6 +149,6 @@ async def test_an_open_circuit_rolls_new_calls_back_and_operators_can_pin_and_un
     stored = await TaskStore(redis, keys).get(task.task.task_id)
     assert stored is not None and stored.status == "open"
     assert set(stored.task.calls) == v2_calls
-    entries = await Ledger(redis, keys).read("acme", sorted(v2_calls))
+    entries = await Ledger(redis, keys).read("acme", failing.run_id, sorted(v2_calls))
     assert {e.outcome.status for e in entries.values() if e.outcome} == {"failed"}
     assert len(entries) == 4

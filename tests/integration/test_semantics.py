@@ -108,8 +108,10 @@ class Store:
         return int(await self.redis.get(key) or 0)
 
     async def entry(self, call_id: str) -> LedgerEntry | None:
-        """The call's ledger entry, if the planner ever recorded it."""
-        return (await Ledger(self.redis, self.keys).read(TENANT, [call_id])).get(call_id)
+        """The call's ledger entry, if the planner ever recorded it (turn() names a call
+        ``<run>-<suffix>``)."""
+        run_id = call_id.rsplit("-", 1)[0]
+        return (await Ledger(self.redis, self.keys).read(TENANT, run_id, [call_id])).get(call_id)
 
     async def has_decision(self, run_id: str, call_id: str) -> bool:
         """Whether the planner stored an approval decision for the call."""
@@ -312,10 +314,14 @@ async def test_an_approved_call_runs_when_the_turn_is_resumed(
     redis, keys = store.redis, store.keys
 
     async def b_expires() -> bool:
-        return 0 < await redis.ttl(keys.call(TENANT, cid(event, "b"))) <= LEDGER_RETENTION_S
+        return (
+            0
+            < await redis.ttl(keys.call(TENANT, event.run_id, cid(event, "b")))
+            <= LEDGER_RETENTION_S
+        )
 
     await wait_for(b_expires)
-    assert await redis.ttl(keys.call(TENANT, cid(event, "a"))) == -1
+    assert await redis.ttl(keys.call(TENANT, event.run_id, cid(event, "a"))) == -1
     assert 0 < await redis.ttl(keys.approvals(TENANT, event.run_id)) <= LEDGER_RETENTION_S
 
 
@@ -581,7 +587,11 @@ async def test_max_concurrency_starts_calls_in_model_order_at_most_n_at_once(
     # "started in model order": two released calls run on two workers, and either may get
     # going first; the release order is what the planner guarantees, as the SDK's does.)
     released = [
-        float(await store.redis.hget(store.keys.call(TENANT, cid(event, s)), "dispatched_at"))
+        float(
+            await store.redis.hget(
+                store.keys.call(TENANT, event.run_id, cid(event, s)), "dispatched_at"
+            )
+        )
         for s in suffixes
     ]
     assert released == sorted(released)

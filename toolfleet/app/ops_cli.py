@@ -121,12 +121,15 @@ def inspect() -> None:
 @inspect.command("call")
 @click.argument("call_id")
 @click.option("--tenant", required=True, help="The call's tenant.")
-def inspect_call(call_id: str, tenant: str) -> None:
+@click.option(
+    "--run", "run_id", default="", help="The call's run (not needed with tenant identity scope)."
+)
+def inspect_call(call_id: str, tenant: str, run_id: str) -> None:
     """Print a call's ledger entry and its audit chain."""
 
     async def work(redis: Redis, _settings: Settings) -> None:
         ledger = Ledger(redis, Keys.of(_settings), _settings.ledger_retention_s)
-        entry = (await ledger.read(tenant, [call_id])).get(call_id)
+        entry = (await ledger.read(tenant, run_id, [call_id])).get(call_id)
         if entry is None:
             raise click.ClickException(f"no call {call_id} for tenant {tenant}")
         fields: dict[str, Any] = {
@@ -137,7 +140,7 @@ def inspect_call(call_id: str, tenant: str) -> None:
         if entry.outcome is not None:
             click.echo("outcome: " + entry.outcome.model_dump_json(exclude_none=True))
         click.echo("audit chain:")
-        for event in await ledger.audit(tenant, call_id):
+        for event in await ledger.audit(tenant, run_id, call_id):
             at = time.strftime("%H:%M:%S", time.localtime(event.pop("at", 0)))
             click.echo(f"  {at}  {event.pop('event')}  {json.dumps(event, default=str)}")
 

@@ -62,6 +62,7 @@ class LocalFleet:
             TOOLFLEET_TOPIC_PREFIX=self.settings.topic_prefix,
             TOOLFLEET_PARTITIONS=str(self.settings.partitions),
             TOOLFLEET_TOPIC_PARTITIONS=json.dumps(self.settings.topic_partitions),
+            TOOLFLEET_IDENTITY_SCOPE=self.settings.identity_scope,
             TOOLFLEET_METRICS_PORT="0",
             TOOLFLEET_DECISION_AUTH=self.settings.decision_auth,
             TOOLFLEET_DECISION_KEYS=json.dumps(self.settings.decision_keys),
