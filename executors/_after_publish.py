@@ -2,9 +2,12 @@
 
 Once an outcome is on Kafka its ledger entry becomes ``committed`` and, when the call ran, it
 is counted in its tool version's circuit window. Per call these were two scripts and two
-waits; here the outcomes handed in during one event-loop turn share one script per tool
-version (the scripts of one turn share a round trip too, see ``kernel.adapters.redis``), so the
-step costs Redis and the worker a fraction of a command per call.
+waits; here the outcomes handed in during one event-loop turn share one commit script per
+slot group and one count per tool version (the scripts of one turn share a round trip too, see
+``kernel.adapters.redis``), so the step costs Redis and the worker a fraction of a command per
+call. Commit and count are separate scripts because their keys live in different hash slots:
+a failure between them fails the batch's callers, and a caller that retries its outcome may be
+counted twice in the window (the window is a rate over a minute; the ledger stays exact).
 """
 
 from __future__ import annotations
@@ -23,27 +26,26 @@ from kernel.stores.keys import Keys
 from kernel.stores.ledger import COMMIT_FUNCTION
 from schemas import CallOutcome
 
-# KEYS: each of the n ledger entries and its audit chain, then the tool version's window
-# keys (none: commit only). ARGV: n, retention_s, now, window_s, min_calls, rate, buckets,
-# then per entry its call id and whether it is counted ('-' no, '0' succeeded, '1' failed).
-# Returns what count_calls returns.
-_COMMIT_AND_COUNT = (
+# KEYS: ledger entries and their audit chains, pairwise, all of one slot group. ARGV:
+# retention_s.
+_COMMIT = (
     COMMIT_FUNCTION
-    + COUNT_FUNCTION
     + """
-local n, retention_s = tonumber(ARGV[1]), tonumber(ARGV[2])
-local ids, failed = {}, 0
-for i = 1, n do
-  commit(KEYS[2 * i - 1], KEYS[2 * i], retention_s)
-  local counted = ARGV[7 + 2 * i]
-  if counted ~= '-' then
-    ids[#ids + 1] = ARGV[6 + 2 * i]
-    if counted == '1' then failed = failed + 1 end
-  end
-end
-if #ids == 0 then return {} end
-return count_calls(KEYS[2 * n + 1], KEYS[2 * n + 2], KEYS[2 * n + 3], tonumber(ARGV[3]), ids,
-  failed, tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
+local retention_s = tonumber(ARGV[1])
+for i = 1, #KEYS, 2 do commit(KEYS[i], KEYS[i + 1], retention_s) end
+return 1
+"""
+)
+
+# KEYS: the tool version's window keys. ARGV: now, window_s, min_calls, rate, buckets, how
+# many of the calls failed, then the calls' ids. Returns what count_calls returns.
+_COUNT = (
+    COUNT_FUNCTION
+    + """
+local ids = {}
+for i = 7, #ARGV do ids[#ids + 1] = ARGV[i] end
+return count_calls(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), ids, tonumber(ARGV[6]),
+  tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
 """
 )
 
@@ -60,7 +62,8 @@ class AfterPublish:
         self.keys = keys
         self.circuits = circuits
         self.retention_s = retention_s
-        self._script = redis.register_script(_COMMIT_AND_COUNT)
+        self._commit = redis.register_script(_COMMIT)
+        self._count = redis.register_script(_COUNT)
         self._pending: dict[str | None, list[_Entry]] = {}
         self._writes: set[asyncio.Task[None]] = set()
 
@@ -87,19 +90,24 @@ class AfterPublish:
             task.add_done_callback(self._writes.discard)
 
     async def _write(self, ref: str | None, entries: Sequence[_Entry]) -> None:
-        keys = []
+        # One commit script per slot group (a script's keys share a hash slot) and one count
+        # for the tool version: issued together, they share one round trip.
+        groups: dict[int, list[str]] = {}
         for outcome, _, _ in entries:
             tenant, run, call = outcome.tenant_id, outcome.run_id, outcome.call_id
-            keys += [self.keys.call(tenant, run, call), self.keys.audit(tenant, run, call)]
-        # The wall clock: the window's buckets are shared by every worker's clock.
-        args: list[Any] = [len(entries), self.retention_s, time.time()]
-        args += self.circuits.window_args()
-        if ref is not None:
-            keys += self.circuits.window_keys(ref)
-        for outcome, failed, _ in entries:
-            args += [outcome.call_id, "-" if failed is None else str(int(failed))]
+            group = groups.setdefault(self.keys.group(tenant, run), [])
+            group += [self.keys.call(tenant, run, call), self.keys.audit(tenant, run, call)]
+        steps = [self._commit(keys=keys, args=[self.retention_s]) for keys in groups.values()]
+        counted = [
+            (outcome.call_id, failed) for outcome, failed, _ in entries if failed is not None
+        ]
+        if ref is not None and counted:
+            # The wall clock: the window's buckets are shared by every worker's clock.
+            args: list[Any] = [time.time(), *self.circuits.window_args()]
+            args += [sum(failed for _, failed in counted), *(call for call, _ in counted)]
+            steps.append(self._count(keys=self.circuits.window_keys(ref), args=args))
         try:
-            opened = [text(m) for m in await self._script(keys=keys, args=args)]
+            replies = await asyncio.gather(*steps)
         except BaseException as exc:
             for _, _, reply in entries:
                 if not reply.done():
@@ -107,6 +115,7 @@ class AfterPublish:
             if not isinstance(exc, Exception):
                 raise
             return
+        opened = [text(m) for m in replies[-1]] if ref is not None and counted else []
         if opened and ref is not None:
             self.circuits.opened(ref)
         opener = max((i for i, (_, f, _) in enumerate(entries) if f), default=None)

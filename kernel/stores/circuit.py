@@ -162,7 +162,10 @@ class CircuitBreaker:
             if (cached := self._cache.get(ref)) is None or now - cached[0] >= self.cache_s
         ]
         if stale:
-            raw = await self.redis.mget([self.keys.circuit("state", ref) for ref in stale])
+            async with self.redis.pipeline(transaction=False) as pipe:  # a slot per ref
+                for ref in stale:
+                    pipe.get(self.keys.circuit("state", ref))
+                raw = await pipe.execute()
             for ref, state in zip(stale, raw, strict=True):
                 self._cache[ref] = (now, json.loads(state) if state else None)
         return {ref for ref in wanted if self._cache[ref][1] is not None}
@@ -170,9 +173,9 @@ class CircuitBreaker:
     async def open_circuits(self) -> dict[str, dict[str, float]]:
         """Every open circuit and its state."""
         found = {}
-        prefix = self.keys.circuit("state", "")
-        async for key in self.redis.scan_iter(f"{prefix}*"):
+        head, tail = self.keys.circuit("state", "\x00").split("\x00")
+        async for key in self.redis.scan_iter(f"{head}*{tail}"):
             raw = await self.redis.get(key)
             if raw:
-                found[text(key).removeprefix(prefix)] = json.loads(raw)
+                found[text(key).removeprefix(head).removesuffix(tail)] = json.loads(raw)
         return found

@@ -140,5 +140,6 @@ class Keys:
         return f"{self.namespace}:sem:{scope}:{name}"
 
     def circuit(self, part: str, ref: str) -> str:
-        """A circuit's ``window``, ``state`` or ``trial`` key."""
-        return f"{self.namespace}:circuit:{part}:{ref}"
+        """A circuit's ``window``, ``state``, ``trial`` or ``calls`` key: the keys of one tool
+        version share a hash slot (its scripts take them together)."""
+        return f"{self.namespace}:circuit:{{{ref}}}:{part}"

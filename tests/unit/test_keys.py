@@ -50,3 +50,9 @@ def test_a_call_id_is_scoped_to_its_run_unless_the_scope_is_the_tenant() -> None
         )
         == 1
     )
+
+
+def test_the_keys_of_one_tool_versions_circuit_share_a_slot() -> None:
+    keys = Keys("tf")
+    parts = ("window", "state", "trial", "calls")
+    assert len({_slot(keys.circuit(part, "pay@2")) for part in parts}) == 1

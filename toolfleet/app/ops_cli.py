@@ -341,5 +341,8 @@ async def _circuit_states(
 ) -> dict[str, dict[str, float] | None]:
     """Each ref's circuit state (None: closed), read without touching half-open trials
     (``CircuitBreaker.check`` may claim one)."""
-    raw = await redis.mget([keys.circuit("state", ref) for ref in refs])
+    async with redis.pipeline(transaction=False) as pipe:  # one slot per ref: no MGET
+        for ref in refs:
+            pipe.get(keys.circuit("state", ref))
+        raw = await pipe.execute()
     return {ref: json.loads(state) if state else None for ref, state in zip(refs, raw, strict=True)}
