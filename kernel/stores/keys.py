@@ -120,24 +120,25 @@ class Keys:
         """Hash: human tasks by id."""
         return f"{self.namespace}:tasks"
 
-    # fleet-wide
+    # fleet-wide: the registry is one hash slot (publishing updates its keys in one
+    # transaction), and so are the semaphores (one script takes a tenant's and a tool's)
     @property
     def tools(self) -> str:
         """Hash: the tool registry, lookup key -> ToolSpec of its newest live version."""
-        return f"{self.namespace}:tools"
+        return f"{self.namespace}:{{tools}}"
 
     def tool_versions(self, lookup_key: str) -> str:
         """Hash: the live (served) versions of one tool, version -> ToolSpec."""
-        return f"{self.namespace}:tools:versions:{lookup_key}"
+        return f"{self.namespace}:{{tools}}:versions:{lookup_key}"
 
     @property
     def tool_pins(self) -> str:
         """Hash: lookup key -> the version an operator pinned new calls to."""
-        return f"{self.namespace}:tools:pins"
+        return f"{self.namespace}:{{tools}}:pins"
 
     def semaphore(self, scope: str, name: str) -> str:
         """Sorted set: holders of one fleet-wide semaphore."""
-        return f"{self.namespace}:sem:{scope}:{name}"
+        return f"{self.namespace}:{{sem}}:{scope}:{name}"
 
     def circuit(self, part: str, ref: str) -> str:
         """A circuit's ``window``, ``state``, ``trial`` or ``calls`` key: the keys of one tool
