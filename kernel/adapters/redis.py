@@ -381,13 +381,30 @@ class ClusterRedis(Redis):
         return _RoutedScript(self, source)
 
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
-        """A pipeline whose commands each go to their slot's primary (no transactions:
-        a cluster has none across slots)."""
+        """A pipeline whose commands each go to their slot's primary. A MULTI transaction
+        spans one primary: use ``transaction`` with the keys it watches."""
         if transaction:
             raise InfrastructureError(
-                "toolfleet on Redis Cluster runs no MULTI transactions; use a script"
+                "a MULTI pipeline on Redis Cluster must name its slot: use "
+                "transaction(func, *watched_keys), with every key in one hash slot"
             )
         return _RoutedPipeline(self)
+
+    async def transaction(
+        self, func: Callable[[Pipeline], Any], *watches: Any, **kwargs: Any
+    ) -> Any:
+        """WATCH/MULTI/EXEC on the primary of ``watches``, which must share a hash slot (as
+        must every key ``func`` writes); retried on a conflict, as redis-py's."""
+        slots = {key_slot(k.encode() if isinstance(k, str) else bytes(k)) for k in watches}
+        if len(slots) != 1:
+            raise InfrastructureError(
+                "a transaction on Redis Cluster watches keys of one hash slot; give them a "
+                "common hash tag"
+            )
+        if not self._owner:
+            await self._load_slots()
+        node = self._nodes[self._owner[slots.pop()]]
+        return await node.transaction(func, *watches, **kwargs)
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         """Close every primary's connections."""

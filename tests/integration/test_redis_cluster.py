@@ -19,7 +19,8 @@ from kernel.adapters.redis import ClusterRedis, connect_redis
 from kernel.settings import Settings
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger, NewCall
-from schemas import CallOutcome
+from kernel.stores.registry import ToolDirectory, live_versions, publish_tools
+from schemas import CallOutcome, ToolSpec
 from toolfleet.app.infra.redis_cluster import start_cluster, stop_cluster
 
 pytestmark = pytest.mark.integration
@@ -99,3 +100,17 @@ async def test_a_call_goes_through_the_ledger_on_the_cluster(
     assert entry.outcome == _outcome(run, "c1", token)
     events = [e["event"] for e in await ledger.audit("busy", run, "c1")]
     assert events == ["planned", "dispatched", "started", "finished"]
+
+
+async def test_tools_are_published_and_read_back_on_the_cluster(
+    client: ClusterRedis, cluster: Settings
+) -> None:
+    keys = Keys.of(cluster)
+    first = ToolSpec(name="add", pool="default", parameters={}, version="1")
+    second = first.model_copy(update={"version": "2"})
+    await publish_tools(client, keys, [second])
+    await publish_tools(client, keys, [first])  # an older version published last
+    live = await live_versions(client, keys, "add")
+    assert sorted(live) == ["1", "2"]
+    catalog = await ToolDirectory(client, keys).specs(needed=["add"])
+    assert catalog["add"].version == "2"  # the newest live version stays the main entry
