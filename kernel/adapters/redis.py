@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
@@ -101,7 +101,7 @@ class AutoPipelinedRedis(Redis):
         """A transaction as usual; a plain pipeline that joins this loop turn's burst."""
         if transaction:
             return super().pipeline(transaction=True, shard_hint=shard_hint)
-        return _BurstPipeline(self)
+        return _BurstPipeline(self, self.enqueue)
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         """Queue the command for this loop turn's pipeline and wait for its reply."""
@@ -234,7 +234,8 @@ def _split_name(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 class _BurstScript(AsyncScript):
-    """A script of an AutoPipelinedRedis: plain EVALSHA, since a burst reloads lost scripts."""
+    """A script of an auto-pipelining client: plain EVALSHA, since a burst reloads lost
+    scripts (on a cluster, each primary's burst reloads its own)."""
 
     async def __call__(
         self,
@@ -249,18 +250,23 @@ class _BurstScript(AsyncScript):
 
 
 class _BurstPipeline(Pipeline):
-    """``pipeline(transaction=False)`` of an AutoPipelinedRedis: its commands join the burst."""
+    """``pipeline(transaction=False)`` of an auto-pipelining client: each command is handed
+    to ``send`` (a burst's queue, or the primary of its slot) and the replies come in order."""
 
-    def __init__(self, client: AutoPipelinedRedis) -> None:
+    def __init__(
+        self,
+        client: Redis,
+        send: Callable[[tuple[Any, ...], Mapping[str, Any]], Awaitable[Any]],
+    ) -> None:
         super().__init__(client.connection_pool, client.response_callbacks, False, None)
-        self._client = client
+        self._send = send
 
     async def execute(self, raise_on_error: bool = True) -> list[Any]:
-        """Queue every command, wait for all replies (errors in place unless raising)."""
+        """Send every command, wait for all replies (errors in place unless raising)."""
         stack, self.command_stack = self.command_stack, []
         self.scripts = set()  # the burst reloads scripts itself (see _send)
-        futures = [self._client.enqueue(args, options) for args, options in stack]
-        replies = list(await asyncio.gather(*futures, return_exceptions=True))
+        sent = [self._send(args, options) for args, options in stack]
+        replies = list(await asyncio.gather(*sent, return_exceptions=True))
         if raise_on_error:
             for reply in replies:
                 if isinstance(reply, BaseException):
@@ -378,7 +384,7 @@ class ClusterRedis(Redis):
         self._scripts.append(source)
         for node in self._nodes.values():
             node.register_script(source)
-        return _RoutedScript(self, source)
+        return _BurstScript(self, source)
 
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
         """A pipeline whose commands each go to their slot's primary. A MULTI transaction
@@ -388,7 +394,7 @@ class ClusterRedis(Redis):
                 "a MULTI pipeline on Redis Cluster must name its slot: use "
                 "transaction(func, *watched_keys), with every key in one hash slot"
             )
-        return _RoutedPipeline(self)
+        return _BurstPipeline(self, self._routed)
 
     async def transaction(
         self, func: Callable[[Pipeline], Any], *watches: Any, **kwargs: Any
@@ -405,6 +411,9 @@ class ClusterRedis(Redis):
             await self._load_slots()
         node = self._nodes[self._owner[slots.pop()]]
         return await node.transaction(func, *watches, **kwargs)
+
+    def _routed(self, args: tuple[Any, ...], options: Mapping[str, Any]) -> Awaitable[Any]:
+        return self.execute_command(*args, **options)
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         """Close every primary's connections."""
@@ -493,45 +502,3 @@ def _first_key(verb: bytes, args: tuple[Any, ...]) -> bytes:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-class _RoutedScript(AsyncScript):
-    """EVALSHA sent to the primary of the script's first key (each primary reloads it)."""
-
-    def __init__(self, client: ClusterRedis, source: str) -> None:
-        super().__init__(client, source)
-
-    async def __call__(
-        self,
-        keys: Sequence[Any] | None = None,
-        args: Iterable[Any] | None = None,
-        client: Any = None,
-    ) -> Any:
-        """Run the script (queued on ``client``, a pipeline, when given)."""
-        keys = keys or ()
-        target = self.registered_client if client is None else client
-        return await target.execute_command("EVALSHA", self.sha, len(keys), *keys, *(args or ()))
-
-
-class _RoutedPipeline(Pipeline):
-    """Commands queued, then each sent to its own primary at once; replies in order."""
-
-    def __init__(self, client: ClusterRedis) -> None:
-        super().__init__(client.connection_pool, client.response_callbacks, False, None)
-        self._client = client
-
-    async def execute(self, raise_on_error: bool = True) -> list[Any]:
-        """Send every queued command (each primary's in one burst) and wait for all."""
-        stack, self.command_stack = self.command_stack, []
-        self.scripts = set()
-        replies = list(
-            await asyncio.gather(
-                *(self._client.execute_command(*args, **options) for args, options in stack),
-                return_exceptions=True,
-            )
-        )
-        if raise_on_error:
-            for reply in replies:
-                if isinstance(reply, BaseException):
-                    raise reply
-        return replies
