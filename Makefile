@@ -25,9 +25,13 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
-## test: everything CI runs: lint, unit tests, integration tests against real Kafka and Redis
+## test: everything CI runs: lint, unit tests, integration tests against real Kafka and a
+## single Redis, then the integration tests again with a 3-master Redis Cluster as the state
+## (tests about one server's client, or that bring their own cluster, run in the first pass)
 test: setup lint
 	$(BIN)/pytest -q
+	TOOLFLEET_TEST_REDIS=cluster $(BIN)/pytest -q tests/integration \
+	  -m "integration and not single_redis and not own_cluster"
 
 ## unit: the tests that need no broker
 unit: $(STAMP)

@@ -36,10 +36,16 @@ from kernel.adapters.metrics import CALL_LATENCY, COMMANDS, HUMAN_TASKS, IN_FLIG
 from kernel.adapters.offsets import OffsetTracker
 from kernel.adapters.spans import SpanBatcher
 from kernel.adapters.topics import command_topic
-from kernel.errors import CutOffError, InvalidMessageError, ToolfleetError, ToolNotFoundError
+from kernel.errors import (
+    CutOffError,
+    InvalidMessageError,
+    ToolfleetError,
+    ToolNotFoundError,
+    UnreplicatedWriteError,
+)
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.effects import counts_against_circuit, effect_of_probe, fleet_retries
-from kernel.rules.outcomes import identity, lost
+from kernel.rules.outcomes import WORKER_LOST, identity, lost
 from kernel.rules.texts import CIRCUIT_OPEN, UNKNOWN_OUTCOME, unknown_outcome_text
 from kernel.rules.versions import version_ref
 from kernel.settings import Settings
@@ -431,19 +437,30 @@ class Worker:
         return outcome
 
     async def _begin(self, command: ExecutionCommand, tool_version: str | None = None) -> str:
-        """The ledger's verdict; while another live worker holds the call, wait for it."""
+        """The ledger's verdict; while another live worker holds the call, wait for it.
+
+        A ``started`` that no replica confirmed is ``unreplicated``: the call never runs here (a
+        failover could lose the write and let another worker run it), and the reconciler
+        resolves it as any call whose worker was lost.
+        """
         while True:
-            verdict, _stored = await self.ledger.begin(
-                command.tenant_id,
-                command.run_id,
-                command.call_id,
-                token=command.fencing_token,
-                worker_id=self.worker_id,
-                lease_s=self.limits.lease_s,
-                # An approved compensation runs even if its run was cancelled since.
-                unless_cancelled=command.kind == "execute",
-                tool_version=tool_version,
-            )
+            try:
+                verdict, _stored = await self.ledger.begin(
+                    command.tenant_id,
+                    command.run_id,
+                    command.call_id,
+                    token=command.fencing_token,
+                    worker_id=self.worker_id,
+                    lease_s=self.limits.lease_s,
+                    # An approved compensation runs even if its run was cancelled since.
+                    unless_cancelled=command.kind == "execute",
+                    tool_version=tool_version,
+                )
+            except UnreplicatedWriteError as exc:
+                log.error(
+                    "started not replicated; the call will not run", extra={"error": str(exc)}
+                )
+                return "unreplicated"
             if verdict != "busy":
                 return verdict
             # A redelivery (rebalance) while the holder still runs: its outcome or its lease
@@ -457,9 +474,10 @@ class Worker:
             return entry.outcome if entry else None
         if verdict == "cancelled":  # queued when its run was cancelled: never starts
             return _ended(command, self.worker_id, "skipped")
-        if verdict == "unknown":
+        if verdict in ("unknown", "unreplicated"):
             spec = self.registry.get(command.tool_name, command.tool_version).spec(self.pool)
-            return lost(command, spec, worker_id=self.worker_id, source="executor")
+            cause = _UNREPLICATED if verdict == "unreplicated" else WORKER_LOST
+            return lost(command, spec, worker_id=self.worker_id, source="executor", cause=cause)
         if verdict == "missing":
             raise InvalidMessageError(
                 "command for a call the ledger does not know",
@@ -553,6 +571,12 @@ class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
         """Positions come from the committed offsets; log the assignment for operators."""
         partitions = sorted(tp.partition for tp in assigned)
         log.info("partitions assigned", extra={"partitions": partitions})
+
+
+_UNREPLICATED = CallError(
+    type="UnreplicatedWriteError",
+    message="no Redis replica confirmed the call's start in time; it was not run",
+)
 
 
 async def _persist(step: Callable[[], Awaitable[T]]) -> T:

@@ -8,7 +8,8 @@ Catch the branch that says what you can do about it::
     │   └── ToolNotFoundError            a call names a tool that no worker pool publishes
     ├── UnavailableError                 a dependency is away: retry, nothing is wrong with you
     │   ├── InfrastructureError          Kafka or Redis could not be started, reached or stopped
-    │   │   └── CutOffError              this instance lost Kafka or Redis past the cut-off bound
+    │   │   ├── CutOffError              this instance lost Kafka or Redis past the cut-off bound
+    │   │   └── UnreplicatedWriteError   no replica confirmed a durable write (WAIT) in time
     │   └── TurnTimeoutError             (toolfleet.client; also a TimeoutError) no result in time
     ├── InvalidMessageError              (schemas) a message fails its schema: dead-lettered
     ├── ModelBehaviorError               the model's calls cannot run safely (reused/empty ids)
@@ -39,6 +40,7 @@ __all__ = [
     "ToolNotFoundError",
     "ToolfleetError",
     "UnavailableError",
+    "UnreplicatedWriteError",
     "UsageError",
 ]
 
@@ -66,6 +68,13 @@ class InfrastructureError(UnavailableError):
 class CutOffError(InfrastructureError):
     """This instance could not reach Kafka or Redis for longer than the cut-off bound while
     its peers may: it gives up its partitions, waits until both answer, and rejoins."""
+
+
+class UnreplicatedWriteError(InfrastructureError):
+    """The Redis primary applied a durable write, but too few replicas acknowledged it within
+    the WAIT timeout, so a failover could lose it. A call whose ``started`` this was never
+    runs: it counts as started, effect unknown, for the reconciler to resolve. Check the
+    replicas (``INFO replication``) or TOOLFLEET_REDIS_WAIT_TIMEOUT_MS."""
 
 
 class ModelBehaviorError(ToolfleetError):

@@ -37,6 +37,19 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices("REDIS_URL", "TOOLFLEET_REDIS_URL")
     )
     redis_max_connections: int = Field(default=128, ge=4, description="Per process")
+    redis_wait_replicas: int = Field(
+        default=1,
+        ge=0,
+        description="Replicas that must acknowledge a call's `started` write (Redis WAIT) "
+        "before its body runs, when its primary has that many (fewer: as many as it has; "
+        "none: no WAIT). 0 never waits",
+    )
+    redis_wait_timeout_ms: int = Field(
+        default=1000,
+        ge=1,
+        description="How long `started` waits for the replicas; past it the call never runs "
+        "and its effect is unknown (UnreplicatedWriteError)",
+    )
     topic_prefix: str = "toolfleet."
     partitions: int = Field(
         default=6,

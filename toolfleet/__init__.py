@@ -15,6 +15,7 @@ from kernel.errors import (
     ToolfleetError,
     ToolNotFoundError,
     UnavailableError,
+    UnreplicatedWriteError,
     UsageError,
 )
 from kernel.settings import Settings
@@ -33,5 +34,6 @@ __all__ = [
     "ToolfleetError",
     "TurnTimeoutError",
     "UnavailableError",
+    "UnreplicatedWriteError",
     "UsageError",
 ]

@@ -4,22 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Literal, TypeVar
+from urllib.parse import unquote, urlsplit
 from weakref import WeakKeyDictionary
 
 import hiredis
 import orjson
 from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.client import EMPTY_RESPONSE, NEVER_DECODE
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from kernel.errors import InfrastructureError
+from kernel.errors import ConfigurationError, InfrastructureError, UnreplicatedWriteError
 from kernel.settings import Settings
 
 T = TypeVar("T")
@@ -56,7 +63,13 @@ ledger step waited for the burst in flight and then for its own: I/O-bound tools
 worker slot ~15 ms longer (the ledger gate runs inside the slot). With two, that wait
 about halves; at full CPU load (bench (a)) one and two measured the same within noise."""
 
-_NOT_FOR_CALLBACKS = frozenset({"keys", EMPTY_RESPONSE, NEVER_DECODE})
+DURABLE = "toolfleet_durable"
+"""Command option: the write must reach ``replica_acks`` replicas before it counts (WAIT)."""
+
+_ROLE_TTL_S = 5.0
+"""How long a client trusts what ROLE said about its primary's replicas."""
+
+_NOT_FOR_CALLBACKS = frozenset({"keys", DURABLE, EMPTY_RESPONSE, NEVER_DECODE})
 """Options of redis-py's commands meant for its client, not for its reply callbacks."""
 
 _Queued = tuple[tuple[Any, ...], Mapping[str, Any], "asyncio.Future[Any]"]
@@ -64,6 +77,10 @@ _Queued = tuple[tuple[Any, ...], Mapping[str, Any], "asyncio.Future[Any]"]
 
 class AutoPipelinedRedis(Redis):
     """A client that sends the commands issued in one event-loop turn as one pipeline.
+
+    A command sent with ``durable=True`` (``_BurstScript``) also waits for replicas: its burst
+    ends with ``WAIT``, on the same connection, and the command fails with
+    ``UnreplicatedWriteError`` when too few replicas acknowledged in time.
 
     A service handles many calls at once, and each call's Redis steps are small scripts:
     sent one by one, every step pays a pool checkout, a write and a read of its own. Queued
@@ -75,8 +92,15 @@ class AutoPipelinedRedis(Redis):
     issue without awaiting each other have no order between them.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, replica_acks: int = 0, replica_timeout_ms: int = 1000, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.replica_acks = replica_acks
+        """Replicas a durable command waits for (WAIT), at most as many as the primary has."""
+        self.replica_timeout_ms = replica_timeout_ms
+        self._replicas = 0
+        self._role_read_at = float("-inf")
         self._queued: list[_Queued] = []
         self._flushes: set[asyncio.Task[None]] = set()
         self._flush_scheduled = False
@@ -138,9 +162,10 @@ class AutoPipelinedRedis(Redis):
 
     async def _send(self, batch: list[_Queued]) -> None:
         try:
-            replies = await self._round_trip(batch)
+            replies = await self._exchange(batch)
             await self._reload_scripts(batch, replies)
         except BaseException as exc:  # the connection failed: every caller sees it
+            self._role_read_at = float("-inf")  # a failover may follow: ask ROLE again
             for _, _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
@@ -169,8 +194,41 @@ class AutoPipelinedRedis(Redis):
         for sha in shas:
             pipe.script_load(self._scripts[sha])
         await pipe.execute()
-        for i, reply in zip(again, await self._round_trip([batch[i] for i in again]), strict=True):
+        for i, reply in zip(again, await self._exchange([batch[i] for i in again]), strict=True):
             replies[i] = reply
+
+    async def _exchange(self, batch: list[_Queued]) -> list[Any]:
+        """One round trip; a burst holding a durable command ends with WAIT, and when too few
+        replicas acknowledge, every durable command of the burst fails (the write reached the
+        primary alone: a failover could lose it)."""
+        wanted = 0
+        if self.replica_acks and any(options.get(DURABLE) for _, options, _ in batch):
+            wanted = min(self.replica_acks, await self._replica_count())
+        if not wanted:
+            return await self._round_trip(batch)
+        no_caller = asyncio.get_running_loop().create_future()
+        wait: _Queued = (("WAIT", wanted, self.replica_timeout_ms), {}, no_caller)
+        *replies, acknowledged = await self._round_trip([*batch, wait])
+        if isinstance(acknowledged, int) and acknowledged >= wanted:
+            return replies
+        failure = UnreplicatedWriteError(
+            f"{acknowledged!r} of {wanted} replicas acknowledged within "
+            f"{self.replica_timeout_ms} ms: a failover could lose the write"
+        )
+        return [
+            failure if options.get(DURABLE) and not isinstance(reply, Exception) else reply
+            for (_, options, _), reply in zip(batch, replies, strict=True)
+        ]
+
+    async def _replica_count(self) -> int:
+        """How many replicas the primary has now (ROLE, read again every few seconds, so a
+        replica that attaches or leaves is noticed)."""
+        now = time.monotonic()
+        if now - self._role_read_at > _ROLE_TTL_S:
+            role = await super().execute_command("ROLE")  # type: ignore[no-untyped-call]
+            self._replicas = len(role[2]) if _text(role[0]) == "master" else 0
+            self._role_read_at = now
+        return self._replicas
 
     async def _round_trip(self, batch: list[_Queued]) -> list[Any]:
         """Send a burst and read its replies: hiredis packs and parses, in one write and as
@@ -242,11 +300,17 @@ class _BurstScript(AsyncScript):
         keys: Sequence[Any] | None = None,
         args: Iterable[Any] | None = None,
         client: Any = None,
+        *,
+        durable: bool = False,
     ) -> Any:
-        """Run the script (on ``client``, a pipeline of the same client, when given)."""
+        """Run the script (on ``client``, a pipeline of the same client, when given); a
+        ``durable`` run returns once the client's ``replica_acks`` replicas have it."""
         keys = keys or ()
         target = self.registered_client if client is None else client
-        return await target.execute_command("EVALSHA", self.sha, len(keys), *keys, *(args or ()))
+        options = {DURABLE: True} if durable else {}
+        return await target.execute_command(
+            "EVALSHA", self.sha, len(keys), *keys, *(args or ()), **options
+        )
 
 
 class _BurstPipeline(Pipeline):
@@ -274,24 +338,122 @@ class _BurstPipeline(Pipeline):
         return replies
 
 
-def connect_redis(settings: Settings) -> Redis:
-    """A Redis client for the configured URL; replies stay bytes (Lua scripts return bytes).
+@dataclass(frozen=True)
+class RedisTarget:
+    """What ``REDIS_URL`` names: one server, a cluster by some of its nodes, or the primary
+    that Sentinels watch under a service name."""
 
-    The client auto-pipelines (see ``AutoPipelinedRedis``). The pool blocks when all its
-    connections are busy: flushes wait their turn instead of failing with "too many
-    connections". ``redis+cluster://host:port[,host:port...]`` names a Redis Cluster by some
-    of its nodes: the client then keeps one such connection per primary, and routes each
-    command by its slot (``ClusterRedis``).
-    """
-    address = settings.redis_address()
-    if address.startswith("redis+cluster://"):
-        hosts = address.removeprefix("redis+cluster://").split("/", 1)[0]
-        seeds = [(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1])) for h in hosts.split(",")]
-        return ClusterRedis(seeds, max_connections=settings.redis_max_connections)
-    pool = BlockingConnectionPool.from_url(
-        settings.redis_address(), max_connections=settings.redis_max_connections, timeout=60
+    kind: Literal["single", "cluster", "sentinel"]
+    url: str
+    """The URL itself (for a single server, what redis-py is given)."""
+    nodes: tuple[Node, ...] = ()
+    """The cluster's seed nodes, or the Sentinels."""
+    service: str = ""
+    """The Sentinel service name of the primary."""
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+
+def parse_redis_url(url: str) -> RedisTarget:
+    """Tell the forms of ``REDIS_URL`` apart (see ``connect_redis``); a malformed one is a
+    ConfigurationError that shows the accepted forms."""
+    parsed = urlsplit(url)
+    scheme = parsed.scheme
+    if scheme in ("redis", "rediss", "unix"):
+        return RedisTarget("single", url)
+    if scheme not in ("redis+cluster", "redis+sentinel"):
+        raise ConfigurationError(f"REDIS_URL {url!r}: unknown scheme {scheme!r}. {_URL_FORMS}")
+    try:
+        hosts = parsed.netloc.rsplit("@", 1)[-1]
+        nodes = tuple(
+            (host.rsplit(":", 1)[0], int(host.rsplit(":", 1)[1])) for host in hosts.split(",")
+        )
+    except (IndexError, ValueError):
+        raise ConfigurationError(
+            f"REDIS_URL {url!r}: every node needs host:port. {_URL_FORMS}"
+        ) from None
+    path = [part for part in parsed.path.split("/") if part]
+    username = unquote(parsed.username) if parsed.username else None
+    password = unquote(parsed.password) if parsed.password else None
+    if scheme == "redis+cluster":
+        if path not in ([], ["0"]):
+            raise ConfigurationError(
+                f"REDIS_URL {url!r}: a cluster has database 0 only. {_URL_FORMS}"
+            )
+        return RedisTarget("cluster", url, nodes, username=username, password=password)
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ConfigurationError(f"REDIS_URL {url!r}: name the Sentinel service. {_URL_FORMS}")
+    db = int(path[1]) if len(path) == 2 else 0
+    return RedisTarget(
+        "sentinel", url, nodes, service=path[0], db=db, username=username, password=password
     )
-    return AutoPipelinedRedis(connection_pool=pool, decode_responses=False)
+
+
+_URL_FORMS = (
+    "Use redis://[user:password@]host:port/db (or rediss://, unix://) for one server, "
+    "redis+cluster://[user:password@]host:port[,host:port...] for a Redis Cluster, or "
+    "redis+sentinel://[user:password@]host:port[,host:port...]/service[/db] for the primary "
+    "that Sentinels watch."
+)
+
+
+def connect_redis(settings: Settings) -> Redis:
+    """A Redis client for ``REDIS_URL``; replies stay bytes (Lua scripts return bytes).
+
+    - ``redis://``, ``rediss://``, ``unix://``: one server, through an auto-pipelining
+      client (``AutoPipelinedRedis``) whose pool blocks when every connection is busy
+      (flushes wait their turn instead of failing with "too many connections").
+    - ``redis+cluster://host:port[,host:port...]``: a Redis Cluster named by some of its
+      nodes; one auto-pipelining client per primary, each command routed by its hash slot
+      (``ClusterRedis``).
+    - ``redis+sentinel://host:port[,host:port...]/service[/db]``: the primary that those
+      Sentinels watch under ``service``; after a failover, connections follow the new one.
+
+    Writes that gate user code wait for ``redis_wait_replicas`` replicas where the primary
+    has them (``register_durable_script``).
+    """
+    target = parse_redis_url(settings.redis_address())
+    durability = {
+        "replica_acks": settings.redis_wait_replicas,
+        "replica_timeout_ms": settings.redis_wait_timeout_ms,
+    }
+    if target.kind == "cluster":
+        return ClusterRedis(
+            target.nodes,
+            max_connections=settings.redis_max_connections,
+            username=target.username,
+            password=target.password,
+            **durability,
+        )
+    pool: ConnectionPool
+    if target.kind == "sentinel":
+        sentinels = Sentinel(  # type: ignore[no-untyped-call]
+            list(target.nodes), socket_connect_timeout=5, socket_timeout=5
+        )
+        pool = SentinelConnectionPool(  # type: ignore[no-untyped-call]
+            target.service,
+            sentinels,
+            max_connections=settings.redis_max_connections,
+            db=target.db,
+            username=target.username,
+            password=target.password,
+        )
+    else:
+        pool = BlockingConnectionPool.from_url(
+            target.url, max_connections=settings.redis_max_connections, timeout=60
+        )
+    return AutoPipelinedRedis(connection_pool=pool, decode_responses=False, **durability)
+
+
+def register_durable_script(redis: Redis, source: str) -> Callable[..., Awaitable[Any]]:
+    """``redis.register_script(source)``, whose runs return only once the client's
+    ``replica_acks`` replicas have their writes (WAIT; ``UnreplicatedWriteError`` otherwise).
+    A plain redis-py client runs it as usual, waiting for no replica."""
+    script = redis.register_script(source)
+    if isinstance(script, _BurstScript):
+        return partial(script, durable=True)
+    return script
 
 
 async def add_to_set(redis: Redis, key: str, member: str | int, ttl_s: int) -> None:
@@ -369,10 +531,22 @@ Node = tuple[str, int]
 class ClusterRedis(Redis):
     """A Redis Cluster behind redis-py's command API, auto-pipelined per primary."""
 
-    def __init__(self, seeds: Sequence[Node], *, max_connections: int) -> None:
+    def __init__(
+        self,
+        seeds: Sequence[Node],
+        *,
+        max_connections: int,
+        replica_acks: int = 0,
+        replica_timeout_ms: int = 1000,
+        username: str | None = None,
+        password: str | None = None,
+    ) -> None:
         super().__init__()
         self._seeds = list(seeds)
+        self._username, self._password = username, password
         self._max_connections = max_connections
+        self._replica_acks = replica_acks
+        self._replica_timeout_ms = replica_timeout_ms
         self._nodes: dict[Node, AutoPipelinedRedis] = {}
         self._owner: list[Node] = []
         self._scripts: list[str] = []
@@ -439,6 +613,11 @@ class ClusterRedis(Redis):
                 if not str(exc).startswith(("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN")):
                     raise
                 await self._load_slots()
+            except (RedisConnectionError, RedisTimeoutError):
+                # The primary is away (a failover may be under way): the next attempt asks
+                # the cluster who owns the slot now; the caller retries as after any outage.
+                await self._load_slots()
+                raise
         raise InfrastructureError(
             f"Redis Cluster kept moving the slot of {key!r}; check CLUSTER INFO on its nodes"
         )
@@ -459,7 +638,13 @@ class ClusterRedis(Redis):
         async with self._refresh:
             last: Exception | None = None
             for seed in [*self._seeds, *self._nodes]:
-                probe = Redis(host=seed[0], port=seed[1], socket_connect_timeout=5)
+                probe = Redis(
+                    host=seed[0],
+                    port=seed[1],
+                    socket_connect_timeout=5,
+                    username=self._username,
+                    password=self._password,
+                )
                 try:
                     ranges = await probe.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
                 except Exception as exc:  # an unreachable seed: try the next one
@@ -482,9 +667,19 @@ class ClusterRedis(Redis):
         if node in self._nodes:
             return
         pool = BlockingConnectionPool(
-            host=node[0], port=node[1], max_connections=self._max_connections, timeout=60
+            host=node[0],
+            port=node[1],
+            max_connections=self._max_connections,
+            timeout=60,
+            username=self._username,
+            password=self._password,
         )
-        client = AutoPipelinedRedis(connection_pool=pool, decode_responses=False)
+        client = AutoPipelinedRedis(
+            connection_pool=pool,
+            decode_responses=False,
+            replica_acks=self._replica_acks,
+            replica_timeout_ms=self._replica_timeout_ms,
+        )
         for source in self._scripts:
             client.register_script(source)
         self._nodes[node] = client

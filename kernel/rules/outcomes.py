@@ -27,14 +27,22 @@ def identity(command: ExecutionCommand, worker_id: str | None) -> dict[str, obje
     }
 
 
+WORKER_LOST = CallError(
+    type="WorkerLost", message="the worker running this call stopped before reporting an outcome"
+)
+"""Why a call's effect is unknown when its worker vanished after ``started``."""
+
+
 def lost(
     command: ExecutionCommand,
     spec: ToolSpec | None,
     *,
     worker_id: str | None,
     source: Literal["executor", "reconciler"],
+    cause: CallError = WORKER_LOST,
 ) -> CallOutcome:
-    """A call whose worker vanished after it started: nobody knows whether it applied.
+    """A call whose worker vanished after it started (or whose ``started`` a failover could
+    lose, ``cause`` says which): nobody knows whether it applied.
 
     A read-only tool cannot have applied anything; every other tool's effect is unknown.
     """
@@ -45,9 +53,6 @@ def lost(
         effect=effect,
         resolved=effect != "unknown" or (spec is not None and spec.on_unknown == "report_now"),
         output=unknown_outcome_text(spec) if spec else None,
-        error=CallError(
-            type="WorkerLost",
-            message="the worker running this call stopped before reporting an outcome",
-        ),
+        error=cause,
         source=source,
     )

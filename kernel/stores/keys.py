@@ -8,7 +8,7 @@ concurrency gates, turn state, cancellation marker) carries the hash tag of the 
 group, one of ``SLOT_GROUPS`` chosen from (tenant, run). A Redis Cluster keeps each group in
 one hash slot, so every script's keys share a slot, while one busy tenant's runs spread over
 every shard. The indexes a service scans (leases, the reconciler's due set) are split by
-group, and scanned group by group.
+group (human tasks by their id), and scanned group by group.
 
 Identity scope: a call's ledger key names its run (``identity_scope="run"``, as the Agents SDK
 scopes call ids), so two runs may both use call id ``call_0``. With ``"tenant"`` the run is
@@ -115,10 +115,13 @@ class Keys:
         """Sorted set: the reconciler's delayed actions of one slot group, by due time."""
         return f"{self.namespace}:{{g{group}}}:recon:due"
 
-    @property
-    def tasks(self) -> str:
-        """Hash: human tasks by id."""
-        return f"{self.namespace}:tasks"
+    def task_group(self, task_id: str) -> int:
+        """The slot group of a human task's index, from its id alone."""
+        return zlib.crc32(task_id.encode()) % SLOT_GROUPS
+
+    def tasks(self, group: int) -> str:
+        """Hash: the human tasks of one slot group, by id."""
+        return f"{self.namespace}:{{g{group}}}:tasks"
 
     # fleet-wide: the registry is one hash slot (publishing updates its keys in one
     # transaction), and so are the semaphores (one script takes a tenant's and a tool's)

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from redis.asyncio import Redis
 
-from kernel.adapters.redis import HashFields, text
+from kernel.adapters.redis import HashFields, register_durable_script, text
 from kernel.settings import LEDGER_RETENTION_S
 from kernel.stores.keys import SLOT_GROUPS, Keys
 from schemas import CallOutcome, ExecutionCommand, TurnConfig
@@ -491,7 +491,8 @@ class Ledger:
         self._create = redis.register_script(_CREATE)
         self._create_fresh = redis.register_script(_CREATE_FRESH)
         self._dispatch = redis.register_script(_DISPATCH)
-        self._begin = redis.register_script(_BEGIN)
+        # ``started`` must survive a failover before user code runs: it waits for a replica.
+        self._begin = register_durable_script(redis, _BEGIN)
         self._renew = redis.register_script(_RENEW)
         self._upstream_ref = redis.register_script(_UPSTREAM_REF)
         self._finish = redis.register_script(_FINISH)
@@ -633,7 +634,9 @@ class Ledger:
         unless_cancelled: bool = True,
         tool_version: str | None = None,
     ) -> tuple[BeginVerdict, CallOutcome | None]:
-        """May this worker run this attempt now? ``run`` means ``started`` is durably written.
+        """May this worker run this attempt now? ``run`` means ``started`` is durably written:
+        fsynced, and on as many replicas as the client waits for. ``UnreplicatedWriteError``
+        means it reached the primary alone: the call counts as started and must not run.
 
         With ``unless_cancelled``, a call of a cancelled run never starts (``cancelled``). The
         ``tool_version`` that runs is recorded, so retries and probes go to the same version.

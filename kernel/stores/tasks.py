@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -11,7 +12,7 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 
 from kernel.adapters.redis import text
-from kernel.stores.keys import Keys
+from kernel.stores.keys import SLOT_GROUPS, Keys
 from schemas import HumanTask, TaskResolution
 
 
@@ -34,23 +35,29 @@ class TaskStore:
 
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
-        self.key = keys.tasks
-        """Hash: task_id -> {"task": HumanTask, "status": open|resolved, "resolution": ...}."""
+        self.keys = keys
+        """Hashes, one per slot group: task_id -> {"task": HumanTask, "status": open|resolved,
+        "resolution": ...}."""
+
+    def _key(self, task_id: str) -> str:
+        return self.keys.tasks(self.keys.task_group(task_id))
 
     async def add(self, task: HumanTask) -> None:
         """Record a new open task."""
         record = {"task": task.model_dump(mode="json"), "status": "open", "resolution": None}
-        await self.redis.hset(self.key, task.task_id, json.dumps(record))
+        await self.redis.hset(self._key(task.task_id), task.task_id, json.dumps(record))
 
     async def get(self, task_id: str) -> StoredTask | None:
         """One task, or None."""
-        raw = await self.redis.hget(self.key, task_id)
+        raw = await self.redis.hget(self._key(task_id), task_id)
         return _decode(raw) if raw else None
 
     async def all(self) -> list[StoredTask]:
-        """Every task, oldest first."""
-        raw = await self.redis.hgetall(self.key)
-        return sorted((_decode(v) for v in raw.values()), key=lambda t: t.task.created_at)
+        """Every task, oldest first (every group's index, read at once)."""
+        groups = [self.keys.tasks(g) for g in range(SLOT_GROUPS)]
+        indexes = await asyncio.gather(*(self.redis.hgetall(key) for key in groups))
+        tasks = (_decode(v) for raw in indexes for v in raw.values())
+        return sorted(tasks, key=lambda t: t.task.created_at)
 
     async def close(self, task_id: str, resolution: TaskResolution) -> bool:
         """Mark a task resolved; False when it was already resolved (a redelivery)."""
@@ -62,7 +69,7 @@ class TaskStore:
             "status": "resolved",
             "resolution": resolution.model_dump(mode="json") | {"at": time.time()},
         }
-        await self.redis.hset(self.key, task_id, json.dumps(record))
+        await self.redis.hset(self._key(task_id), task_id, json.dumps(record))
         return True
 
 

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
-from functools import cache
-
-import redis
 
 from executors import ToolContext, ToolRegistry
+from tests.integration.side_effects import side_effects
 
 tools = ToolRegistry()
 
@@ -19,11 +16,6 @@ local n = redis.call('INCR', KEYS[1])
 if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
 return n
 """
-
-
-@cache
-def _redis() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["REDIS_URL"])
 
 
 def effects_key(call_id: str) -> str:
@@ -38,7 +30,7 @@ def holder_key(call_id: str) -> str:
 
 def in_flight_keys(scope: str) -> tuple[str, str]:
     """(current, peak) in-flight counters of a scope: a tool, a tenant or a worker."""
-    return f"test:inflight:{scope}", f"test:peak:{scope}"
+    return f"test:inflight:{{{scope}}}", f"test:peak:{{{scope}}}"  # one slot: one script
 
 
 @tools.tool(
@@ -47,9 +39,9 @@ def in_flight_keys(scope: str) -> tuple[str, str]:
 )  # fmt: skip
 async def charge(ctx: ToolContext, amount: int, hold_ms: int = 0) -> str:
     """Records who holds the call, holds it, then applies its one side effect."""
-    _redis().set(holder_key(ctx.call_id), ctx.worker_id or "")
+    side_effects().set(holder_key(ctx.call_id), ctx.worker_id or "")
     await asyncio.sleep(hold_ms / 1000)
-    _redis().incr(effects_key(ctx.call_id))
+    side_effects().incr(effects_key(ctx.call_id))
     return f"charged {amount}"
 
 
@@ -57,12 +49,12 @@ async def _tracked(ctx: ToolContext, scope: str, ms: int) -> str:
     """Counts itself in flight for ``scope`` and for its worker while it sleeps ``ms``."""
     scopes = [scope, f"worker:{ctx.worker_id}"]
     for s in scopes:
-        _redis().eval(_ENTER, 2, *in_flight_keys(s))
+        side_effects().eval(_ENTER, 2, *in_flight_keys(s))
     try:
         await asyncio.sleep(ms / 1000)
     finally:
         for s in scopes:
-            _redis().decr(in_flight_keys(s)[0])
+            side_effects().decr(in_flight_keys(s)[0])
     return "ok"
 
 

@@ -8,14 +8,12 @@ client fails: a read timeout, a reset connection, an httpx error, an HTTP status
 from __future__ import annotations
 
 import asyncio
-import os
-from functools import cache
 from typing import Literal
 
 import httpx
-import redis
 
 from executors import NotExecuted, ProbeResult, ToolContext, ToolRegistry
+from tests.integration.side_effects import side_effects
 
 tools = ToolRegistry()
 
@@ -23,11 +21,6 @@ Failure = Literal[
     "none", "timeout", "reset", "httpx_read_timeout", "http_502", "refused", "http_429",
     "http_404", "declined", "definite",
 ]  # fmt: skip
-
-
-@cache
-def _redis() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["REDIS_URL"])
 
 
 def record_key(idempotency_key: str) -> str:
@@ -84,17 +77,17 @@ def _fail(failure: Failure) -> None:
 
 
 def _start(ctx: ToolContext) -> None:
-    _redis().incr(runs_key(ctx.call_id))
-    _redis().rpush(keys_key(ctx.call_id), ctx.idempotency_key)
+    side_effects().incr(runs_key(ctx.call_id))
+    side_effects().rpush(keys_key(ctx.call_id), ctx.idempotency_key)
 
 
 def _apply(ctx: ToolContext, value: str) -> None:
-    _redis().incr(applies_key(ctx.idempotency_key))
-    _redis().set(record_key(ctx.idempotency_key), value, nx=True)  # the upstream dedupes
+    side_effects().incr(applies_key(ctx.idempotency_key))
+    side_effects().set(record_key(ctx.idempotency_key), value, nx=True)  # the upstream dedupes
 
 
 async def _probe(ctx: ToolContext) -> ProbeResult:
-    raw = _redis().get(record_key(ctx.idempotency_key))
+    raw = side_effects().get(record_key(ctx.idempotency_key))
     if raw is None:
         return ProbeResult.not_applied(detail="no record for the idempotency key")
     if raw.startswith(b"WRONG "):
@@ -169,8 +162,8 @@ book_seat.probe(_probe)
 
 @book_seat.compensate
 async def _cancel_booking(ctx: ToolContext, original_output: str) -> str:
-    _redis().set(compensated_ref_key(ctx.idempotency_key), ctx.upstream_ref or "")
-    _redis().set(record_key(ctx.idempotency_key), "CANCELLED")
+    side_effects().set(compensated_ref_key(ctx.idempotency_key), ctx.upstream_ref or "")
+    side_effects().set(record_key(ctx.idempotency_key), "CANCELLED")
     return f"cancelled booking {ctx.upstream_ref}"
 
 

@@ -7,20 +7,12 @@ body really ran, across processes and crashes.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from functools import cache
-
-import redis
 
 from executors import CallHooks, GuardrailResult, Tool, ToolContext, ToolRegistry
+from tests.integration.side_effects import side_effects
 
 tools = ToolRegistry()
-
-
-@cache
-def _redis() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["REDIS_URL"])
 
 
 def effects_key(call_id: str) -> str:
@@ -42,7 +34,7 @@ def add(a: int, b: int) -> int:
 @tools.tool(effect="idempotent", timeout=30)
 async def sleep_then_echo(ctx: ToolContext, text: str, ms: int = 0) -> str:
     """Sleeps ``ms`` milliseconds, records that it ran, and returns ``text``."""
-    _redis().incr(effects_key(ctx.call_id))
+    side_effects().incr(effects_key(ctx.call_id))
     await asyncio.sleep(ms / 1000)
     return text
 
@@ -52,9 +44,9 @@ async def sleep_then_echo(ctx: ToolContext, text: str, ms: int = 0) -> str:
 )
 async def charge(ctx: ToolContext, amount: int, hold_ms: int = 0) -> str:
     """Counts a side effect, then holds the call open for ``hold_ms``."""
-    _redis().set(starts_key(ctx.call_id), ctx.worker_id or "")
+    side_effects().set(starts_key(ctx.call_id), ctx.worker_id or "")
     await asyncio.sleep(hold_ms / 1000)
-    _redis().incr(effects_key(ctx.call_id))
+    side_effects().incr(effects_key(ctx.call_id))
     return f"charged {amount}"
 
 
@@ -129,10 +121,10 @@ class _CountingHooks(CallHooks):
     """Registry hooks that only count, per call_id and event."""
 
     async def on_tool_start(self, ctx: ToolContext, tool: Tool) -> None:
-        _redis().incr(hook_key("start", ctx.call_id))
+        side_effects().incr(hook_key("start", ctx.call_id))
 
     async def on_tool_end(self, ctx: ToolContext, tool: Tool, output: str) -> None:
-        _redis().incr(hook_key("end", ctx.call_id))
+        side_effects().incr(hook_key("end", ctx.call_id))
 
 
 tools.hooks = _CountingHooks()
@@ -141,38 +133,38 @@ tools.hooks = _CountingHooks()
 @tools.tool(effect="read_only", timeout=30)
 async def timed_work(ctx: ToolContext, text: str, ms: int = 0) -> str:
     """Records start and end times around ``ms`` milliseconds of work; returns ``text``."""
-    _redis().hset(timing_key(ctx.call_id), "start", repr(time.time()))
-    _redis().incr(effects_key(ctx.call_id))
+    side_effects().hset(timing_key(ctx.call_id), "start", repr(time.time()))
+    side_effects().incr(effects_key(ctx.call_id))
     await asyncio.sleep(ms / 1000)
-    _redis().hset(timing_key(ctx.call_id), "end", repr(time.time()))
+    side_effects().hset(timing_key(ctx.call_id), "end", repr(time.time()))
     return text
 
 
 @tools.tool(effect="read_only", timeout=60)
 async def hold(ctx: ToolContext, ms: int) -> str:
     """Marks itself started, holds for ``ms``, then counts its effect (read_only: report_now)."""
-    _redis().set(starts_key(ctx.call_id), ctx.worker_id or "")
+    side_effects().set(starts_key(ctx.call_id), ctx.worker_id or "")
     await asyncio.sleep(ms / 1000)
-    _redis().incr(effects_key(ctx.call_id))
+    side_effects().incr(effects_key(ctx.call_id))
     return "held"
 
 
 @tools.tool(effect="read_only", needs_approval=True)
 def approve_me(ctx: ToolContext, name: str) -> str:
     """Needs approval every time; counts its side effect."""
-    _redis().incr(effects_key(ctx.call_id))
+    side_effects().incr(effects_key(ctx.call_id))
     return f"done {name}"
 
 
 def _counted_policy(ctx: ToolContext, args: dict[str, object]) -> bool:
-    _redis().incr(approval_checks_key(ctx.call_id))
+    side_effects().incr(approval_checks_key(ctx.call_id))
     return int(str(args.get("amount", 0))) > 100
 
 
 @tools.tool(effect="read_only", needs_approval=_counted_policy)
 def payout(ctx: ToolContext, amount: int) -> str:
     """Needs approval above 100, decided by a callable that counts how often it is asked."""
-    _redis().incr(effects_key(ctx.call_id))
+    side_effects().incr(effects_key(ctx.call_id))
     return f"paid {amount}"
 
 
@@ -198,14 +190,14 @@ def output_screen(ctx: ToolContext, args: dict[str, object], output: object) -> 
 @tools.tool(effect="read_only", input_guardrails=[input_screen], output_guardrails=[output_screen])
 def screened_echo(ctx: ToolContext, text: str) -> str:
     """Echoes ``text`` through an input and an output guardrail; counts its side effect."""
-    _redis().incr(effects_key(ctx.call_id))
+    side_effects().incr(effects_key(ctx.call_id))
     return text
 
 
 @tools.tool(effect="read_only", needs_approval=True, input_guardrails=[input_screen])
 def screened_approval(ctx: ToolContext, text: str) -> str:
     """Needs approval and has an input guardrail (for ``pre_approval_guardrails``)."""
-    _redis().incr(effects_key(ctx.call_id))
+    side_effects().incr(effects_key(ctx.call_id))
     return text
 
 
@@ -221,7 +213,7 @@ async def _until(at: float) -> None:
 async def strict_boom(ctx: ToolContext, message: str, at: float = 0.0) -> str:
     """Raises ValueError(message) at unix time ``at``; no failure handler: fails the turn."""
     await _until(at)
-    _redis().incr(effects_key(ctx.call_id))
+    side_effects().incr(effects_key(ctx.call_id))
     raise ValueError(message)
 
 
@@ -229,7 +221,7 @@ async def strict_boom(ctx: ToolContext, message: str, at: float = 0.0) -> str:
 async def fatal(ctx: ToolContext, message: str, at: float = 0.0) -> str:
     """Raises a BaseException-class error at unix time ``at`` (always fails the turn)."""
     await _until(at)
-    _redis().incr(effects_key(ctx.call_id))
+    side_effects().incr(effects_key(ctx.call_id))
     raise Fatal(message)
 
 
@@ -237,5 +229,5 @@ async def fatal(ctx: ToolContext, message: str, at: float = 0.0) -> str:
 async def boom_at(ctx: ToolContext, message: str, at: float = 0.0) -> str:
     """Raises ValueError(message) at unix time ``at`` (default failure handler)."""
     await _until(at)
-    _redis().incr(effects_key(ctx.call_id))
+    side_effects().incr(effects_key(ctx.call_id))
     raise ValueError(message)

@@ -10,11 +10,8 @@ does not (in-process), so one test can compare both runs of the same call ids.
 from __future__ import annotations
 
 import asyncio
-import os
-from functools import cache
 from typing import Any
 
-import redis
 from agents import FunctionTool, RunContextWrapper, function_tool
 from agents.tool_guardrails import (
     ToolGuardrailFunctionOutput,
@@ -25,11 +22,7 @@ from agents.tool_guardrails import (
 )
 
 from executors import ToolContext, ToolRegistry
-
-
-@cache
-def _redis() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["REDIS_URL"])
+from tests.integration.side_effects import side_effects
 
 
 def side(ctx: RunContextWrapper[Any]) -> str:
@@ -48,7 +41,7 @@ def peak_key(where: str, group: str) -> str:
 
 
 def _count(ctx: RunContextWrapper[Any], call_id: str) -> None:
-    _redis().incr(runs_key(side(ctx), call_id))
+    side_effects().incr(runs_key(side(ctx), call_id))
 
 
 def _call_id(ctx: RunContextWrapper[Any]) -> str:
@@ -81,8 +74,8 @@ async def sdk_busy(ctx: RunContextWrapper[Any], group: str, ms: int) -> str:
     """Holds ``ms`` milliseconds while counting how many calls of ``group`` are in flight."""
     where = side(ctx)
     in_flight = f"test:sdk:{where}:in-flight:{group}"
-    now = _redis().incr(in_flight)
-    _redis().eval(  # peak = max(peak, now), atomically
+    now = side_effects().incr(in_flight)
+    side_effects().eval(  # peak = max(peak, now), atomically
         "local p = tonumber(redis.call('GET', KEYS[1]) or '0') "
         "if tonumber(ARGV[1]) > p then redis.call('SET', KEYS[1], ARGV[1]) end return 0",
         1,
@@ -92,7 +85,7 @@ async def sdk_busy(ctx: RunContextWrapper[Any], group: str, ms: int) -> str:
     try:
         await asyncio.sleep(ms / 1000)
     finally:
-        _redis().decr(in_flight)
+        side_effects().decr(in_flight)
     return f"{group} done"
 
 

@@ -17,7 +17,8 @@ from tests.integration.test_pipeline import turn
 from toolfleet.client import FleetClient
 from toolfleet.testing import LocalFleet, connected_client, result_of
 
-pytestmark = pytest.mark.integration
+# The cut-off proxy stands in front of one Redis server: the single-Redis pass runs it.
+pytestmark = [pytest.mark.integration, pytest.mark.single_redis]
 
 
 class Proxy:

@@ -1,8 +1,7 @@
 """The ledger on a real 3-master Redis Cluster, through toolfleet's cluster client.
 
-A private cluster (its own state dir and ports) serves this module; the services' suite
-still runs on the single Redis (the whole suite on the cluster comes with the rest of the
-scale-out work).
+A private cluster (its own state dir and ports) serves this module, whichever Redis the rest
+of the suite runs on (`make test` runs the integration suite on the shared local cluster too).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from kernel.stores.registry import ToolDirectory, live_versions, publish_tools
 from schemas import CallOutcome, ToolSpec
 from toolfleet.app.infra.redis_cluster import start_cluster, stop_cluster
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
 
 
 def _free(port: int) -> bool:

@@ -13,7 +13,9 @@ from redis.exceptions import ConnectionError, DataError, ResponseError
 from kernel.adapters.redis import AutoPipelinedRedis, JsonState, update_json
 from kernel.settings import Settings
 
-pytestmark = pytest.mark.integration
+# The single-server client itself (bursts on one connection, MULTI, keyless scripts); the
+# cluster client is tested in test_redis_cluster.py.
+pytestmark = [pytest.mark.integration, pytest.mark.single_redis]
 
 
 def _named_client(

@@ -7,24 +7,17 @@ drop the response (the tool outlives its timeout), or to drop the request before
 from __future__ import annotations
 
 import asyncio
-import os
-from functools import cache
 from typing import Literal
 
 import httpx
-import redis
 
 from executors import ProbeResult, ToolContext, ToolRegistry
+from tests.integration.side_effects import side_effects
 
 tools = ToolRegistry()
 
 Mode = Literal["ok", "apply_then_drop", "drop", "wrong_then_drop"]
 _HANG_S = 5.0  # longer than every timeout below: the response is "lost"
-
-
-@cache
-def _redis() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["REDIS_URL"])
 
 
 def effect_key(idempotency_key: str) -> str:
@@ -43,19 +36,19 @@ def executions_key(call_id: str) -> str:
 
 
 async def _call_upstream(ctx: ToolContext, value: str, mode: Mode) -> str:
-    _redis().incr(executions_key(ctx.call_id))
+    side_effects().incr(executions_key(ctx.call_id))
     if mode == "drop":
         await asyncio.sleep(_HANG_S)  # the request never arrives
-    _redis().incr(count_key(ctx.idempotency_key))
+    side_effects().incr(count_key(ctx.idempotency_key))
     stored = value if mode != "wrong_then_drop" else f"WRONG {value}"
-    _redis().set(effect_key(ctx.idempotency_key), stored, nx=True)  # upstream dedupes by key
+    side_effects().set(effect_key(ctx.idempotency_key), stored, nx=True)  # upstream dedupes by key
     if mode in ("apply_then_drop", "wrong_then_drop"):
         await asyncio.sleep(_HANG_S)  # applied, but the response is lost
     return f"stored {value}"
 
 
 async def _probe(ctx: ToolContext) -> ProbeResult:
-    raw = _redis().get(effect_key(ctx.idempotency_key))
+    raw = side_effects().get(effect_key(ctx.idempotency_key))
     if raw is None:
         return ProbeResult.not_applied(detail="no record for the idempotency key")
     stored = raw.decode()
@@ -65,7 +58,7 @@ async def _probe(ctx: ToolContext) -> ProbeResult:
 
 
 async def _undo(ctx: ToolContext, original_output: str) -> str:
-    _redis().set(effect_key(ctx.idempotency_key), "COMPENSATED")
+    side_effects().set(effect_key(ctx.idempotency_key), "COMPENSATED")
     return f"undid {original_output}"
 
 
@@ -124,7 +117,7 @@ async def charge_card(
     await asyncio.sleep(before_ms / 1000)
     if lose == "refused":
         raise ConnectionRefusedError(111, "Connection refused")
-    _redis().incr(applies_key(ctx.idempotency_key))
+    side_effects().incr(applies_key(ctx.idempotency_key))
     await asyncio.sleep(after_ms / 1000)
     if lose == "timeout":
         raise TimeoutError("The read operation timed out")
@@ -139,6 +132,6 @@ async def charge_card(
 
 @charge_card.probe
 async def _charged(ctx: ToolContext) -> ProbeResult:
-    if int(_redis().get(applies_key(ctx.idempotency_key)) or 0) > 0:
+    if int(side_effects().get(applies_key(ctx.idempotency_key)) or 0) > 0:
         return ProbeResult.applied("charged")
     return ProbeResult.not_applied(detail="no charge for the idempotency key")

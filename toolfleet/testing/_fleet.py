@@ -63,6 +63,8 @@ class LocalFleet:
             TOOLFLEET_PARTITIONS=str(self.settings.partitions),
             TOOLFLEET_TOPIC_PARTITIONS=json.dumps(self.settings.topic_partitions),
             TOOLFLEET_IDENTITY_SCOPE=self.settings.identity_scope,
+            TOOLFLEET_REDIS_WAIT_REPLICAS=str(self.settings.redis_wait_replicas),
+            TOOLFLEET_REDIS_WAIT_TIMEOUT_MS=str(self.settings.redis_wait_timeout_ms),
             TOOLFLEET_METRICS_PORT="0",
             TOOLFLEET_DECISION_AUTH=self.settings.decision_auth,
             TOOLFLEET_DECISION_KEYS=json.dumps(self.settings.decision_keys),

@@ -44,8 +44,8 @@ def cluster_ports(settings: Settings) -> list[int]:
 
 
 def cluster_url(settings: Settings) -> str:
-    """The REDIS_URL of the local cluster (any node serves as a seed)."""
-    return f"redis://127.0.0.1:{settings.redis_cluster_port}/0"
+    """The REDIS_URL of the local cluster (its first node serves as the seed)."""
+    return f"redis+cluster://127.0.0.1:{settings.redis_cluster_port}"
 
 
 def cluster_status(settings: Settings) -> ServiceStatus:
@@ -147,6 +147,10 @@ def _form(settings: Settings, clients: dict[int, redis.Redis], deadline: float) 
         _wait(deadline, f"node {port} to report cluster_state:ok", partial(_ok, client, 0))
         # Roles travel by gossip: a replica is one on every node before the cluster is ready.
         _wait(deadline, f"node {port} to see every role", partial(_roles_are, client, shape))
+    for port, client in clients.items():
+        # A replica counts (WAIT, a failover) once its link to its master is up and synced.
+        # Every node is asked: after a failover, a first-start replica may be a master now.
+        _wait(deadline, f"node {port} to sync with its master", partial(_synced, client))
 
 
 def _node_status(settings: Settings, port: int) -> ServiceStatus:
@@ -219,6 +223,12 @@ def _roles_are(client: redis.Redis, shape: tuple[int, int]) -> bool:
     """Whether this node sees (masters, replicas) as ``shape`` says."""
     roles = [line.split()[2] for line in _text(_cluster(client, "NODES")).splitlines()]
     return (sum("master" in r for r in roles), sum("slave" in r for r in roles)) == shape
+
+
+def _synced(client: redis.Redis) -> bool:
+    """A master, or a replica whose link to its master is up."""
+    replication = client.info("replication")
+    return replication.get("role") == "master" or replication.get("master_link_status") == "up"
 
 
 def _knows(client: redis.Redis, node_id: str) -> bool:
