@@ -1,10 +1,11 @@
 """(f) State scale: the same load on one Redis and on 3 shards: python -m bench.state_scale.
 
-One fleet (planner, aggregator, reconciler, ``--workers`` workers) runs five-call turns of the
-no-op tool, ``--window`` calls outstanding, for ``--seconds``; first with a single Redis as its
-state, then with a local 3-master Redis Cluster (the same ``redis-server``, the same durable
-settings). Each Redis node's CPU (INFO ``used_cpu_sys`` + ``used_cpu_user``) is read before
-and after the window, so every figure is Redis's own cost per call, whatever the fleet's speed.
+Bench (a)'s rows, turns of 1, 5 and 20 calls of the no-op tool (its load generator,
+``--window`` calls outstanding, ``--workers`` workers with as many slots), each measured for
+``--seconds``: first with a single Redis as the fleet's state, then with a local 3-master
+Redis Cluster (the same ``redis-server``, the same durable settings). Each Redis node's CPU (INFO ``used_cpu_sys`` +
+``used_cpu_user``) is read when the window opens and after it closes, so every figure is
+Redis's own cost per call, whatever the fleet's speed.
 
 Printed: calls/s, Redis CPU µs per call on every node and on the busiest one, and the ceiling
 the busiest node implies for the whole fleet (one core per node: 10^6 / busiest µs per call);
@@ -16,8 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
-import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +24,9 @@ from typing import Any
 
 import redis
 
-from kernel.adapters.topics import ensure_topics
+from bench.systems import RunContext, toolfleet
+from bench.workload import TurnFactory, closed_loop, prime, query_args
 from kernel.settings import Settings
-from schemas import AgentRef, ModelResponseEvent
 from toolfleet.app import infra
 from toolfleet.app.infra.redis_cluster import (
     cluster_ports,
@@ -35,10 +34,7 @@ from toolfleet.app.infra.redis_cluster import (
     start_cluster,
     stop_cluster,
 )
-from toolfleet.client import FleetClient
-from toolfleet.testing import LocalFleet, connected_client
 
-CALLS_PER_TURN = 5
 CLUSTER_PORT = 26_000
 
 
@@ -47,6 +43,7 @@ class Row:
     """One layout's figures over its window."""
 
     layout: str
+    calls_per_turn: int
     calls: int
     seconds: float
     cpu_us_per_call: dict[int, float]
@@ -61,7 +58,8 @@ class Row:
         """The row in the printed table."""
         nodes = " / ".join(f"{v:.0f}" for v in self.cpu_us_per_call.values())
         return (
-            f"| {self.layout} | {self.calls / self.seconds:,.0f} | {nodes} | {self.busiest:.0f} "
+            f"| {self.calls_per_turn} | {self.layout} | {self.calls / self.seconds:,.0f} | {nodes} "
+            f"| {self.busiest:.0f} "
             f"| {1e6 / self.busiest:,.0f} |"
         )
 
@@ -79,79 +77,131 @@ def _cpu(ports: Sequence[int]) -> dict[int, float]:
     return used
 
 
-def _turn(i: int) -> ModelResponseEvent:
-    run = f"scale-{uuid.uuid4().hex[:10]}"
-    return ModelResponseEvent(
-        tenant_id="bench", run_id=run, turn_id=0, agent=AgentRef(name="bench"),
-        response_id=f"resp-{i}",
-        items=[{"type": "function_call", "call_id": f"{run}-{c}", "name": "bench_noop",
-                "arguments": f'{{"query": "x", "i": {c}}}'} for c in range(CALLS_PER_TURN)],
-    )  # fmt: skip
+def _commands(ports: Sequence[int]) -> dict[int, dict[str, tuple[int, float]]]:
+    """Each node's commands so far: name -> (calls, microseconds), as INFO commandstats says
+    (the commands scripts run are counted too)."""
+    stats = {}
+    for port in ports:
+        node = redis.Redis(port=port)
+        try:
+            info = node.info("commandstats")
+        finally:
+            node.close()
+        stats[port] = {
+            str(name).removeprefix("cmdstat_"): (int(v["calls"]), float(v["usec"]))
+            for name, v in info.items()
+        }
+    return stats
 
 
-async def _load(client: FleetClient, window: int, seconds: float) -> int:
-    """Keep ``window`` calls outstanding for ``seconds``; the calls completed."""
-    deadline = time.monotonic() + seconds
-    done = 0
+async def _measure(layout: str, ctx: RunContext, ports: Sequence[int], args: Any) -> list[Row]:
+    """Bench (a)'s rows (turns of ``args.calls`` calls, the same load generator and worker
+    flags) on one state layout, with each Redis node's CPU read around each window."""
+    rows = []
+    async with toolfleet(ctx, layout.replace(" ", "-"), args.workers, args.window) as system:
+        for calls_per_turn in args.calls:
+            meter = _NodeMeter(ports)
+            factory = TurnFactory(ctx.tenant, "bench_noop", calls_per_turn, query_args)
+            await prime(system.target, factory, check=system.fleet.check)
+            result = await closed_loop(
+                system.target,
+                factory,
+                window=max(1, args.window // calls_per_turn),
+                warmup_s=args.warmup,
+                measure_s=args.seconds,
+                check=system.fleet.check,
+                meter=meter,
+            )
+            per_call = {
+                port: (meter.cpu_after[port] - meter.cpu_before[port]) / result.calls * 1e6
+                for port in ports
+            }
+            if args.commands:
+                meter.print_commands(f"{calls_per_turn}-call turns, {layout}", result.calls)
+            rows.append(Row(layout, calls_per_turn, result.calls, result.seconds, per_call))
+    return rows
 
-    async def sender() -> None:
-        nonlocal done
-        i = 0
-        while time.monotonic() < deadline:
-            result = await client.run_turn(_turn(i), within=120)
-            assert result.status == "completed", result
-            done += CALLS_PER_TURN
-            i += 1
 
-    await asyncio.gather(*(sender() for _ in range(max(1, window // CALLS_PER_TURN))))
-    return done
+class _NodeMeter:
+    """Reads every node when closed_loop opens its window and when it closes it."""
 
+    def __init__(self, ports: Sequence[int]) -> None:
+        self.ports = ports
+        self.cpu_before: dict[int, float] = {}
+        self.cpu_after: dict[int, float] = {}
+        self._commands: dict[int, dict[str, tuple[int, float]]] = {}
+        self._commands_after: dict[int, dict[str, tuple[int, float]]] = {}
 
-async def _measure(layout: str, settings: Settings, ports: Sequence[int], args: Any) -> Row:
-    settings = settings.model_copy(update={"topic_prefix": f"scale-{uuid.uuid4().hex[:6]}."})
-    await ensure_topics(settings)
-    with LocalFleet(settings, tools="bench.tools:tools", workers=args.workers) as fleet:
-        async with connected_client(fleet, settings) as client:
-            await _load(client, args.window, args.warmup)
-            before, began = _cpu(ports), time.monotonic()
-            calls = await _load(client, args.window, args.seconds)
-            elapsed, after = time.monotonic() - began, _cpu(ports)
-    per_call = {port: (after[port] - before[port]) / calls * 1e6 for port in ports}
-    return Row(layout, calls, elapsed, per_call)
+    def start(self) -> None:
+        self.cpu_before, self._commands = _cpu(self.ports), _commands(self.ports)
+
+    def stop(self) -> dict[str, float]:
+        self.cpu_after, self._commands_after = _cpu(self.ports), _commands(self.ports)
+        return {}
+
+    def print_commands(self, label: str, calls: int) -> None:
+        """Each node's costliest commands over the window, per call."""
+        for port in self.ports:
+            before = self._commands[port]
+            spent = {
+                name: (n - before.get(name, (0, 0.0))[0], us - before.get(name, (0, 0.0))[1])
+                for name, (n, us) in self._commands_after[port].items()
+            }
+            top = sorted(spent.items(), key=lambda item: -item[1][1])[:8]
+            print(f"{label}, node {port}: " + ", ".join(
+                f"{name} {n / calls:.2f}/call {us / calls:.1f} µs" for name, (n, us) in top
+            ))  # fmt: skip
 
 
 async def _run(args: Any) -> None:
     base = Settings()
     infra.up(base)
-    single = await _measure("single Redis", base, [base.redis_port], args)
+    results = Path(tempfile.mkdtemp(prefix="toolfleet-scale-"))
+    single_ctx = RunContext(base, results)
+    try:
+        single = await _measure("single Redis", single_ctx, [base.redis_port], args)
+    finally:
+        await single_ctx.cleanup()
     nodes = Settings(
-        state_dir=Path(tempfile.mkdtemp(prefix="toolfleet-scale-")),
-        redis_cluster_masters=3,
-        redis_cluster_port=CLUSTER_PORT,
+        state_dir=results / "cluster", redis_cluster_masters=3, redis_cluster_port=CLUSTER_PORT
     )
     start_cluster(nodes)
+    sharded_ctx = RunContext(base, results, services_redis_url=cluster_url(nodes))
     try:
-        sharded = base.model_copy(update={"redis_url": cluster_url(nodes)})
-        three = await _measure("3 shards", sharded, cluster_ports(nodes), args)
+        three = await _measure("3 shards", sharded_ctx, cluster_ports(nodes), args)
     finally:
+        await sharded_ctx.cleanup()  # topics; the cluster's keys go with the cluster
         stop_cluster(nodes)
-    print(f"{CALLS_PER_TURN}-call turns of the no-op tool, {args.window} calls outstanding, "
-          f"{args.workers} workers, {args.seconds:g} s per layout:\n")  # fmt: skip
+    print(f"Turns of the no-op tool, {args.window} calls outstanding, {args.workers} workers, "
+          f"{args.seconds:g} s per row:\n")  # fmt: skip
     print(
-        "| state | calls/s | Redis CPU µs per call, per node | busiest | fleet ceiling, calls/s |"
+        "| calls/turn | state | calls/s | Redis CPU µs per call, per node | busiest "
+        "| fleet ceiling, calls/s |"
     )
-    print("|---|---|---|---|---|")
-    print(single.line())
-    print(three.line())
-    ratio = three.busiest / single.busiest
-    print(f"\nbusiest of 3 shards / single Redis: {ratio:.0%} of the CPU per call; "
-          f"the fleet's ceiling {1 / ratio:.1f}x")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for one, sharded in zip(single, three, strict=True):
+        print(one.line())
+        print(sharded.line())
+    print()
+    for one, sharded in zip(single, three, strict=True):
+        ratio = sharded.busiest / one.busiest
+        print(f"{one.calls_per_turn}-call turns: busiest of 3 shards / single Redis {ratio:.0%} "
+              f"of the CPU per call; the fleet's ceiling {1 / ratio:.1f}x")  # fmt: skip
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.state_scale", description=__doc__)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--window", type=int, default=400)
+    parser.add_argument(
+        "--calls",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1, 5, 20],
+        help="calls per turn, one row each (default 1,5,20, as bench (a))",
+    )
+    parser.add_argument("--window", type=int, default=1600, help="calls outstanding")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument(
+        "--commands", action="store_true", help="also print each node's costliest commands"
+    )
     asyncio.run(_run(parser.parse_args()))

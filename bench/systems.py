@@ -53,6 +53,9 @@ class RunContext:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     redis_max_connections: int | None = None
     """Passed to toolfleet's services in REDIS_URL (``?max_connections=N``) when set."""
+    services_redis_url: str | None = None
+    """The services' Redis when it is not ``base``'s (bench (f): a local cluster, discarded
+    after the run; ``cleanup`` deletes keys on ``base``'s Redis only)."""
     prefixes: list[str] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
     log_root: Path = field(init=False)
@@ -77,6 +80,8 @@ class RunContext:
             parts = urlsplit(self.base.redis_address())
             query = f"max_connections={self.redis_max_connections}"
             update["redis_url"] = urlunsplit(parts._replace(query=query))
+        if self.services_redis_url is not None:
+            update["redis_url"] = self.services_redis_url
         settings = self.base.model_copy(update=update)
         self.prefixes.append(prefix)
         self.namespaces.append(Keys.of(settings).namespace)

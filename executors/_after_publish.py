@@ -2,12 +2,13 @@
 
 Once an outcome is on Kafka its ledger entry becomes ``committed`` and, when the call ran, it
 is counted in its tool version's circuit window. Per call these were two scripts and two
-waits; here the outcomes handed in during one event-loop turn share one commit script per
-slot group and one count per tool version (the scripts of one turn share a round trip too, see
-``kernel.adapters.redis``), so the step costs Redis and the worker a fraction of a command per
-call. Commit and count are separate scripts because their keys live in different hash slots:
-a failure between them fails the batch's callers, and a caller that retries its outcome may be
-counted twice in the window (the window is a rate over a minute; the ledger stays exact).
+waits; here the outcomes handed in during one event-loop turn share one commit script (per
+slot group on a Redis Cluster) and one count per tool version (the scripts of one turn share
+a round trip too, see ``kernel.adapters.redis``), so the step costs Redis and the worker a
+fraction of a command per call. Commit and count are separate scripts because their keys live
+in different hash slots: a failure between them fails the batch's callers, and a caller that
+retries its outcome may be counted twice in the window (the window is a rate over a minute;
+the ledger stays exact).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from kernel.adapters.redis import text
+from kernel.adapters.redis import slot_bound, text
 from kernel.rules.effects import counts_against_circuit
 from kernel.stores.circuit import COUNT_FUNCTION, CircuitBreaker
 from kernel.stores.keys import Keys
@@ -62,6 +63,7 @@ class AfterPublish:
         self.keys = keys
         self.circuits = circuits
         self.retention_s = retention_s
+        self._per_slot_group = slot_bound(redis)
         self._commit = redis.register_script(_COMMIT)
         self._count = redis.register_script(_COUNT)
         self._pending: dict[str | None, list[_Entry]] = {}
@@ -90,12 +92,14 @@ class AfterPublish:
             task.add_done_callback(self._writes.discard)
 
     async def _write(self, ref: str | None, entries: Sequence[_Entry]) -> None:
-        # One commit script per slot group (a script's keys share a hash slot) and one count
-        # for the tool version: issued together, they share one round trip.
+        # One commit script per slot group on a cluster (a script's keys share a hash slot),
+        # one for all on a single server, and one count for the tool version: issued
+        # together, they share one round trip.
         groups: dict[int, list[str]] = {}
         for outcome, _, _ in entries:
             tenant, run, call = outcome.tenant_id, outcome.run_id, outcome.call_id
-            group = groups.setdefault(self.keys.group(tenant, run), [])
+            slot_group = self.keys.group(tenant, run) if self._per_slot_group else 0
+            group = groups.setdefault(slot_group, [])
             group += [self.keys.call(tenant, run, call), self.keys.audit(tenant, run, call)]
         steps = [self._commit(keys=keys, args=[self.retention_s]) for keys in groups.values()]
         counted = [

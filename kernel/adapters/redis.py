@@ -446,6 +446,13 @@ def connect_redis(settings: Settings) -> Redis:
     return AutoPipelinedRedis(connection_pool=pool, decode_responses=False, **durability)
 
 
+def slot_bound(redis: Redis) -> bool:
+    """Whether every command's keys must share one hash slot (a Redis Cluster): a batch of
+    keys from several slot groups then needs a command per group; one server takes them all
+    in one."""
+    return isinstance(redis, ClusterRedis)
+
+
 def register_durable_script(redis: Redis, source: str) -> Callable[..., Awaitable[Any]]:
     """``redis.register_script(source)``, whose runs return only once the client's
     ``replica_acks`` replicas have their writes (WAIT; ``UnreplicatedWriteError`` otherwise).

@@ -18,6 +18,8 @@ tenant, which also stops a model response replayed under a new run id.
 
 from __future__ import annotations
 
+import binascii
+import itertools
 import zlib
 from dataclasses import dataclass
 from typing import Literal
@@ -26,6 +28,25 @@ from kernel.settings import Settings
 
 SLOT_GROUPS = 64
 """How many slot groups a deployment's run keys are spread over (fixed: keys name it)."""
+
+_SLOTS = 16_384
+
+
+def _evenly_spaced_tag(group: int) -> str:
+    """The first tag ``g<group>.<n>`` whose hash slot (CRC16 mod 16384, as Redis Cluster
+    computes it) lies in the group's own 1/SLOT_GROUPS of the slot space."""
+    width = _SLOTS // SLOT_GROUPS
+    for n in itertools.count():
+        tag = f"g{group}.{n}"
+        if binascii.crc_hqx(tag.encode(), 0) % _SLOTS // width == group:
+            return tag
+    raise AssertionError("unreachable")
+
+
+GROUP_TAGS = tuple(_evenly_spaced_tag(g) for g in range(SLOT_GROUPS))
+"""The hash tag of each slot group. Plain ``g0`` … ``g63`` hash unevenly (23/21/20 groups on
+3 even shards, so one shard did 8% more than its share); these lie one per 256 slots, so an
+even split of the slots over 2-6, 8 or 16 shards gives each its share of groups within one."""
 
 IdentityScope = Literal["run", "tenant"]
 
@@ -51,12 +72,12 @@ class Keys:
 
     def _run(self, tenant_id: str, run_id: str, kind: str, rest: str = "") -> str:
         tag = self.group(tenant_id, run_id)
-        return f"{self.namespace}:{{g{tag}}}:{kind}:{tenant_id}\x1f{run_id}{rest}"
+        return f"{self.namespace}:{{{GROUP_TAGS[tag]}}}:{kind}:{tenant_id}\x1f{run_id}{rest}"
 
     def _call(self, tenant_id: str, run_id: str, kind: str, call_id: str) -> str:
         tag = self.group(tenant_id, run_id)
         scoped = run_id if self.identity_scope == "run" else ""
-        return f"{self.namespace}:{{g{tag}}}:{kind}:{tenant_id}\x1f{scoped}\x1f{call_id}"
+        return f"{self.namespace}:{{{GROUP_TAGS[tag]}}}:{kind}:{tenant_id}\x1f{scoped}\x1f{call_id}"
 
     # ledger
     def call(self, tenant_id: str, run_id: str, call_id: str) -> str:
@@ -69,7 +90,7 @@ class Keys:
 
     def leases(self, group: int) -> str:
         """Sorted set: started calls of one slot group by lease expiry."""
-        return f"{self.namespace}:{{g{group}}}:leases"
+        return f"{self.namespace}:{{{GROUP_TAGS[group]}}}:leases"
 
     # planner
     def approvals(self, tenant_id: str, run_id: str) -> str:
@@ -113,7 +134,7 @@ class Keys:
 
     def due(self, group: int) -> str:
         """Sorted set: the reconciler's delayed actions of one slot group, by due time."""
-        return f"{self.namespace}:{{g{group}}}:recon:due"
+        return f"{self.namespace}:{{{GROUP_TAGS[group]}}}:recon:due"
 
     def task_group(self, task_id: str) -> int:
         """The slot group of a human task's index, from its id alone."""
@@ -121,7 +142,7 @@ class Keys:
 
     def tasks(self, group: int) -> str:
         """Hash: the human tasks of one slot group, by id."""
-        return f"{self.namespace}:{{g{group}}}:tasks"
+        return f"{self.namespace}:{{{GROUP_TAGS[group]}}}:tasks"
 
     # fleet-wide: the registry is one hash slot (publishing updates its keys in one
     # transaction), and so are the semaphores (one script takes a tenant's and a tool's)

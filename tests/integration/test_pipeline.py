@@ -90,6 +90,24 @@ async def test_a_failed_call_never_discards_a_siblings_output(client: FleetClien
     ]
 
 
+async def test_two_runs_of_one_tenant_both_run_their_own_call_0(client: FleetClient) -> None:
+    def numbered(a: int, b: int) -> ModelResponseEvent:
+        run = f"run-{uuid.uuid4().hex[:10]}"
+        return ModelResponseEvent.model_validate({
+            "tenant_id": "acme", "run_id": run, "turn_id": 0, "agent": {"name": "assistant"},
+            "response_id": f"resp-{run}",
+            "items": [{"type": "function_call", "call_id": "call_0", "name": "add",
+                       "arguments": json.dumps({"a": a, "b": b})}],
+        })  # fmt: skip
+
+    first, second = await asyncio.gather(
+        client.run_turn(numbered(1, 2)), client.run_turn(numbered(5, 5))
+    )
+    assert (first.status, second.status) == ("completed", "completed")
+    assert [o.output for o in first.outputs] == ["3"]
+    assert [o.output for o in second.outputs] == ["10"]
+
+
 # --- results reach the one who asked ----------------------------------------------------------
 def _empty_turn() -> ModelResponseEvent:
     return turn()

@@ -64,3 +64,12 @@ def test_the_registry_and_the_semaphores_each_keep_to_one_slot() -> None:
     assert len({_slot(k) for k in registry}) == 1
     semaphores = [keys.semaphore("tenant", "acme"), keys.semaphore("tool", "charge")]
     assert len({_slot(k) for k in semaphores}) == 1
+
+
+def test_slot_groups_lie_evenly_over_any_even_split_of_the_slots() -> None:
+    for shards in (2, 3, 4, 5, 6, 8, 16):
+        per_shard = [0] * shards
+        for group in range(SLOT_GROUPS):
+            slot = _slot(Keys("tf").leases(group))
+            per_shard[min(slot * shards // 16_384, shards - 1)] += 1
+        assert max(per_shard) - min(per_shard) <= 1, (shards, per_shard)
