@@ -3,9 +3,9 @@
 Bench (a)'s rows, turns of 1, 5 and 20 calls of the no-op tool (its load generator,
 ``--window`` calls outstanding, ``--workers`` workers with as many slots), each measured for
 ``--seconds``: first with a single Redis as the fleet's state, then with a local 3-master
-Redis Cluster (the same ``redis-server``, the same durable settings). Each Redis node's CPU (INFO ``used_cpu_sys`` +
-``used_cpu_user``) is read when the window opens and after it closes, so every figure is
-Redis's own cost per call, whatever the fleet's speed.
+Redis Cluster (the same ``redis-server``, the same durable settings). Each Redis node's CPU
+(INFO ``used_cpu_sys`` + ``used_cpu_user``) is read when the window opens and after it
+closes, so every figure is Redis's own cost per call, whatever the fleet's speed.
 
 Printed: calls/s, Redis CPU µs per call on every node and on the busiest one, and the ceiling
 the busiest node implies for the whole fleet (one core per node: 10^6 / busiest µs per call);
