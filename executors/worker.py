@@ -1,23 +1,24 @@
 """A worker process of one pool: takes commands off ``commands.<pool>`` and runs the calls.
 
-Per call: the fleet-wide tenant and tool semaphores, then the ledger gate (``started`` is
-written before any user code), the tool itself, the outcome to the ledger, the outcome to
-Kafka, ``committed`` in the ledger, and only then the offset. Redelivered commands find the
-ledger ahead of them: a finished call re-emits its stored outcome, a call whose holder is
-alive is waited for, and a call that started and lost its worker is reported with effect
-``unknown`` and is never run again blindly.
+Per call (admission applied every quota before the command reached Kafka): the ledger gate
+(``started`` is written before any user code), the tool itself, the outcome to the ledger,
+the outcome to Kafka, ``committed`` in the ledger, and only then the offset. Redelivered
+commands find the ledger ahead of them: a finished call re-emits its stored outcome, a call
+whose holder is alive is waited for, and a call that started and lost its worker is
+reported with effect ``unknown`` and is never run again blindly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
@@ -45,15 +46,15 @@ from kernel.errors import (
 )
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.effects import counts_against_circuit, effect_of_probe, fleet_retries
-from kernel.rules.outcomes import WORKER_LOST, identity, lost
+from kernel.rules.outcomes import WORKER_LOST, ended, identity, lost
 from kernel.rules.texts import CIRCUIT_OPEN, UNKNOWN_OUTCOME, unknown_outcome_text
 from kernel.rules.versions import version_ref
 from kernel.settings import Settings
+from kernel.stores.admission import Admission
 from kernel.stores.circuit import CircuitBreaker
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
 from kernel.stores.registry import publish_tools
-from kernel.stores.semaphore import FleetSemaphores
 from kernel.stores.tasks import TaskStore, new_task_id
 from kernel.tools import Tool, ToolRegistry, run_call, run_compensate, run_probe
 from schemas import CallError, CallOutcome, CancelRequest, ExecutionCommand, HumanTask
@@ -67,11 +68,9 @@ _CallKey = tuple[str, str, str]
 
 @dataclass(frozen=True)
 class WorkerLimits:
-    """Concurrency limits (per process, fleet-wide per tenant and per tool) and the lease."""
+    """This process's slots (they count in its pool's capacity) and the ledger lease."""
 
     per_worker: int = 100
-    per_tenant: int | None = None
-    per_tool: Mapping[str, int] = field(default_factory=dict)
     lease_s: float = 30.0
     """How long a silent holder keeps a call (and its slots); renewed every third of it."""
 
@@ -108,7 +107,7 @@ class Worker:
         self.redis = redis
         self.keys = Keys.of(settings)
         self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
-        self.semaphores = FleetSemaphores(self.redis, lease_s=self.limits.lease_s)
+        self.admission = Admission(self.redis, self.keys)
         self.circuits = CircuitBreaker(self.redis, settings)
         self.tasks = TaskStore(self.redis, self.keys)
         self.auth = DecisionAuth.of(settings)
@@ -152,9 +151,13 @@ class Worker:
         await cancels.start()
         listener = asyncio.create_task(self._listen_for_cancellations(cancels))
         renewer = asyncio.create_task(self._renew_leases())
+        registrar = asyncio.create_task(self._register_capacity())
         try:
             await self._consume(commands)
         finally:
+            registrar.cancel()
+            with contextlib.suppress(*TRANSIENT_ERRORS):
+                await self.admission.unregister_worker(self.pool, self.worker_id)
             listener.cancel()
             if self._handlers:
                 await asyncio.gather(*self._handlers, return_exceptions=True)
@@ -166,6 +169,18 @@ class Worker:
             await self.bus.stop()
         if self._cut_off is not None:
             raise self._cut_off
+
+    async def _register_capacity(self) -> None:
+        """Keep this worker's slots in its pool's capacity (admission admits up to it)."""
+        ttl = self.settings.worker_capacity_ttl_s
+        while True:
+            try:
+                await self.admission.register_worker(
+                    self.pool, self.worker_id, self.limits.per_worker, ttl, time.time()
+                )
+            except TRANSIENT_ERRORS as exc:
+                log.warning("could not register capacity", extra={"error": repr(exc)})
+            await asyncio.sleep(ttl / 3)
 
     async def _consume(self, consumer: AIOKafkaConsumer) -> None:
         last_commit = time.monotonic()
@@ -257,23 +272,16 @@ class Worker:
                 await self._publish(compensated)
             return
         if (command.tenant_id, command.run_id) in self._cancelled_runs:
-            await self._publish(_ended(command, self.worker_id, "skipped"))
+            await self._publish(ended(command, self.worker_id, "skipped"))
             return
         ref = version_ref(tool.lookup_key, tool.version)
         circuit = await self.circuits.check(ref)
         if circuit.state == "open":
             await self._publish(_circuit_open(command, self.worker_id, tool, circuit.reason))
             return
-        limits: list[tuple[str, int]] = []
-        if self.limits.per_tenant is not None:
-            limits.append(
-                (self.keys.semaphore("tenant", command.tenant_id), self.limits.per_tenant)
-            )
-        if (per_tool := self.limits.per_tool.get(command.tool_name)) is not None:
-            limits.append((self.keys.semaphore("tool", command.tool_name), per_tool))
-        holder = f"{self.worker_id}:{command.call_id}:{command.fencing_token}"
-        async with self.semaphores.hold(holder, limits):
-            outcome = await self._execute(tool, command, slot)
+        # Tenant and tool quotas were applied by admission before the command reached
+        # Kafka: a slot here is only ever taken by a call that can run now.
+        outcome = await self._execute(tool, command, slot)
         if outcome is None:
             return
         await _persist(lambda: self.bus.publish_and_wait("outcomes", outcome.run_id, outcome))
@@ -346,7 +354,7 @@ class Worker:
             if (command.tenant_id, command.run_id) not in self._cancelled_runs:
                 raise
             # Parent cancellation: no tool output, only the fact that the call was cancelled.
-            outcome = _ended(command, self.worker_id, "cancelled")
+            outcome = ended(command, self.worker_id, "cancelled")
         finally:
             # The tool is done: its slot runs the next call while this one's outcome is
             # written and published (the limit is on running tools, not on bookkeeping).
@@ -473,7 +481,7 @@ class Worker:
             entry = entries.get(command.call_id)
             return entry.outcome if entry else None
         if verdict == "cancelled":  # queued when its run was cancelled: never starts
-            return _ended(command, self.worker_id, "skipped")
+            return ended(command, self.worker_id, "skipped")
         if verdict in ("unknown", "unreplicated"):
             spec = self.registry.get(command.tool_name, command.tool_version).spec(self.pool)
             cause = _UNREPLICATED if verdict == "unreplicated" else WORKER_LOST
@@ -611,18 +619,6 @@ def _span(command: ExecutionCommand, outcome: CallOutcome) -> dict[str, Any]:
         "start": outcome.started_at,
         "end": outcome.finished_at,
     }
-
-
-def _ended(
-    command: ExecutionCommand, worker_id: str, status: Literal["skipped", "cancelled"]
-) -> CallOutcome:
-    """A call of a cancelled run: skipped before it started, or cancelled while running."""
-    return CallOutcome(
-        **identity(command, worker_id),
-        status=status,
-        effect="not_executed" if status == "skipped" else "unknown",
-        error=CallError(type="CancelledError", message="run cancelled", severity="cancellation"),
-    )
 
 
 def _circuit_open(

@@ -1,7 +1,7 @@
 """The kernel every toolfleet service stands on, in four layers (top to bottom):
 
 - ``kernel.tools``: the tool API and the lifecycle of one call (pure of Kafka and Redis);
-- ``kernel.stores``: state in Redis (ledger, circuits, semaphores, tasks, tool registry);
+- ``kernel.stores``: state in Redis (ledger, admission, circuits, tasks, tool registry);
 - ``kernel.adapters``: the connections (Kafka bus, Redis, metrics, logs, topics);
 - ``kernel.rules``: pure decisions (effects, limits, versions, texts, decision signing).
 

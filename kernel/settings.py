@@ -37,6 +37,40 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices("REDIS_URL", "TOOLFLEET_REDIS_URL")
     )
     redis_max_connections: int = Field(default=128, ge=4, description="Per process")
+    tenant_max_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="Calls one tenant may have admitted at once, fleet-wide, unless "
+        "`toolfleet tenants set` says otherwise (None: no quota)",
+    )
+    tenant_weight: float = Field(
+        default=1.0,
+        gt=0,
+        description="A tenant's share of capacity among tenants with waiting calls, unless set",
+    )
+    tenant_rate: float | None = Field(
+        default=None, gt=0, description="Calls per second one tenant may start, unless set"
+    )
+    tenant_burst: int | None = Field(
+        default=None, ge=1, description="Calls a tenant's rate bucket holds (default 1)"
+    )
+    admission_tick_ms: int = Field(
+        default=50,
+        ge=5,
+        description="How often each planner refills rate buckets, withdraws calls past their "
+        "deadline and republishes commands a lost planner admitted",
+    )
+    admission_lease_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="An admitted call whose outcome never arrives frees its slots after this",
+    )
+    worker_capacity_ttl_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="A worker's slots count in its pool's capacity this long after it last "
+        "registered them (it registers every third of it)",
+    )
     redis_wait_replicas: int = Field(
         default=1,
         ge=0,

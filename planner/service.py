@@ -17,19 +17,20 @@ from collections.abc import Mapping
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from kernel.adapters.bus import Bus, ConsumeLoop, Record
-from kernel.adapters.metrics import COMMANDS, PLAN_LATENCY
+from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, ConsumeLoop, Record
+from kernel.adapters.metrics import PLAN_LATENCY
 from kernel.adapters.redis import HashFields, text
-from kernel.adapters.topics import command_topic
 from kernel.errors import InvalidMessageError
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.limits import json_depth_exceeds
 from kernel.rules.versions import choose_version, circuits_to_check
 from kernel.settings import Settings
+from kernel.stores.admission import Admission
 from kernel.stores.circuit import CircuitBreaker
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import CallPolicy, Ledger, LedgerEntry, NewCall, command_for
 from kernel.stores.registry import ToolDirectory
+from planner._admitting import Admitter
 from planner._gate import Gate
 from planner._planning import (
     ApprovalView,
@@ -70,6 +71,7 @@ class Planner:
         self._routing: dict[str, str] = {}
         """Lookup key -> why its calls go where they go, as last logged (logged on change)."""
         self.gate = Gate(self.redis, self.keys, ttl_s=settings.ledger_retention_s)
+        self.admitter = Admitter(Admission.of(self.redis, self.keys, settings), self.bus)
         self.auth = DecisionAuth.of(settings)
         self._loop: ConsumeLoop | None = None
 
@@ -92,19 +94,37 @@ class Planner:
             wanted=self.wants,
             cut_off_after_s=self.settings.cut_off_after_s,
         )
+        ticks = asyncio.create_task(self._tick())
         try:
             await self._loop.run()
         finally:
+            ticks.cancel()
             await consumer.stop()
             await self.bus.stop()
 
+    async def _tick(self) -> None:
+        """Admission's periodic pass, in every planner instance (they never conflict)."""
+        period = self.settings.admission_tick_ms / 1000
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.admitter.tick(self._publish_outcome)
+            except TRANSIENT_ERRORS as exc:
+                log.warning("admission tick failed; retrying", extra={"error": repr(exc)})
+
+    async def _publish_outcome(self, outcome: CallOutcome) -> None:
+        await self.bus.publish_and_wait("outcomes", outcome.run_id, outcome)
+
     def wants(self, record: Record) -> bool:
-        """Every record but the outcomes of turns without a concurrency cap (most of them).
+        """Every record but the outcomes neither admission nor a concurrency cap waits for.
 
         Those are skipped before decoding; the aggregator, which reads every outcome,
         dead-letters invalid ones.
         """
-        return not record.topic.endswith("outcomes") or _CAPPED in (record.value or b"")
+        if not record.topic.endswith("outcomes"):
+            return True
+        raw = record.value or b""
+        return _CAPPED in raw or _ADMITTED in raw or _FROM_RECONCILER in raw
 
     async def handle(self, record: Record) -> None:
         """Route one record by topic; invalid bytes raise InvalidMessageError (dead-lettered)."""
@@ -148,7 +168,13 @@ class Planner:
         PLAN_LATENCY.observe(time.perf_counter() - began)
 
     async def on_outcome(self, outcome: CallOutcome) -> None:
-        """Release the next queued calls of a turn with a concurrency cap."""
+        """Free an admitted call's slots; release the next calls of a capped turn."""
+        if outcome.kind == "execute" and (outcome.admitted or outcome.source == "reconciler"):
+            await self.admitter.release(outcome)  # a call never admitted: nothing to free
+        if outcome.capped:
+            await self._on_capped_outcome(outcome)
+
+    async def _on_capped_outcome(self, outcome: CallOutcome) -> None:
         released = await self.gate.on_outcome(outcome)
         for call in released.never_started:
             skipped = _decided_outcome(outcome, call).model_copy(
@@ -210,6 +236,9 @@ class Planner:
                 self._retain(pipe, cancelled)
                 await pipe.execute()
             await self.gate.cancel_run(request.tenant_id, request.run_id)
+            await self.admitter.withdraw_run(
+                request.tenant_id, request.run_id, self._publish_outcome
+            )
 
     def _retain(self, pipe: Pipeline, key: str) -> None:
         """A run's decisions last as long as its calls' ledger entries (0: forever)."""
@@ -390,14 +419,17 @@ class Planner:
         )
 
     async def _publish_commands(self, commands: list[ExecutionCommand]) -> None:
-        futures = [await self.bus.publish(command_topic(c.pool), c.call_id, c) for c in commands]
-        for future, command in zip(futures, commands, strict=True):
-            await future
-            COMMANDS.labels("planner", command.pool, command.kind).inc()
+        """Every command goes through admission: it reaches Kafka when it can run."""
+        await self.admitter.submit(commands)
 
 
 _CAPPED = b'"capped":true'
 """How a capped turn's outcome reads on the wire (compact JSON, as Message.encode writes it)."""
+_ADMITTED = b'"admitted":true'
+"""How an admitted call's outcome reads on the wire."""
+_FROM_RECONCILER = b'"source":"reconciler"'
+"""The reconciler's outcomes (a lost worker's call, say) free an admitted call's slots too:
+it builds them from the ledger, which does not record admission."""
 
 
 def _new_calls(event: ModelResponseEvent, updates: list[LedgerUpdate]) -> list[NewCall]:

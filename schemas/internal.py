@@ -153,6 +153,10 @@ class ExecutionCommand(Message):
         default=False,
         description="The turn has max_concurrency: its outcome frees a slot at the planner.",
     )
+    admitted: bool = Field(
+        default=False,
+        description="Admitted by the planner's admission: its outcome frees its quota slots.",
+    )
     upstream_ref: str | None = Field(
         default=None,
         description="For probe and compensate: the upstream's own id the call recorded.",
@@ -194,6 +198,12 @@ class CallOutcome(Message):
     source: Literal["executor", "reconciler", "human", "planner"] = "executor"
     capped: bool = Field(
         default=False, description="Copied from the command: the planner must see this one."
+    )
+    admitted: bool = Field(
+        default=False, description="Copied from the command: the planner must see this one."
+    )
+    throttled: bool = Field(
+        default=False, description="The upstream said HTTP 429: its rate limits slow down."
     )
     kind: Literal["execute", "probe", "compensate"] = Field(
         default="execute",

@@ -85,3 +85,31 @@ def serve_metrics(port: int, host: str = "0.0.0.0") -> int:
     bound = int(server.server_address[1])
     log.info("serving metrics", extra={"port": bound})
     return bound
+
+
+ADMITTED = Counter(
+    "toolfleet_admitted_total",
+    "Calls admitted to Kafka by the planners' admission, per pool.",
+    ["pool"],
+    registry=REGISTRY,
+)
+ADMISSION_WAIT = Histogram(
+    "toolfleet_admission_wait_seconds",
+    "Time a call waited for admission (capacity, quotas, rate limits), per pool.",
+    ["pool"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+THROTTLED = Counter(
+    "toolfleet_throttled_total",
+    "HTTP 429s from a tool that slowed its rate buckets, per tool.",
+    ["tool"],
+    registry=REGISTRY,
+)
+TENANT_CALLS = Gauge(
+    "toolfleet_tenant_calls",
+    "Calls running (admitted) and waiting for admission, fleet-wide, for the 10 tenants with "
+    'the most waiting and the rest as tenant="other" (every planner reports the same).',
+    ["tenant", "state"],
+    registry=REGISTRY,
+)

@@ -73,14 +73,21 @@ class EffectVerdict:
     """For not_executed: transient (trying again can help) or permanent; None otherwise."""
     retry_after_s: float | None = None
     """The upstream's Retry-After, when it gave one."""
+    throttled: bool = False
+    """The upstream refused for its rate limit (HTTP 429): the tool's rate buckets slow down."""
 
     @classmethod
     def not_executed(
-        cls, reason: str, *, retryable: bool = False, retry_after_s: float | None = None
+        cls,
+        reason: str,
+        *,
+        retryable: bool = False,
+        retry_after_s: float | None = None,
+        throttled: bool = False,
     ) -> EffectVerdict:
         """The request provably took no effect upstream."""
         return cls("not_executed", reason, "transient" if retryable else "permanent",
-                   retry_after_s)  # fmt: skip
+                   retry_after_s, throttled)  # fmt: skip
 
     @classmethod
     def unknown(cls, reason: str) -> EffectVerdict:
@@ -200,7 +207,7 @@ def _by_status(status: int, headers: Any, now: float) -> EffectVerdict:
         retry_after = parse_retry_after(_header(headers, "retry-after"), now)
         return EffectVerdict.not_executed(
             "HTTP 429: the upstream refused the request for now", retryable=True,
-            retry_after_s=retry_after,
+            retry_after_s=retry_after, throttled=True,
         )  # fmt: skip
     if 400 <= status < 500 and status not in (408, 409):
         return EffectVerdict.not_executed(f"HTTP {status}: the upstream refused the request")

@@ -6,7 +6,7 @@ import time
 from typing import Literal
 
 from kernel.rules.effects import effect_for_class
-from kernel.rules.texts import unknown_outcome_text
+from kernel.rules.texts import NEVER_STARTED_DEADLINE, unknown_outcome_text
 from schemas import CallError, CallOutcome, ExecutionCommand, ToolSpec
 
 
@@ -22,6 +22,7 @@ def identity(command: ExecutionCommand, worker_id: str | None) -> dict[str, obje
         "attempt": command.attempt,
         "fencing_token": command.fencing_token,
         "capped": command.capped,
+        "admitted": command.admitted,
         "worker_id": worker_id,
         "finished_at": time.time(),
     }
@@ -55,4 +56,30 @@ def lost(
         output=unknown_outcome_text(spec) if spec else None,
         error=cause,
         source=source,
+    )
+
+
+def ended(
+    command: ExecutionCommand, worker_id: str | None, status: Literal["skipped", "cancelled"]
+) -> CallOutcome:
+    """A call of a cancelled run: skipped before it started, or cancelled while running."""
+    return CallOutcome(
+        **identity(command, worker_id),
+        status=status,
+        effect="not_executed" if status == "skipped" else "unknown",
+        error=CallError(type="CancelledError", message="run cancelled", severity="cancellation"),
+    )
+
+
+def past_deadline(command: ExecutionCommand) -> CallOutcome:
+    """A call that waited for capacity until its turn's deadline: never started."""
+    return CallOutcome(
+        **identity(command, None),
+        status="timed_out",
+        effect="not_executed",
+        output=NEVER_STARTED_DEADLINE.format(name=command.tool_name),
+        error=CallError(
+            type="DeadlineExceeded", message="the turn's deadline passed before the call started"
+        ),
+        source="planner",
     )

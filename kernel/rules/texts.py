@@ -33,6 +33,12 @@ OUTPUT_TOO_LARGE = (
 """A call whose output was over TOOLFLEET_MAX_OUTPUT_BYTES (its effect is what the body did)."""
 
 TIMEOUT = "Tool '{name}' timed out after {seconds:g} seconds."
+
+NEVER_STARTED_DEADLINE = (
+    "Tool '{name}' was not started: the turn's deadline passed while the call waited for "
+    "capacity. It had no effect."
+)
+"""A call still waiting for admission at its turn's deadline (toolfleet's own text)."""
 """The SDK's timeout text, which report_now tools show for an unknown effect."""
 
 TOOL_NOT_FOUND = "Tool '{name}' not found."

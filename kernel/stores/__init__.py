@@ -3,9 +3,9 @@
 - ``keys``: every Redis key name (one home for the prefix and hash tags);
 - ``ledger``: the call ledger, from ``planned`` to ``committed``, with its audit chain;
 - ``circuit``: circuit breakers per tool version;
-- ``semaphore``: fleet-wide concurrency limits;
+- ``admission``: queues, quotas, weights and rate limits, before Kafka;
 - ``tasks``: the human task queue;
 - ``registry``: published tools, their versions, pins and rollbacks.
 """
 
-__all__ = ["circuit", "keys", "ledger", "registry", "semaphore", "tasks"]
+__all__ = ["admission", "circuit", "keys", "ledger", "registry", "tasks"]

@@ -1,7 +1,7 @@
 """Every Redis key toolfleet uses, under one namespace per deployment.
 
 The namespace follows the topic prefix, so two deployments (or two test sessions) that share
-a Redis never see each other's ledger, registry, semaphores or circuits.
+a Redis never see each other's ledger, registry, admission state or circuits.
 
 Slot groups: every key of one run (its calls' ledger entries and audit chains, approvals,
 concurrency gates, turn state, cancellation marker) carries the hash tag of the run's slot
@@ -145,7 +145,7 @@ class Keys:
         return f"{self.namespace}:{{{GROUP_TAGS[group]}}}:tasks"
 
     # fleet-wide: the registry is one hash slot (publishing updates its keys in one
-    # transaction), and so are the semaphores (one script takes a tenant's and a tool's)
+    # transaction), and so is admission (one script decides over all of its structures)
     @property
     def tools(self) -> str:
         """Hash: the tool registry, lookup key -> ToolSpec of its newest live version."""
@@ -160,9 +160,10 @@ class Keys:
         """Hash: lookup key -> the version an operator pinned new calls to."""
         return f"{self.namespace}:{{tools}}:pins"
 
-    def semaphore(self, scope: str, name: str) -> str:
-        """Sorted set: holders of one fleet-wide semaphore."""
-        return f"{self.namespace}:{{sem}}:{scope}:{name}"
+    def admission(self, name: str) -> str:
+        """One structure of admission (queues, quotas, buckets, worker slots): all in one
+        hash slot, since every admission decision reads and writes them together."""
+        return f"{self.namespace}:{{adm}}:{name}"
 
     def circuit(self, part: str, ref: str) -> str:
         """A circuit's ``window``, ``state``, ``trial`` or ``calls`` key: the keys of one tool

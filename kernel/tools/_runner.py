@@ -111,6 +111,7 @@ class _Body:
     error: CallError | None = None
     retry: RetryHint | None = None
     retry_after_s: float | None = None
+    throttled: bool = False
 
 
 async def run_call(
@@ -321,7 +322,9 @@ class _CallRun:
                 raise _TurnFailed("failed", effect, error_of(exc, message))
             text = await self._user(self.failure_fn, self.ctx, exc, effect=effect)
             retry = verdict.retry if effect == "not_executed" else None
-            return _Body("failed", effect, text, error, retry, verdict.retry_after_s)
+            return _Body(
+                "failed", effect, text, error, retry, verdict.retry_after_s, verdict.throttled
+            )
         # KeyboardInterrupt, SystemExit, custom BaseExceptions: never formatted for the model,
         # as the SDK's failure handlers only take Exceptions; the turn fails.
         raise _TurnFailed("failed", "unknown", error_of(exc, str(exc) or type(exc).__name__))
@@ -385,7 +388,13 @@ class _CallRun:
             return outcome.model_copy(update={"resolved": False})  # the reconciler's now
         if body.retry is None:
             return outcome
-        return outcome.model_copy(update={"retry": body.retry, "retry_after_s": body.retry_after_s})
+        return outcome.model_copy(
+            update={
+                "retry": body.retry,
+                "retry_after_s": body.retry_after_s,
+                "throttled": body.throttled,
+            }
+        )
 
     def _verdict(
         self, kind: str, guardrail: object, result: object, effect: Effect
@@ -447,6 +456,7 @@ class _CallRun:
             attempt=command.attempt,
             fencing_token=command.fencing_token,
             capped=command.capped,
+            admitted=command.admitted,
             status=status,
             effect=effect,
             output=output,

@@ -59,6 +59,6 @@ async def _tracked(ctx: ToolContext, scope: str, ms: int) -> str:
 
 
 tracked = tools.tool(name="tracked", effect="read_only", timeout=60)(_tracked)
-"""Limited by ``--tool-limit tracked=N`` in the tests."""
+"""Limited to N at once by admission in the tests (`toolfleet tools limit tracked`)."""
 tracked_free = tools.tool(name="tracked_free", effect="read_only", timeout=60)(_tracked)
 """No tool limit: only the tenant and per-worker limits apply."""

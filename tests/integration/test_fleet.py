@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis.asyncio import Redis
 
 from kernel.settings import Settings
+from kernel.stores.admission import Admission, Limits
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
 from schemas import TurnResult
@@ -35,12 +36,7 @@ PER_WORKER, PER_TENANT, PER_TOOL = 4, 5, 3
 
 @pytest.fixture(scope="module")
 def fleet(settings: Settings, topics: list[str]) -> Iterator[LocalFleet]:
-    limits = [
-        "--concurrency", str(PER_WORKER),
-        "--tenant-limit", str(PER_TENANT),
-        "--tool-limit", f"tracked={PER_TOOL}",
-        "--lease-s", "2",
-    ]  # fmt: skip
+    limits = ["--concurrency", str(PER_WORKER), "--lease-s", "2"]
     with LocalFleet(settings, tools=TOOLS, workers=WORKERS, worker_args=limits) as running:
         yield running
 
@@ -56,8 +52,20 @@ async def _peak(redis: Redis, scope: str) -> int:
 
 
 async def test_concurrency_limits_hold_across_worker_processes(
-    fleet: LocalFleet, client: FleetClient, redis: Redis
+    fleet: LocalFleet, client: FleetClient, redis: Redis, keys: Keys
 ) -> None:
+    # Set live, as an operator would (`toolfleet tenants set`, `toolfleet tools limit`).
+    admission = Admission(redis, keys)
+    await admission.set_limits("tenants", "acme", Limits(max_concurrency=PER_TENANT))
+    await admission.set_limits("tools", "tracked", Limits(max_concurrency=PER_TOOL))
+    try:
+        await _run_limited_turns(fleet, client, redis)
+    finally:
+        await admission.set_limits("tenants", "acme", Limits())
+        await admission.set_limits("tools", "tracked", Limits())
+
+
+async def _run_limited_turns(fleet: LocalFleet, client: FleetClient, redis: Redis) -> None:
     tag = uuid.uuid4().hex[:8]  # counters of this test only (Redis outlives test sessions)
     for tool, scope in (("tracked", f"tool-{tag}"), ("tracked_free", f"tenant-{tag}")):
         events = [turn(*((f"c{i}", tool, {"scope": scope, "ms": 300}) for i in range(4)))

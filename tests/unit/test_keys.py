@@ -58,12 +58,12 @@ def test_the_keys_of_one_tool_versions_circuit_share_a_slot() -> None:
     assert len({_slot(keys.circuit(part, "pay@2")) for part in parts}) == 1
 
 
-def test_the_registry_and_the_semaphores_each_keep_to_one_slot() -> None:
+def test_the_registry_and_admission_each_keep_to_one_slot() -> None:
     keys = Keys("tf")
     registry = [keys.tools, keys.tool_pins, keys.tool_versions("add"), keys.tool_versions("x.y")]
     assert len({_slot(k) for k in registry}) == 1
-    semaphores = [keys.semaphore("tenant", "acme"), keys.semaphore("tool", "charge")]
-    assert len({_slot(k) for k in semaphores}) == 1
+    admission = [keys.admission("waiting"), keys.admission("running"), keys.admission("tools")]
+    assert len({_slot(k) for k in admission}) == 1
 
 
 def test_slot_groups_lie_evenly_over_any_even_split_of_the_slots() -> None:

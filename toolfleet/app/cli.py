@@ -10,7 +10,7 @@ from executors.worker import WorkerLimits
 from kernel.errors import ConfigurationError
 from kernel.settings import Settings
 from toolfleet.app.infra.cli import infra
-from toolfleet.app.ops_cli import inspect, tasks, tools
+from toolfleet.app.ops_cli import inspect, tasks, tenants, tools
 from toolfleet.app.service import run_service
 
 
@@ -23,6 +23,7 @@ main.add_command(infra)
 main.add_command(tasks)
 main.add_command(inspect)
 main.add_command(tools)
+main.add_command(tenants)
 
 
 @main.command()
@@ -63,10 +64,8 @@ def reconciler() -> None:
     "--concurrency",
     default=WorkerLimits.per_worker,
     show_default=True,
-    help="Calls at once, per process.",
+    help="Calls at once, per process (they count in the pool's capacity for admission).",
 )
-@click.option("--tenant-limit", type=int, default=None, help="Fleet-wide calls per tenant.")
-@click.option("--tool-limit", multiple=True, metavar="NAME=N", help="Fleet-wide calls of one tool.")
 @click.option(
     "--lease-s",
     default=WorkerLimits.lease_s,
@@ -78,8 +77,6 @@ def worker(
     tools_ref: str,
     pool: str,
     concurrency: int,
-    tenant_limit: int | None,
-    tool_limit: tuple[str, ...],
     lease_s: float,
 ) -> None:
     """Serve a ToolRegistry as one worker of a pool."""
@@ -89,12 +86,7 @@ def worker(
     registry = load_object(tools_ref)
     if not isinstance(registry, ToolRegistry):
         raise click.BadParameter(f"{tools_ref} is a {type(registry).__name__}, not a ToolRegistry")
-    limits = WorkerLimits(
-        per_worker=concurrency,
-        per_tenant=tenant_limit,
-        per_tool=dict(_parse_limit(item) for item in tool_limit),
-        lease_s=lease_s,
-    )
+    limits = WorkerLimits(per_worker=concurrency, lease_s=lease_s)
     settings = Settings()
     run_service(
         f"worker-{pool}",
@@ -120,10 +112,3 @@ def load_object(reference: str) -> object:
     if not attribute:
         raise ConfigurationError(f"expected module:attribute, got {reference!r}")
     return getattr(importlib.import_module(module_name), attribute)
-
-
-def _parse_limit(item: str) -> tuple[str, int]:
-    name, _, value = item.partition("=")
-    if not name or not value.isdigit() or int(value) < 1:
-        raise click.BadParameter(f"--tool-limit wants NAME=N with N >= 1, got {item!r}")
-    return name, int(value)

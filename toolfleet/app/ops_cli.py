@@ -1,4 +1,4 @@
-"""Operator commands: ``toolfleet tasks``, ``toolfleet inspect``, ``toolfleet tools``."""
+"""Operator commands: ``toolfleet tasks``, ``inspect``, ``tools`` and ``tenants``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from kernel.rules.auth import DecisionAuth
 from kernel.rules.effects import Budgets, attendance, needs_review, review_rows
 from kernel.rules.versions import version_order, version_ref
 from kernel.settings import Settings
+from kernel.stores.admission import Admission, Limits
 from kernel.stores.circuit import CircuitBreaker
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
@@ -346,3 +347,117 @@ async def _circuit_states(
             pipe.get(keys.circuit("state", ref))
         raw = await pipe.execute()
     return {ref: json.loads(state) if state else None for ref, state in zip(refs, raw, strict=True)}
+
+
+# --- quotas, weights and rate limits (admission) ----------------------------------------------
+def _rate(value: str | None) -> float | None:
+    """``100/s``, ``6000/min`` or a plain number of calls per second."""
+    if value is None:
+        return None
+    number, _, unit = value.partition("/")
+    per = {"": 1.0, "s": 1.0, "min": 60.0, "h": 3600.0}.get(unit)
+    try:
+        rate = float(number) / per if per else -1.0
+    except ValueError:
+        rate = -1.0
+    if rate <= 0:
+        raise click.BadParameter(f"a rate is N/s, N/min or N/h with N > 0, got {value!r}")
+    return rate
+
+
+def _limit_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(
+        [
+            click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
+                         help="Calls admitted at once, fleet-wide."),
+            click.option("--rate", default=None, help="Calls started per second: 100/s, 600/min."),
+            click.option("--burst", type=click.IntRange(min=1), default=None,
+                         help="Calls the rate bucket holds (default 1: evenly spaced)."),
+            click.option("--clear", is_flag=True, help="Remove every limit first."),
+        ]
+    ):  # fmt: skip
+        func = option(func)
+    return func
+
+
+def _updated(current: Limits, clear: bool, **changes: Any) -> Limits:
+    base = Limits() if clear else current
+    fields = base.__dict__ | {k: v for k, v in changes.items() if v is not None}
+    return Limits(**fields)
+
+
+@click.group()
+def tenants() -> None:
+    """Tenants' quotas, weights and rate limits (applied by the planners' admission, live)."""
+
+
+@tenants.command("set")
+@click.argument("tenant")
+@_limit_options
+@click.option("--weight", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Share of capacity among tenants with waiting calls (default 1).")  # fmt: skip
+def set_tenant(tenant: str, clear: bool, rate: str | None, **limits: Any) -> None:
+    """Set TENANT's limits; what is not given keeps its value (or the settings' default)."""
+
+    async def work(redis: Redis, settings: Settings) -> None:
+        admission = Admission.of(redis, Keys.of(settings), settings)
+        current = (await admission.limits("tenants")).get(tenant, Limits())
+        new = _updated(current, clear, rate=_rate(rate), **limits)
+        await admission.set_limits("tenants", tenant, new)
+        click.echo(f"{tenant}: {_describe(new)}")
+
+    _with_redis(work)
+
+
+@tenants.command("list")
+def list_tenants() -> None:
+    """Every configured or busy tenant: its limits, calls admitted now, waiting, in total."""
+
+    async def work(redis: Redis, settings: Settings) -> None:
+        admission = Admission.of(redis, Keys.of(settings), settings)
+        click.echo(f"defaults: {_describe(admission.default_tenant)}")
+        click.echo(f"{'tenant':<24} {'running':>8} {'waiting':>8} {'admitted':>9}  limits")
+        for view in await admission.tenants():
+            click.echo(f"{view.tenant_id:<24} {view.running:>8} {view.waiting:>8} "
+                       f"{view.admitted_total:>9}  {_describe(view.limits)}")  # fmt: skip
+
+    _with_redis(work)
+
+
+@tools.command("limit")
+@click.argument("name")
+@_limit_options
+@click.option("--tenant-rate", default=None, help="Calls per second per tenant (an API key's).")
+@click.option("--tenant-burst", type=click.IntRange(min=1), default=None)
+def limit_tool(
+    name: str, clear: bool, rate: str | None, tenant_rate: str | None, **limits: Any
+) -> None:
+    """Set the limits of tool NAME (its lookup key); live at once."""
+
+    async def work(redis: Redis, settings: Settings) -> None:
+        admission = Admission.of(redis, Keys.of(settings), settings)
+        current = (await admission.limits("tools")).get(name, Limits())
+        new = _updated(current, clear, rate=_rate(rate), tenant_rate=_rate(tenant_rate), **limits)
+        await admission.set_limits("tools", name, new)
+        click.echo(f"{name}: {_describe(new)}")
+
+    _with_redis(work)
+
+
+@tools.command("limits")
+def list_tool_limits() -> None:
+    """Every tool with limits, and each pool's capacity (its live workers' slots)."""
+
+    async def work(redis: Redis, settings: Settings) -> None:
+        admission = Admission.of(redis, Keys.of(settings), settings)
+        for pool, slots in sorted((await admission.pool_capacity(time.time())).items()):
+            click.echo(f"pool {pool}: {slots} slots")
+        for tool, limits in sorted((await admission.limits("tools")).items()):
+            click.echo(f"{tool}: {_describe(limits)}")
+
+    _with_redis(work)
+
+
+def _describe(limits: Limits) -> str:
+    parts = [f"{k.replace('_', '-')}={v:g}" for k, v in limits.__dict__.items() if v is not None]
+    return " ".join(parts) or "no limits"

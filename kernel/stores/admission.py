@@ -1,0 +1,555 @@
+"""Admission: a call reaches Kafka only when it can run, and tenants share capacity by weight.
+
+The planner hands every call it dispatches to ``Admission.enqueue``; ``Admission.admit``
+returns the commands that may go to Kafka now. A call is admitted when all of these hold:
+
+- its pool has a free slot: the pool's capacity is the sum of its live workers' slots (each
+  worker registers them, ``register_worker``, and keeps registering while it runs);
+- its tenant is under the tenant's ``max_concurrency`` and its tool under the tool's;
+- a token is free in each rate limit that applies: the tenant's, the tool's and the tool's
+  per-tenant rate (token buckets shared by the fleet, refilled at ``RATE_SAFETY`` of the
+  declared rate so that calls, which start at the workers a few milliseconds apart from when
+  they were admitted, stay under it in any window of a second). An HTTP 429 from the tool
+  halves its buckets' rate, which recovers linearly over ``RECOVERY_S``.
+
+Among tenants with waiting calls the next admission goes to the one with the lowest virtual
+time, which grows by 1/weight per admitted call (start-time fair queueing): backlogged
+tenants get capacity in proportion to their weights, and a tenant that arrives gets the
+next free slot instead of waiting behind another tenant's backlog. A tenant that was idle
+re-enters at the current virtual time, never with credit saved from before, and so does a
+tenant held back by its own quota or rate while others were admitted.
+
+Every decision is one Lua script over keys of one hash slot (``{adm}``), so several planners
+admit concurrently without exceeding a quota or admitting a call twice. An admitted call
+holds its slot until its outcome is released (``admit(release=...)``), or until its lease
+(``lease_s``) runs out (a safety net: a lost outcome cannot leak a slot forever). An admitted
+command is *pending* until the planner confirms it is on Kafka; a planner that dies in
+between leaves it pending, and the next planner's tick publishes it again (commands are
+idempotent: the ledger gates every attempt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from kernel.adapters.redis import text
+from kernel.settings import Settings
+from kernel.stores.keys import Keys
+
+RATE_SAFETY = 0.9
+"""Buckets refill at this share of the declared rate (a margin for start-time jitter)."""
+
+RECOVERY_S = 10.0
+"""After an HTTP 429, a bucket's rate climbs back from its cut to the full rate over this."""
+
+LOOKAHEAD = 8
+"""How far into a tenant's queue admission looks for a call that can run now (a call whose
+tool is at its limit does not hold back the tenant's calls of other tools)."""
+
+SEP = "\x1f"
+
+_BUCKET = """
+local function bucket(buckets, scope, rate, burst, now, recovery_s)
+  local tokens, ts, factor = burst, now, 1
+  local raw = redis.call('HGET', buckets, scope)
+  if raw then
+    local a, b, c = string.match(raw, '([^,]+),([^,]+),([^,]+)')
+    tokens, ts, factor = tonumber(a), tonumber(b), tonumber(c)
+  end
+  local elapsed = math.max(0, now - ts)
+  factor = math.min(1, factor + elapsed / recovery_s)
+  tokens = math.min(burst, tokens + elapsed * rate * factor)
+  return tokens, factor
+end
+local function store_bucket(buckets, scope, tokens, now, factor)
+  redis.call('HSET', buckets, scope, tokens .. ',' .. now .. ',' .. factor)
+end
+"""
+
+# KEYS: active, clock, waiting, info, payloads, deadlines, seq. ARGV: now, then per entry
+# member, tenant, tool, pool, deadline ('' for none), payload.
+_ENQUEUE = """
+local now = tonumber(ARGV[1])
+local added = 0
+for i = 2, #ARGV, 6 do
+  local member, tenant = ARGV[i], ARGV[i + 1]
+  if redis.call('HEXISTS', KEYS[4], member) == 0 then
+    local seq = redis.call('INCR', KEYS[7])
+    local entry = tenant .. '\\31' .. string.format('%016d', seq) .. '\\31' .. member
+    redis.call('ZADD', KEYS[3], 0, entry)
+    redis.call('HSET', KEYS[4], member,
+      tenant .. '\\31' .. ARGV[i + 2] .. '\\31' .. ARGV[i + 3] .. '\\31' .. entry)
+    redis.call('HSET', KEYS[5], member, ARGV[i + 5])
+    if ARGV[i + 4] ~= '' then redis.call('ZADD', KEYS[6], ARGV[i + 4], member) end
+    if not redis.call('ZSCORE', KEYS[1], tenant) then
+      -- An arriving tenant starts at the fleet's virtual clock (or where it left off, if
+      -- that is later): no credit saved from idle time, no debt either.
+      local vt = math.max(tonumber(redis.call('HGET', KEYS[2], tenant) or '0'),
+        tonumber(redis.call('HGET', KEYS[2], '\\31clock') or '0'))
+      redis.call('ZADD', KEYS[1], vt, tenant)
+    end
+    added = added + 1
+  end
+end
+return added
+"""
+
+# KEYS: active, clock, waiting, info, payloads, deadlines, running, admitted, pending,
+# tenants, tools, buckets, workers, slots. ARGV: now, max_n, lease_s, publish_lease_s,
+# default tenant json, safety, recovery_s, n_release, members..., n_published, members...
+# Returns a flat list: the seconds until a rate bucket that held a call back refills ('' if
+# none did), then member, payload of each call to publish now (admitted, or pending past its
+# publish lease).
+_ADMIT = (
+    _BUCKET
+    + """
+local now, max_n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local lease_s, publish_lease_s = tonumber(ARGV[3]), tonumber(ARGV[4])
+local default_tenant = cjson.decode(ARGV[5])
+local safety, recovery_s = tonumber(ARGV[6]), tonumber(ARGV[7])
+local active, clock, waiting, info, payloads, deadlines = KEYS[1], KEYS[2], KEYS[3],
+  KEYS[4], KEYS[5], KEYS[6]
+local running, admitted, pending, tenants, tools, buckets, workers, slots = KEYS[7],
+  KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
+
+local function split(s)
+  local out, start = {}, 1
+  while true do
+    local i = string.find(s, '\\31', start, true)
+    if not i then
+      out[#out + 1] = string.sub(s, start)
+      return out
+    end
+    out[#out + 1] = string.sub(s, start, i - 1)
+    start = i + 1
+  end
+end
+local function bump(field, by)
+  if redis.call('HINCRBY', running, field, by) <= 0 then redis.call('HDEL', running, field) end
+end
+local function release(member)
+  if redis.call('ZREM', admitted, member) == 0 then return end
+  local raw = redis.call('HGET', info, member)
+  if raw then
+    local f = split(raw)
+    bump('t:' .. f[1], -1)
+    bump('o:' .. f[2], -1)
+    bump('p:' .. f[3], -1)
+  end
+  redis.call('HDEL', info, member)
+  redis.call('HDEL', payloads, member)
+  redis.call('ZREM', pending, member)
+end
+
+local at = 8
+for i = at + 1, at + tonumber(ARGV[at]) do release(ARGV[i]) end
+at = at + tonumber(ARGV[at]) + 1
+for i = at + 1, at + tonumber(ARGV[at]) do redis.call('ZREM', pending, ARGV[i]) end
+-- The safety net: an admitted call whose outcome never came frees its slot at its lease.
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', admitted, '-inf', now, 'LIMIT', 0, 100)) do
+  release(member)
+end
+
+-- Each pool's capacity: the slots of its live workers.
+local capacity = {}
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', workers, '-inf', now)) do
+  redis.call('ZREM', workers, gone)
+  redis.call('HDEL', slots, gone)
+end
+for _, worker in ipairs(redis.call('ZRANGEBYSCORE', workers, now, '+inf')) do
+  local pool = split(worker)[1]
+  capacity[pool] = (capacity[pool] or 0) + tonumber(redis.call('HGET', slots, worker) or '0')
+end
+
+local function number(v) if v == nil or v == cjson.null then return nil end return tonumber(v) end
+local function config(hash, name, default)
+  local merged = {}
+  for k, v in pairs(default) do merged[k] = v end
+  local raw = redis.call('HGET', hash, name)
+  if raw then
+    for k, v in pairs(cjson.decode(raw)) do merged[k] = v end
+  end
+  return merged
+end
+local function running_of(field) return tonumber(redis.call('HGET', running, field) or '0') end
+
+-- Whether the call (tenant, tool, pool) may run now; the buckets it takes a token from.
+-- ``soonest``: seconds until the first bucket that held a call back has a token again.
+local soonest = nil
+local function eligible(tenant, tcfg, tool, pool)
+  if running_of('p:' .. pool) >= (capacity[pool] or 0) then return nil end
+  local limit = number(tcfg.max_concurrency)
+  if limit and running_of('t:' .. tenant) >= limit then return nil end
+  local ocfg = config(tools, tool, {})
+  limit = number(ocfg.max_concurrency)
+  if limit and running_of('o:' .. tool) >= limit then return nil end
+  local takes = {}
+  local rates = {
+    {'t:' .. tenant, number(tcfg.rate), number(tcfg.burst)},
+    {'o:' .. tool, number(ocfg.rate), number(ocfg.burst)},
+    {'to:' .. tenant .. '\\31' .. tool, number(ocfg.tenant_rate), number(ocfg.tenant_burst)},
+  }
+  for _, r in ipairs(rates) do
+    if r[2] then
+      local burst = r[3] or 1
+      local tokens, factor = bucket(buckets, r[1], r[2] * safety, burst, now, recovery_s)
+      if tokens < 1 then
+        local wait = (1 - tokens) / (r[2] * safety * factor)
+        if soonest == nil or wait < soonest then soonest = wait end
+        return nil
+      end
+      takes[#takes + 1] = {r[1], tokens, factor}
+    end
+  end
+  return takes
+end
+
+local out = {''}
+local taken = 0
+while taken < max_n do
+  local chosen = nil
+  local blocked = {}
+  local order = redis.call('ZRANGE', active, 0, -1, 'WITHSCORES')
+  for i = 1, #order, 2 do
+    local tenant, vt = order[i], tonumber(order[i + 1])
+    local heads = redis.call('ZRANGEBYLEX', waiting, '[' .. tenant .. '\\31',
+      '(' .. tenant .. '\\32', 'LIMIT', 0, """
+    + str(LOOKAHEAD)
+    + """)
+    if #heads == 0 then
+      redis.call('ZREM', active, tenant)
+      redis.call('HSET', clock, tenant, vt)
+    else
+      local tcfg = config(tenants, tenant, default_tenant)
+      for _, entry in ipairs(heads) do
+        local member = string.sub(entry, #tenant + 19)
+        local f = split(redis.call('HGET', info, member))
+        local takes = eligible(tenant, tcfg, f[2], f[3])
+        if takes then
+          chosen = {tenant, vt, entry, member, f[2], f[3], takes, number(tcfg.weight) or 1}
+          break
+        end
+      end
+      if chosen then break end
+      blocked[#blocked + 1] = tenant
+    end
+  end
+  if not chosen then break end
+  local tenant, vt, entry, member, tool, pool, takes, weight = unpack(chosen)
+  -- A tenant held back by its own limits saves no credit meanwhile: it moves up to the
+  -- virtual time of the call admitted in its place.
+  for _, held in ipairs(blocked) do
+    if tonumber(redis.call('ZSCORE', active, held)) < vt then
+      redis.call('ZADD', active, vt, held)
+    end
+  end
+  redis.call('ZREM', waiting, entry)
+  redis.call('ZREM', deadlines, member)
+  bump('t:' .. tenant, 1)
+  bump('o:' .. tool, 1)
+  bump('p:' .. pool, 1)
+  for _, t in ipairs(takes) do store_bucket(buckets, t[1], t[2] - 1, now, t[3]) end
+  redis.call('ZADD', admitted, now + lease_s, member)
+  redis.call('ZADD', pending, now + publish_lease_s, member)
+  redis.call('ZADD', active, vt + 1 / math.max(weight, 0.001), tenant)
+  if vt > tonumber(redis.call('HGET', clock, '\\31clock') or '0') then
+    redis.call('HSET', clock, '\\31clock', vt)
+  end
+  redis.call('HINCRBY', running, 'admitted:' .. tenant, 1)
+  out[#out + 1] = member
+  out[#out + 1] = redis.call('HGET', payloads, member)
+  taken = taken + 1
+end
+-- Admitted but not confirmed on Kafka within the publish lease: its planner is gone.
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', pending, '-inf', now, 'LIMIT', 0, 100)) do
+  redis.call('ZADD', pending, now + publish_lease_s, member)
+  out[#out + 1] = member
+  out[#out + 1] = redis.call('HGET', payloads, member)
+end
+if soonest then out[1] = tostring(soonest) end
+return out
+"""
+)
+
+# KEYS: waiting, info, payloads, deadlines. ARGV: 'deadline', now | 'run', tenant, prefix.
+# Removes waiting calls past their deadline, or every waiting call of one run; returns a
+# flat list of member, payload.
+_WITHDRAW = """
+local out = {}
+local function withdraw(member)
+  local raw = redis.call('HGET', KEYS[2], member)
+  if not raw then return end
+  local entry = string.match(raw, '^[^\\31]*\\31[^\\31]*\\31[^\\31]*\\31(.*)$')
+  if redis.call('ZREM', KEYS[1], entry) == 0 then return end  -- admitted meanwhile
+  out[#out + 1] = member
+  out[#out + 1] = redis.call('HGET', KEYS[3], member)
+  redis.call('HDEL', KEYS[2], member)
+  redis.call('HDEL', KEYS[3], member)
+  redis.call('ZREM', KEYS[4], member)
+end
+if ARGV[1] == 'deadline' then
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', ARGV[2], 'LIMIT', 0, 500)) do
+    withdraw(m)
+  end
+else
+  local tenant, prefix = ARGV[2], ARGV[3]
+  for _, entry in ipairs(redis.call('ZRANGEBYLEX', KEYS[1], '[' .. tenant .. '\\31',
+      '(' .. tenant .. '\\32')) do
+    local member = string.sub(entry, #tenant + 19)
+    if string.sub(member, 1, #prefix) == prefix then withdraw(member) end
+  end
+end
+return out
+"""
+
+# KEYS: buckets, stats. ARGV: now, recovery_s, then scopes. An HTTP 429: halve each bucket's
+# rate (down to a tenth), empty it, and count the slow-down.
+_THROTTLE = (
+    _BUCKET
+    + """
+local now, recovery_s = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = 3, #ARGV do
+  local tokens, factor = bucket(KEYS[1], ARGV[i], 1, 1, now, recovery_s)
+  store_bucket(KEYS[1], ARGV[i], 0, now, math.max(0.1, factor / 2))
+  redis.call('HINCRBY', KEYS[2], 'throttled:' .. ARGV[i], 1)
+end
+return 1
+"""
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One tenant's or tool's limits; None leaves a limit off."""
+
+    max_concurrency: int | None = None
+    weight: float | None = None
+    """Tenants only: share of capacity among tenants with waiting calls (default 1)."""
+    rate: float | None = None
+    """Calls per second, a token bucket shared by the fleet."""
+    burst: int | None = None
+    """Tokens the bucket holds (default 1: calls spaced evenly)."""
+    tenant_rate: float | None = None
+    """Tools only: calls per second per tenant (an upstream's limit per API key)."""
+    tenant_burst: int | None = None
+
+    def json(self) -> str:
+        """As stored in Redis (and read by the admission script)."""
+        return json.dumps({k: v for k, v in self.__dict__.items() if v is not None})
+
+    @classmethod
+    def parse(cls, raw: bytes | str | None) -> Limits:
+        """From what ``json`` stored; an absent entry is no limits."""
+        return cls(**json.loads(text(raw))) if raw else cls()
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A call handed to admission: its identity, what limits it, and its command's bytes."""
+
+    tenant_id: str
+    run_id: str
+    call_id: str
+    attempt: int
+    tool: str
+    pool: str
+    payload: str
+    deadline_at: float | None = None
+
+    @property
+    def member(self) -> str:
+        """The call attempt's name in every admission structure."""
+        return member_of(self.tenant_id, self.run_id, self.call_id, self.attempt)
+
+
+def member_of(tenant_id: str, run_id: str, call_id: str, attempt: int) -> str:
+    """The admission name of one call attempt (its slot is released by this name)."""
+    return SEP.join((tenant_id, run_id, call_id, str(attempt)))
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What one admission pass hands out."""
+
+    calls: list[tuple[str, str]]
+    """(member, payload) of each command to publish now."""
+    refill_in_s: float | None = None
+    """Seconds until a rate bucket that held a call back has a token (None: none did)."""
+
+
+@dataclass(frozen=True)
+class TenantView:
+    """What ``toolfleet tenants list`` shows for one tenant."""
+
+    tenant_id: str
+    limits: Limits
+    running: int
+    waiting: int
+    admitted_total: int
+
+
+class Admission:
+    """The admission queues, quotas and rate limits, in Redis (see the module docstring)."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        *,
+        default_tenant: Limits = Limits(),
+        lease_s: float = 900.0,
+        publish_lease_s: float = 10.0,
+    ) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.default_tenant = default_tenant
+        self.lease_s = lease_s
+        self.publish_lease_s = publish_lease_s
+        self._enqueue = redis.register_script(_ENQUEUE)
+        self._admit = redis.register_script(_ADMIT)
+        self._withdraw = redis.register_script(_WITHDRAW)
+        self._throttle = redis.register_script(_THROTTLE)
+
+    @classmethod
+    def of(cls, redis: Redis, keys: Keys, settings: Settings) -> Admission:
+        """Admission as ``settings`` configure it (defaults for tenants nobody configured)."""
+        default = Limits(
+            max_concurrency=settings.tenant_max_concurrency,
+            weight=settings.tenant_weight,
+            rate=settings.tenant_rate,
+            burst=settings.tenant_burst,
+        )
+        return cls(redis, keys, default_tenant=default, lease_s=settings.admission_lease_s)
+
+    def _key(self, name: str) -> str:
+        return self.keys.admission(name)
+
+    async def enqueue(self, calls: Sequence[Waiting], now: float) -> int:
+        """Queue calls (a call attempt already queued or admitted is skipped); how many."""
+        if not calls:
+            return 0
+        args: list[Any] = [now]
+        for c in calls:
+            deadline = "" if c.deadline_at is None else c.deadline_at
+            args += [c.member, c.tenant_id, c.tool, c.pool, deadline, c.payload]
+        names = ("active", "clock", "waiting", "info", "payloads", "deadlines", "seq")
+        return int(await self._enqueue(keys=[self._key(n) for n in names], args=args))
+
+    async def admit(
+        self,
+        now: float,
+        *,
+        release: Sequence[str] = (),
+        published: Sequence[str] = (),
+        max_calls: int = 1000,
+    ) -> Admitted:
+        """Free the slots of ``release``d calls, confirm ``published`` ones, then admit what
+        can run: (member, payload) of each command to publish now, fairest first (also those
+        a planner admitted and did not confirm within the publish lease), and when a rate
+        limit that held a call back has a token again."""
+        names = (
+            "active", "clock", "waiting", "info", "payloads", "deadlines", "running",
+            "admitted", "pending", "tenants", "tools", "buckets", "workers", "slots",
+        )  # fmt: skip
+        args: list[Any] = [
+            now, max_calls, self.lease_s, self.publish_lease_s, self.default_tenant.json(),
+            RATE_SAFETY, RECOVERY_S, len(release), *release, len(published), *published,
+        ]  # fmt: skip
+        flat = await self._admit(keys=[self._key(n) for n in names], args=args)
+        retry = text(flat[0])
+        calls = [(text(flat[i]), text(flat[i + 1])) for i in range(1, len(flat), 2)]
+        return Admitted(calls, float(retry) if retry else None)
+
+    async def withdraw_expired(self, now: float) -> list[tuple[str, str]]:
+        """Take out the waiting calls whose turn deadline has passed: (member, payload)."""
+        return await self._withdrawn("deadline", now)
+
+    async def withdraw_run(self, tenant_id: str, run_id: str) -> list[tuple[str, str]]:
+        """Take out every waiting call of a cancelled run: (member, payload)."""
+        return await self._withdrawn("run", tenant_id, f"{tenant_id}{SEP}{run_id}{SEP}")
+
+    async def _withdrawn(self, *args: Any) -> list[tuple[str, str]]:
+        names = ("waiting", "info", "payloads", "deadlines")
+        flat = await self._withdraw(keys=[self._key(n) for n in names], args=list(args))
+        return [(text(flat[i]), text(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+    async def throttle(self, tenant_id: str, tool: str, now: float) -> None:
+        """An HTTP 429 from ``tool``: slow its buckets (the tool's and its per-tenant one)."""
+        scopes = [f"o:{tool}", f"to:{tenant_id}{SEP}{tool}"]
+        await self._throttle(
+            keys=[self._key("buckets"), self._key("stats")], args=[now, RECOVERY_S, *scopes]
+        )
+
+    async def register_worker(
+        self, pool: str, worker_id: str, slots: int, ttl_s: float, now: float
+    ) -> None:
+        """A worker's slots count in its pool's capacity until ``now + ttl_s``."""
+        name = f"{pool}{SEP}{worker_id}"
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(self._key("workers"), {name: now + ttl_s})
+            pipe.hset(self._key("slots"), name, slots)
+            await pipe.execute()
+
+    async def unregister_worker(self, pool: str, worker_id: str) -> None:
+        """A worker that stops takes its slots out of its pool's capacity at once."""
+        name = f"{pool}{SEP}{worker_id}"
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrem(self._key("workers"), name)
+            pipe.hdel(self._key("slots"), name)
+            await pipe.execute()
+
+    async def set_limits(self, kind: str, name: str, limits: Limits) -> None:
+        """Store a tenant's or a tool's limits (``kind``: tenants | tools); live at once."""
+        if limits == Limits():
+            await self.redis.hdel(self._key(kind), name)
+        else:
+            await self.redis.hset(self._key(kind), name, limits.json())
+
+    async def limits(self, kind: str) -> dict[str, Limits]:
+        """Every configured tenant's or tool's limits."""
+        raw = await self.redis.hgetall(self._key(kind))
+        return {text(k): Limits.parse(v) for k, v in raw.items()}
+
+    async def tenants(self) -> list[TenantView]:
+        """Configured tenants and tenants with calls running or waiting, by name."""
+        configured = await self.limits("tenants")
+        running = {
+            text(k): int(v) for k, v in (await self.redis.hgetall(self._key("running"))).items()
+        }
+        names = set(configured) | {
+            k.removeprefix(p) for k in running for p in ("t:", "admitted:") if k.startswith(p)
+        }
+        ordered = sorted(names)
+        waiting = await asyncio.gather(
+            *(
+                self.redis.zlexcount(self._key("waiting"), f"[{name}{SEP}", f"({name}\x20")
+                for name in ordered
+            )
+        )
+        return [
+            TenantView(
+                name,
+                configured.get(name, Limits()),
+                running.get(f"t:{name}", 0),
+                int(count),
+                running.get(f"admitted:{name}", 0),
+            )
+            for name, count in zip(ordered, waiting, strict=True)
+        ]
+
+    async def pool_capacity(self, now: float) -> dict[str, int]:
+        """Slots per pool, of the workers registered now."""
+        live = await self.redis.zrangebyscore(self._key("workers"), now, "+inf")
+        slots = await self.redis.hgetall(self._key("slots"))
+        capacity: dict[str, int] = {}
+        for raw in live:
+            name = text(raw) if isinstance(raw, bytes | str) else str(raw)
+            pool = name.split(SEP, 1)[0]
+            capacity[pool] = capacity.get(pool, 0) + int(slots.get(name.encode(), 0))
+        return capacity

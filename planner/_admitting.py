@@ -1,0 +1,171 @@
+"""The planner's side of admission: queue its commands, publish what admission lets run.
+
+Every command the planner dispatches is queued (``submit``); ``Admission.admit`` decides
+which may go to Kafka now (``kernel.stores.admission``). An outcome of an admitted call frees
+its slots (``release``): the releases of one event-loop turn share one admission pass, and
+each caller returns once its release is durable (its outcome's offset may then be committed).
+A tick (``tick``) refills rate buckets, hands out commands another planner admitted and never
+confirmed, and withdraws calls whose turn deadline passed while they waited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from kernel.adapters.bus import TRANSIENT_ERRORS, Bus
+from kernel.adapters.metrics import ADMISSION_WAIT, ADMITTED, COMMANDS, TENANT_CALLS, THROTTLED
+from kernel.adapters.topics import command_topic
+from kernel.rules.outcomes import ended, past_deadline
+from kernel.stores.admission import SEP, Admission, Waiting, member_of
+from schemas import CallOutcome, ExecutionCommand
+
+log = logging.getLogger(__name__)
+
+Publish = Callable[[CallOutcome], Awaitable[None]]
+
+REPORT_EVERY_S = 5.0
+"""How often a planner refreshes the per-tenant gauges (a read of every busy tenant)."""
+TOP_TENANTS = 10
+"""Tenants named in the gauges (bounded cardinality); the rest are summed as ``other``."""
+
+
+class Admitter:
+    """Queues a planner's commands, publishes admitted ones, frees slots on outcomes."""
+
+    def __init__(self, admission: Admission, bus: Bus) -> None:
+        self.admission = admission
+        self.bus = bus
+        self._confirm: list[str] = []
+        """Admitted commands now on Kafka, confirmed with the next admission pass."""
+        self._releases: list[tuple[str, asyncio.Future[None]]] = []
+        self._passes: set[asyncio.Task[None]] = set()
+        self._reported_at = 0.0
+        self._refill: asyncio.TimerHandle | None = None
+
+    async def submit(self, commands: Sequence[ExecutionCommand]) -> None:
+        """Queue ``commands`` for admission, then publish whatever may run now."""
+        if not commands:
+            return
+        now = time.time()
+        queued = []
+        for command in commands:
+            admitted = command.model_copy(update={"admitted": True, "issued_at": now})
+            payload = f"{command.pool}{SEP}{admitted.encode().decode()}"
+            queued.append(
+                Waiting(
+                    command.tenant_id, command.run_id, command.call_id, command.attempt,
+                    command.tool_name, command.pool, payload, command.deadline_at,
+                )
+            )  # fmt: skip
+        await self.admission.enqueue(queued, now)
+        await self.admit()
+
+    async def release(self, outcome: CallOutcome) -> None:
+        """Free the slots of an admitted call whose outcome arrived (idempotent); admits
+        what can run in its place. An HTTP 429 also slows the tool's rate buckets."""
+        if outcome.throttled:
+            THROTTLED.labels(outcome.tool_name).inc()
+            await self.admission.throttle(outcome.tenant_id, outcome.tool_name, time.time())
+        member = member_of(outcome.tenant_id, outcome.run_id, outcome.call_id, outcome.attempt)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not self._releases:
+            asyncio.get_running_loop().call_soon(self._flush_releases)
+        self._releases.append((member, future))
+        await future
+
+    def _flush_releases(self) -> None:
+        batch, self._releases = self._releases, []
+        self._passes.add(task := asyncio.create_task(self.admit(release=[m for m, _ in batch])))
+
+        def done(finished: asyncio.Task[None]) -> None:
+            self._passes.discard(finished)
+            error = None if finished.cancelled() else finished.exception()
+            for _, future in batch:
+                if future.done():
+                    continue
+                if finished.cancelled():
+                    future.cancel()
+                elif error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(None)
+
+        task.add_done_callback(done)
+
+    async def admit(self, release: Sequence[str] = ()) -> None:
+        """One admission pass: free ``release``, confirm what is on Kafka, publish what may
+        run now (and wait for the broker's acks)."""
+        confirm, self._confirm = self._confirm, []
+        try:
+            admitted = await self.admission.admit(time.time(), release=release, published=confirm)
+        except BaseException:
+            self._confirm = confirm + self._confirm  # confirmed with a later pass instead
+            raise
+        if admitted.refill_in_s is not None:
+            self._admit_at(admitted.refill_in_s)
+        sent = []
+        for member, payload in admitted.calls:
+            pool, raw = payload.split(SEP, 1)
+            call_id = member.split(SEP)[2]
+            sent.append(await self.bus.publish(command_topic(pool), call_id, raw.encode()))
+            command = ExecutionCommand.model_validate_json(raw)
+            ADMITTED.labels(pool).inc()
+            ADMISSION_WAIT.labels(pool).observe(max(0.0, time.time() - command.issued_at))
+            COMMANDS.labels("planner", pool, command.kind).inc()
+        for future in sent:
+            await future
+        self._confirm += [member for member, _ in admitted.calls]
+
+    def _admit_at(self, delay_s: float) -> None:
+        """Another pass when a rate bucket has a token again (sooner than the next tick)."""
+        if self._refill is not None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def run() -> None:
+            self._refill = None
+            task = asyncio.create_task(self._refill_pass())
+            self._passes.add(task)
+            task.add_done_callback(self._passes.discard)
+
+        self._refill = loop.call_later(max(delay_s, 0.001), run)
+
+    async def _refill_pass(self) -> None:
+        try:
+            await self.admit()
+        except TRANSIENT_ERRORS as exc:  # the next tick tries again
+            log.warning("admission pass failed", extra={"error": repr(exc)})
+
+    async def tick(self, publish: Publish) -> None:
+        """Withdraw calls past their turn's deadline (each reported never started), then an
+        admission pass (refilled buckets, expired leases, unconfirmed commands)."""
+        for _, payload in await self.admission.withdraw_expired(time.time()):
+            await publish(past_deadline(_command(payload)))
+        await self.admit()
+        if time.monotonic() - self._reported_at > REPORT_EVERY_S:
+            self._reported_at = time.monotonic()
+            await self._report()
+
+    async def _report(self) -> None:
+        """The per-tenant gauges: the most-waiting tenants by name, the rest as one."""
+        views = sorted(await self.admission.tenants(), key=lambda v: -v.waiting)
+        TENANT_CALLS.clear()
+        for view in views[:TOP_TENANTS]:
+            TENANT_CALLS.labels(view.tenant_id, "running").set(view.running)
+            TENANT_CALLS.labels(view.tenant_id, "waiting").set(view.waiting)
+        rest = views[TOP_TENANTS:]
+        if rest:
+            TENANT_CALLS.labels("other", "running").set(sum(v.running for v in rest))
+            TENANT_CALLS.labels("other", "waiting").set(sum(v.waiting for v in rest))
+
+    async def withdraw_run(self, tenant_id: str, run_id: str, publish: Publish) -> None:
+        """A cancelled run's waiting calls leave the queue, each reported skipped."""
+        for _, payload in await self.admission.withdraw_run(tenant_id, run_id):
+            await publish(ended(_command(payload), None, "skipped"))
+
+
+def _command(payload: str) -> ExecutionCommand:
+    return ExecutionCommand.model_validate_json(payload.split(SEP, 1)[1])

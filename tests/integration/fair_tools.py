@@ -1,0 +1,56 @@
+"""Tools of the fairness tests (``--tools tests.integration.fair_tools:tools``).
+
+Each records, in Redis (``tests.integration.side_effects``), when each call's body started
+(a sorted set per tenant), how often each call ran, and its tenant's peak of calls in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from executors import ToolContext, ToolRegistry
+from tests.integration.side_effects import side_effects
+
+tools = ToolRegistry()
+
+# INCR the in-flight counter and raise the recorded peak in one step.
+_ENTER = """
+local n = redis.call('INCR', KEYS[1])
+if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
+return n
+"""
+
+
+def starts_key(tenant: str) -> str:
+    """Sorted set: call id -> when its body started (Unix time), for one tenant."""
+    return f"test:fair:starts:{tenant}"
+
+
+def runs_key(call_id: str) -> str:
+    """How many times the body of ``call_id`` ran."""
+    return f"test:fair:runs:{call_id}"
+
+
+def in_flight_keys(tenant: str) -> tuple[str, str]:
+    """(current, peak) calls of one tenant in their body; one hash slot for the script."""
+    return f"test:fair:{{{tenant}}}:in-flight", f"test:fair:{{{tenant}}}:peak"
+
+
+async def _work(ctx: ToolContext, ms: int) -> str:
+    store = side_effects()
+    store.zadd(starts_key(ctx.tenant_id), {ctx.call_id: time.time()})
+    store.incr(runs_key(ctx.call_id))
+    store.eval(_ENTER, 2, *in_flight_keys(ctx.tenant_id))
+    try:
+        await asyncio.sleep(ms / 1000)
+    finally:
+        store.decr(in_flight_keys(ctx.tenant_id)[0])
+    return "done"
+
+
+work = tools.tool(name="work", effect="read_only", timeout=60)(_work)
+"""Holds ``ms`` milliseconds: the flooding tenants' and the light tenant's tool."""
+
+limited = tools.tool(name="limited", effect="read_only", timeout=60)(_work)
+"""The same, under a per-tool rate limit in the tests."""

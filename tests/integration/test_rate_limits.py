@@ -1,0 +1,74 @@
+"""Limits that hold fleet-wide: three workers and two planners, a per-tool rate limit and a
+tenant quota, set live as an operator would."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from kernel.settings import Settings
+from kernel.stores.admission import Admission, Limits
+from kernel.stores.keys import Keys
+from tests.integration.fair_tools import in_flight_keys, starts_key
+from tests.integration.test_fairness import _turn
+from toolfleet.client import FleetClient
+from toolfleet.testing import LocalFleet, connected_client, result_of
+
+pytestmark = pytest.mark.integration
+
+TOOLS = "tests.integration.fair_tools:tools"
+RATE = 50
+QUOTA = 10
+
+
+@pytest.fixture(scope="module")
+def fleet(settings: Settings, topics: list[str]) -> Iterator[LocalFleet]:
+    with LocalFleet(settings, tools=TOOLS, workers=3, worker_args=["--concurrency", "20"]) as f:
+        f.start("planner-2", ["planner"])
+        yield f
+
+
+@pytest.fixture(scope="module")
+async def client(fleet: LocalFleet, settings: Settings) -> AsyncIterator[FleetClient]:
+    async with connected_client(fleet, settings) as fleet_client:
+        yield fleet_client
+
+
+async def test_a_tool_rate_limit_is_never_exceeded_in_any_second(
+    fleet: LocalFleet, client: FleetClient, redis: Redis, keys: Keys
+) -> None:
+    tenant = f"rate-{uuid.uuid4().hex[:6]}"
+    admission = Admission(redis, keys)
+    await admission.set_limits("tools", "limited", Limits(rate=RATE))
+    try:
+        events = [_turn(tenant, 10, "limited") for _ in range(25)]  # 250 calls: 5 s and more
+        await asyncio.gather(*(client.submit(e) for e in events))
+        results = [await result_of(fleet, client, e.run_id, within=120) for e in events]
+    finally:
+        await admission.set_limits("tools", "limited", Limits())
+    assert {r.status for r in results} == {"completed"}
+    starts = sorted(s for _, s in await redis.zrange(starts_key(tenant), 0, -1, withscores=True))
+    busiest = max(sum(1 for t in starts[i:] if t < first + 1.0) for i, first in enumerate(starts))
+    span = starts[-1] - starts[0]
+    print(f"{len(starts)} calls over {span:.1f} s; at most {busiest} in any 1 s window")
+    assert len(starts) == 250
+    assert busiest <= RATE
+
+
+async def test_a_tenant_quota_is_never_exceeded(
+    fleet: LocalFleet, client: FleetClient, redis: Redis, keys: Keys
+) -> None:
+    tenant = f"quota-{uuid.uuid4().hex[:6]}"
+    admission = Admission(redis, keys)
+    await admission.set_limits("tenants", tenant, Limits(max_concurrency=QUOTA))
+    events = [_turn(tenant, 10) for _ in range(12)]  # 120 calls against 60 slots
+    await asyncio.gather(*(client.submit(e) for e in events))
+    results = [await result_of(fleet, client, e.run_id, within=120) for e in events]
+    assert {r.status for r in results} == {"completed"}
+    peak = int(await redis.get(in_flight_keys(tenant)[1]) or 0)
+    print(f"tenant quota {QUOTA}: peak {peak} in flight")
+    assert peak == QUOTA  # reached, never exceeded
