@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx
+
 from executors import ToolContext, ToolRegistry
 from tests.integration.side_effects import side_effects
 
@@ -54,3 +56,11 @@ work = tools.tool(name="work", effect="read_only", timeout=60)(_work)
 
 limited = tools.tool(name="limited", effect="read_only", timeout=60)(_work)
 """The same, under a per-tool rate limit in the tests."""
+
+
+@tools.tool(effect="idempotent", timeout=30)
+async def rate_limited(ctx: ToolContext, ms: int = 0) -> str:
+    """Answers as an upstream over its rate limit does: HTTP 429 (retry after 1 s)."""
+    request = httpx.Request("POST", "https://upstream.example/v1/charge")
+    response = httpx.Response(429, request=request, headers={"Retry-After": "1"})
+    raise httpx.HTTPStatusError("429 Too Many Requests", request=request, response=response)

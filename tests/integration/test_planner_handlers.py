@@ -7,6 +7,7 @@ Services take their bus and Redis in their constructors, so a test can hand the 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
@@ -15,6 +16,7 @@ from redis.asyncio import Redis
 from executors import ToolRegistry
 from kernel.errors import InvalidMessageError
 from kernel.settings import Settings
+from kernel.stores.admission import Admission
 from kernel.stores.keys import Keys
 from kernel.stores.registry import publish_tools
 from planner import REUSED_IN_FLIGHT
@@ -44,11 +46,43 @@ def _response(
     })  # fmt: skip
 
 
+async def _serving(own: Settings, redis: Redis, *, slots: int = 100) -> Planner:
+    """A planner of ``own``'s deployment whose pool a worker serves: its tools published and
+    its slots registered, as a running worker keeps them (admission admits up to them)."""
+    await publish_tools(redis, Keys.of(own), tools.specs("default"))
+    if slots:
+        await Admission(redis, Keys.of(own)).register_worker(
+            "default", "worker-1", slots, ttl_s=300, now=time.time()
+        )
+    return Planner(own, bus=InMemoryBus(settings=own), redis=redis)
+
+
 @pytest.fixture
 async def planner(settings: Settings, redis: Redis) -> Planner:
     own = settings.model_copy(update={"topic_prefix": f"handlers-{uuid.uuid4().hex[:8]}."})
-    await publish_tools(redis, Keys.of(own), tools.specs("default"))
-    return Planner(own, bus=InMemoryBus(settings=own), redis=redis)
+    return await _serving(own, redis)
+
+
+async def test_a_command_waits_in_admission_until_a_worker_serves_its_pool(
+    settings: Settings, redis: Redis
+) -> None:
+    own = settings.model_copy(update={"topic_prefix": f"idle-{uuid.uuid4().hex[:8]}."})
+    planner = await _serving(own, redis, slots=0)
+    bus = planner.bus
+    assert isinstance(bus, InMemoryBus)
+    run = f"run-{uuid.uuid4().hex}"
+    await planner.handle(
+        ConsumedRecord.of(
+            own, "model-responses", _response(run, ("add", {"a": 1, "b": 2})), key=run
+        )
+    )
+    assert bus.on("commands.default") == []  # no slot anywhere: nothing reaches Kafka
+    await Admission(redis, Keys.of(own)).register_worker(
+        "default", "worker-1", 1, ttl_s=300, now=time.time()
+    )
+    await planner.admitter.tick(planner._publish_outcome)
+    [command] = [ExecutionCommand.decode(raw) for raw in bus.on("commands.default")]
+    assert (command.run_id, command.admitted) == (run, True)
 
 
 async def test_a_response_becomes_one_plan_and_one_command_per_call(planner: Planner) -> None:
@@ -71,7 +105,7 @@ async def test_a_response_becomes_one_plan_and_one_command_per_call(planner: Pla
     assert {e.policy.deadline_s for e in entries.values()} == {30}
 
 
-async def test_the_same_response_again_resends_the_same_attempt_never_a_new_one(
+async def test_the_same_response_again_issues_no_new_attempt_and_no_second_command(
     planner: Planner,
 ) -> None:
     bus = planner.bus
@@ -83,8 +117,9 @@ async def test_the_same_response_again_resends_the_same_attempt_never_a_new_one(
     await planner.handle(record)
     await planner.handle(record)  # redelivered after a rebalance
     commands = [ExecutionCommand.decode(raw) for raw in bus.on("commands.default")]
-    # The same attempt and fencing token: the worker's ledger gate runs it at most once.
-    assert [(c.call_id, c.attempt, c.fencing_token) for c in commands] == [(f"{run}-0", 1, 1)] * 2
+    # The same attempt, already admitted: admission does not send it again (and were it
+    # sent, the worker's ledger gate would run it at most once).
+    assert [(c.call_id, c.attempt, c.fencing_token) for c in commands] == [(f"{run}-0", 1, 1)]
 
 
 async def test_bytes_that_are_not_a_response_raise_for_the_dead_letter_topic(
@@ -136,8 +171,7 @@ async def test_with_tenant_identity_scope_a_second_run_reusing_call_0_is_refused
     own = settings.model_copy(
         update={"topic_prefix": f"scope-{uuid.uuid4().hex[:8]}.", "identity_scope": "tenant"}
     )
-    await publish_tools(redis, Keys.of(own), tools.specs("default"))
-    planner = Planner(own, bus=InMemoryBus(settings=own), redis=redis)
+    planner = await _serving(own, redis)
     first, second = f"run-{uuid.uuid4().hex}", f"run-{uuid.uuid4().hex}"
     assert (await _plan(planner, _numbered(first, {"a": 1, "b": 2}))).error is None
     refused = await _plan(planner, _numbered(second, {"a": 5, "b": 5}))

@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from kernel.settings import Settings
 from kernel.stores.admission import Admission, Limits
 from kernel.stores.keys import Keys
+from tests.conftest import wait_for
 from tests.integration.fair_tools import in_flight_keys, starts_key
 from tests.integration.test_fairness import _turn
 from toolfleet.client import FleetClient
@@ -72,3 +73,24 @@ async def test_a_tenant_quota_is_never_exceeded(
     peak = int(await redis.get(in_flight_keys(tenant)[1]) or 0)
     print(f"tenant quota {QUOTA}: peak {peak} in flight")
     assert peak == QUOTA  # reached, never exceeded
+
+
+async def test_an_http_429_slows_the_tools_rate_buckets(
+    fleet: LocalFleet, client: FleetClient, redis: Redis, keys: Keys
+) -> None:
+    tenant = f"429-{uuid.uuid4().hex[:6]}"
+    admission = Admission(redis, keys)
+    await admission.set_limits("tools", "rate_limited", Limits(rate=RATE, tenant_rate=RATE))
+    try:
+        await client.submit(_turn(tenant, 1, "rate_limited"))
+
+        async def slowed() -> bool:
+            count = await redis.hget(keys.admission("stats"), "throttled:o:rate_limited")
+            return int(count or 0) >= 1
+
+        await wait_for(slowed, within=60)
+        bucket = await redis.hget(keys.admission("buckets"), "o:rate_limited")
+        factor = float((bucket or b"0,0,1").decode().split(",")[2])
+        assert factor <= 0.5  # halved (and recovering over RECOVERY_S)
+    finally:
+        await admission.set_limits("tools", "rate_limited", Limits())
