@@ -33,14 +33,18 @@ from kernel.adapters.metrics import MESSAGES, TURN_LATENCY
 from kernel.adapters.redis import add_to_set, text
 from kernel.errors import InvalidMessageError
 from kernel.rules.auth import DecisionAuth
+from kernel.rules.outcomes import ended
 from kernel.settings import Settings
+from kernel.stores.admission import SEP, Admission
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
-from schemas import CallOutcome, CancelRequest, TurnError, TurnPlan, TurnResult
+from schemas import CallOutcome, CancelRequest, ExecutionCommand, TurnError, TurnPlan, TurnResult
 
 log = logging.getLogger(__name__)
 
 _CACHED_TURNS = 4_096
+_PACE_FROM = 64
+"""Batches smaller than this are not paced: the load is light enough for a transaction each."""
 _MAX_BATCH = 2_000
 
 
@@ -56,6 +60,7 @@ class Aggregator:
         self.bus = bus
         self.redis = redis
         self.keys = Keys.of(settings)
+        self.admission = Admission(self.redis, self.keys)
         self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
         self.auth = DecisionAuth.of(settings)
@@ -88,9 +93,10 @@ class Aggregator:
                 await self._process(consumer, producer, group, batches)
                 # A transaction costs the broker the same whatever its size: under load, let
                 # the next batch gather for the rest of the interval (a full batch does not
-                # wait; when idle, the first record is handled at once).
+                # wait; when idle or lightly loaded, the next record is handled at once, so
+                # a small turn beside a busy tenant is not held back by the pacing).
                 rest = interval - (time.monotonic() - began)
-                if rest > 0 and sum(map(len, batches.values())) < _MAX_BATCH:
+                if rest > 0 and _PACE_FROM <= sum(map(len, batches.values())) < _MAX_BATCH:
                     await asyncio.sleep(rest)  # wait-ok: pacing, not waiting for a state
         finally:
             await consumer.stop()
@@ -288,17 +294,30 @@ class Aggregator:
         return await self._update(tenant, run, turn_id, change)
 
     async def on_cancel(self, request: CancelRequest, triggers: list[str]) -> list[Emission]:
-        """Parent cancellation: every open turn of the run ends now, as cancelled."""
+        """Parent cancellation: every open turn of the run ends now, as cancelled.
+
+        The run's calls still waiting for admission leave the queue here, so they are
+        certainly never started: they are reported ``skipped``, effect ``not_executed``
+        (calls already sent may be running: ``cancelled``, effect unknown until their
+        outcome says otherwise).
+        """
         if request.call_id is not None:
             return []  # tool-local: the worker reports it as the call's failure
+        withdrawn = [
+            ended(ExecutionCommand.model_validate_json(payload.split(SEP, 1)[1]), None, "skipped")
+            for _, payload in await self.admission.withdraw_run(request.tenant_id, request.run_id)
+        ]
         results = []
         for turn_id in await self.redis.smembers(
             self.keys.turns(request.tenant_id, request.run_id)
         ):
 
-            def change(state: StoredTurn) -> Emission | None:
+            def change(state: StoredTurn, turn_id: int = int(turn_id)) -> Emission | None:
                 if state.turn is None:
                     return None
+                for outcome in withdrawn:
+                    if outcome.turn_id == turn_id:
+                        accept_outcome(state.turn, outcome)
                 state.turn.cancelled = True
                 return _maybe_emit(state, state.turn, triggers)
 

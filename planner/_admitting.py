@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from kernel.adapters.bus import TRANSIENT_ERRORS, Bus
 from kernel.adapters.metrics import ADMISSION_WAIT, ADMITTED, COMMANDS, TENANT_CALLS, THROTTLED
 from kernel.adapters.topics import command_topic
-from kernel.rules.outcomes import ended, past_deadline
+from kernel.rules.outcomes import past_deadline
 from kernel.stores.admission import SEP, Admission, Waiting, member_of
 from schemas import CallOutcome, ExecutionCommand
 
@@ -160,11 +160,6 @@ class Admitter:
         if rest:
             TENANT_CALLS.labels("other", "running").set(sum(v.running for v in rest))
             TENANT_CALLS.labels("other", "waiting").set(sum(v.waiting for v in rest))
-
-    async def withdraw_run(self, tenant_id: str, run_id: str, publish: Publish) -> None:
-        """A cancelled run's waiting calls leave the queue, each reported skipped."""
-        for _, payload in await self.admission.withdraw_run(tenant_id, run_id):
-            await publish(ended(_command(payload), None, "skipped"))
 
 
 def _command(payload: str) -> ExecutionCommand:

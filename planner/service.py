@@ -235,10 +235,9 @@ class Planner:
                 pipe.set(cancelled, request.reason)
                 self._retain(pipe, cancelled)
                 await pipe.execute()
+            # Its calls waiting for admission are withdrawn by the aggregator, which reports
+            # them skipped in the cancelled turn's result.
             await self.gate.cancel_run(request.tenant_id, request.run_id)
-            await self.admitter.withdraw_run(
-                request.tenant_id, request.run_id, self._publish_outcome
-            )
 
     def _retain(self, pipe: Pipeline, key: str) -> None:
         """A run's decisions last as long as its calls' ledger entries (0: forever)."""

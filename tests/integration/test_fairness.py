@@ -2,7 +2,9 @@
 
 A call waits for admission in Redis, not in a Kafka partition: a flooding tenant's backlog
 never sits in front of another tenant's call, and backlogged tenants share the fleet by
-weight. Every test uses tenants of its own (admission state is fleet-wide).
+weight. Every test uses tenants of its own (admission state is fleet-wide). The light
+tenant's latency beside a flood, against its idle latency, is measured by bench (h)
+(``python -m bench.fairness``); here the test checks the order calls started in.
 """
 
 from __future__ import annotations
@@ -16,19 +18,21 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from redis.asyncio import Redis
 
+from kernel.rules.texts import NEVER_STARTED_DEADLINE
 from kernel.settings import Settings
 from kernel.stores.admission import Admission, Limits
 from kernel.stores.keys import Keys
-from schemas import ModelResponseEvent
+from schemas import CancelRequest, ModelResponseEvent
+from tests.conftest import wait_for
 from tests.integration.fair_tools import runs_key, starts_key
 from tests.integration.test_pipeline import turn
 from toolfleet.client import FleetClient
 from toolfleet.testing import LocalFleet, connected_client, result_of
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long_scenario]
 
 TOOLS = "tests.integration.fair_tools:tools"
-SLOTS_PER_WORKER = 10
+SLOTS_PER_WORKER = 4
 TOOL_MS = 50
 
 
@@ -53,27 +57,43 @@ def _turn(tenant: str, calls: int, tool: str = "work") -> ModelResponseEvent:
 
 async def _latency(fleet: LocalFleet, client: FleetClient, tenant: str) -> float:
     event = _turn(tenant, 1)
-    began = time.perf_counter()
+    began, wall = time.perf_counter(), time.time()
     await client.submit(event)
     result = await result_of(fleet, client, event.run_id, within=120)
     assert result.status == "completed"
-    return time.perf_counter() - began
+    took = time.perf_counter() - began
+    call = result.calls[0]
+    print(
+        f"  to start {((call.started_at or 0) - wall) * 1000:.0f} ms, body "
+        f"{((call.finished_at or 0) - (call.started_at or 0)) * 1000:.0f} ms, to result "
+        f"{(wall + took - (call.finished_at or 0)) * 1000:.0f} ms"
+    )
+    return took
 
 
 async def test_a_light_tenant_is_not_stuck_behind_a_flood(
-    fleet: LocalFleet, client: FleetClient
+    fleet: LocalFleet, client: FleetClient, redis: Redis
 ) -> None:
     tag = uuid.uuid4().hex[:6]
     light, flood = f"light-{tag}", f"flood-{tag}"
     idle = statistics.median([await _latency(fleet, client, light) for _ in range(5)])
-    floods = [_turn(flood, 10) for _ in range(300)]  # 3,000 calls of 50 ms
+    floods = [_turn(flood, 30) for _ in range(100)]  # 3,000 calls of 50 ms: 19 s on 8 slots
     await asyncio.gather(*(client.submit(e) for e in floods))
     await asyncio.sleep(1.0)  # wait-ok: the issue's scenario, the light turn comes 1 s later
     loaded = await _latency(fleet, client, light)
-    print(f"light tenant: idle {idle * 1000:.0f} ms, during the flood {loaded * 1000:.0f} ms")
     results = [await result_of(fleet, client, e.run_id, within=180) for e in floods]
     assert {r.status for r in results} == {"completed"}
-    assert loaded <= 2 * idle
+    # The light call went ahead of the flood's backlog: nearly all of the flood's calls
+    # started after it (in a FIFO it would have started after all 3,000).
+    light_starts = await redis.zrange(starts_key(light), -1, -1, withscores=True)
+    light_started = float(light_starts[0][1])
+    behind = await redis.zcount(starts_key(flood), f"({light_started}", "+inf")
+    print(
+        f"light tenant: idle {idle * 1000:.0f} ms, beside the flood {loaded * 1000:.0f} ms "
+        f"({loaded / idle:.2f}x); {behind} of the flood's 3,000 calls started after it"
+    )
+    assert behind >= 2_500
+    assert loaded < 1.0  # the backlog takes about 19 s to drain
 
 
 async def test_backlogged_tenants_share_the_fleet_by_weight(
@@ -84,7 +104,7 @@ async def test_backlogged_tenants_share_the_fleet_by_weight(
     admission = Admission(redis, keys)
     await admission.set_limits("tenants", one, Limits(weight=1))
     await admission.set_limits("tenants", three, Limits(weight=3))
-    events = [_turn(t, 10) for _ in range(80) for t in (one, three)]  # 800 calls each
+    events = [_turn(t, 10) for _ in range(40) for t in (one, three)]  # 400 calls each
     await asyncio.gather(*(client.submit(e) for e in events))
     results = [await result_of(fleet, client, e.run_id, within=180) for e in events]
     assert {r.status for r in results} == {"completed"}
@@ -109,3 +129,44 @@ async def test_a_planner_killed_while_calls_wait_loses_and_repeats_none(
     call_ids = [c.call_id for e in events for c in e.function_calls]
     runs = [int(await redis.get(runs_key(cid)) or 0) for cid in call_ids]
     assert runs == [1] * len(call_ids)
+
+
+async def test_a_cancelled_runs_waiting_calls_leave_the_queue_as_skipped(
+    fleet: LocalFleet, client: FleetClient, redis: Redis, keys: Keys
+) -> None:
+    tenant = f"cancel-{uuid.uuid4().hex[:6]}"
+    await Admission(redis, keys).set_limits("tenants", tenant, Limits(max_concurrency=1))
+    event = turn(*((f"c{i}", "work", {"ms": 2000}) for i in range(4)))
+    event = event.model_copy(update={"tenant_id": tenant})
+    await client.submit(event)
+
+    async def one_running() -> bool:
+        return await redis.zcard(starts_key(tenant)) == 1
+
+    await wait_for(one_running, within=30)  # one call runs; three wait for the quota
+    await client.cancel(CancelRequest(tenant_id=tenant, run_id=event.run_id, reason="user"))
+    result = await result_of(fleet, client, event.run_id, within=60)
+    print(
+        [(c.call_id[-2:], c.status, c.effect) for c in result.calls],
+        [m.decode()[-2:] for m in await redis.zrange(starts_key(tenant), 0, -1)],
+    )
+    waited = [c for c in result.calls if c.call_id != event.function_calls[0].call_id]
+    assert [(c.status, c.effect) for c in waited] == [("skipped", "not_executed")] * 3
+    assert await redis.zcard(starts_key(tenant)) == 1  # none of them ever started
+
+
+async def test_a_call_still_waiting_at_its_deadline_never_starts(
+    fleet: LocalFleet, client: FleetClient, redis: Redis, keys: Keys
+) -> None:
+    tenant = f"late-{uuid.uuid4().hex[:6]}"
+    await Admission(redis, keys).set_limits("tenants", tenant, Limits(max_concurrency=1))
+    event = turn(("a", "work", {"ms": 1500}), ("b", "work", {"ms": 10}), deadline_s=0.5)
+    event = event.model_copy(update={"tenant_id": tenant})
+    await client.submit(event)
+    result = await result_of(fleet, client, event.run_id, within=60)
+    late = next(c for c in result.calls if c.call_id.endswith("-b"))
+    assert (late.status, late.effect) == ("timed_out", "not_executed")
+    output = next(o.output for o in result.outputs if o.call_id.endswith("-b"))
+    assert output == NEVER_STARTED_DEADLINE.format(name="work")
+    started = [m.decode() for m in await redis.zrange(starts_key(tenant), 0, -1)]
+    assert started == [event.function_calls[0].call_id]

@@ -19,7 +19,7 @@ from tests.integration.test_fairness import _turn
 from toolfleet.client import FleetClient
 from toolfleet.testing import LocalFleet, connected_client, result_of
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long_scenario]
 
 TOOLS = "tests.integration.fair_tools:tools"
 RATE = 50
