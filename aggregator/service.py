@@ -35,7 +35,7 @@ from kernel.errors import InvalidMessageError
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.outcomes import ended
 from kernel.settings import Settings
-from kernel.stores.admission import SEP, Admission
+from kernel.stores.admission import Admission, command_of
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
 from schemas import CallOutcome, CancelRequest, ExecutionCommand, TurnError, TurnPlan, TurnResult
@@ -304,7 +304,7 @@ class Aggregator:
         if request.call_id is not None:
             return []  # tool-local: the worker reports it as the call's failure
         withdrawn = [
-            ended(ExecutionCommand.model_validate_json(payload.split(SEP, 1)[1]), None, "skipped")
+            ended(ExecutionCommand.model_validate_json(command_of(payload)[1]), None, "skipped")
             for _, payload in await self.admission.withdraw_run(request.tenant_id, request.run_id)
         ]
         results = []

@@ -26,11 +26,11 @@ from kernel.rules.limits import json_depth_exceeds
 from kernel.rules.versions import choose_version, circuits_to_check
 from kernel.settings import Settings
 from kernel.stores.admission import Admission
+from kernel.stores.admitting import Admitter
 from kernel.stores.circuit import CircuitBreaker
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import CallPolicy, Ledger, LedgerEntry, NewCall, command_for
 from kernel.stores.registry import ToolDirectory
-from planner._admitting import Admitter
 from planner._gate import Gate
 from planner._planning import (
     ApprovalView,

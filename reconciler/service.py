@@ -28,6 +28,8 @@ from kernel.rules.effects import probe_answer
 from kernel.rules.outcomes import lost
 from kernel.rules.texts import COMPENSATED, DEFAULT_ERROR, unknown_outcome_text
 from kernel.settings import Settings
+from kernel.stores.admission import Admission
+from kernel.stores.admitting import Admitter
 from kernel.stores.keys import SLOT_GROUPS, Keys
 from kernel.stores.ledger import Ledger, LedgerEntry, NewCall, command_for, lease_member
 from kernel.stores.registry import ToolDirectory
@@ -111,6 +113,7 @@ class Reconciler:
         self.redis = redis
         self.keys = Keys.of(settings)
         self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
+        self.admitter = Admitter(Admission.of(self.redis, self.keys, settings), self.bus)
         self.tools = ToolDirectory(self.redis, self.keys)
         self.tasks = TaskStore(self.redis, self.keys)
         self.auth = DecisionAuth.of(settings)
@@ -334,7 +337,10 @@ class Reconciler:
         entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)
         if issued is None or entry is None:
             return
-        await self._send(_command(entry, "execute", issued[1], attempt=issued[0]))
+        # A retry is a new attempt at the upstream: admitted like a first one (quotas, rate
+        # limits, a 429's slow-down), so it reaches Kafka when it can run.
+        await self.admitter.submit([_command(entry, "execute", issued[1], attempt=issued[0])])
+        await self.admitter.confirm()
 
     async def _send_compensation(self, tenant: str, run: str, call_id: str) -> None:
         entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)

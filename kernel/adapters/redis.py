@@ -649,6 +649,9 @@ class ClusterRedis(Redis):
                     host=seed[0],
                     port=seed[1],
                     socket_connect_timeout=5,
+                    # A node that accepts connections but does not answer (stopped, swapping)
+                    # must not hold up the refresh: the next node is asked.
+                    socket_timeout=5,
                     username=self._username,
                     password=self._password,
                 )

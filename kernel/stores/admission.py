@@ -41,6 +41,7 @@ from redis.asyncio import Redis
 from kernel.adapters.redis import text
 from kernel.settings import Settings
 from kernel.stores.keys import Keys
+from schemas import ExecutionCommand
 
 RATE_SAFETY = 0.9
 """Buckets refill at this share of the declared rate (a margin for start-time jitter)."""
@@ -366,6 +367,24 @@ class Waiting:
     def member(self) -> str:
         """The call attempt's name in every admission structure."""
         return member_of(self.tenant_id, self.run_id, self.call_id, self.attempt)
+
+
+def waiting_command(command: ExecutionCommand) -> Waiting:
+    """An admitted copy of ``command`` (its outcome will free its slots), queued for admission.
+
+    The payload is ``pool SEP command JSON``: whoever admits it publishes it to its pool's
+    topic as it is (``command_of`` reads it back)."""
+    admitted = command.model_copy(update={"admitted": True})
+    return Waiting(
+        command.tenant_id, command.run_id, command.call_id, command.attempt, command.tool_name,
+        command.pool, f"{command.pool}{SEP}{admitted.encode().decode()}", command.deadline_at,
+    )  # fmt: skip
+
+
+def command_of(payload: str) -> tuple[str, str]:
+    """(pool, command JSON) of a queued call's payload."""
+    pool, raw = payload.split(SEP, 1)
+    return pool, raw
 
 
 def member_of(tenant_id: str, run_id: str, call_id: str, attempt: int) -> str:

@@ -1,6 +1,7 @@
-"""The planner's side of admission: queue its commands, publish what admission lets run.
+"""The services' side of admission: queue commands, publish what admission lets run.
 
-Every command the planner dispatches is queued (``submit``); ``Admission.admit`` decides
+Every command the planner dispatches, and every retry the reconciler sends, is queued
+(``submit``); ``Admission.admit`` decides
 which may go to Kafka now (``kernel.stores.admission``). An outcome of an admitted call frees
 its slots (``release``): the releases of one event-loop turn share one admission pass, and
 each caller returns once its release is durable (its outcome's offset may then be committed).
@@ -19,7 +20,7 @@ from kernel.adapters.bus import TRANSIENT_ERRORS, Bus
 from kernel.adapters.metrics import ADMISSION_WAIT, ADMITTED, COMMANDS, TENANT_CALLS, THROTTLED
 from kernel.adapters.topics import command_topic
 from kernel.rules.outcomes import past_deadline
-from kernel.stores.admission import SEP, Admission, Waiting, member_of
+from kernel.stores.admission import SEP, Admission, command_of, member_of, waiting_command
 from schemas import CallOutcome, ExecutionCommand
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,8 @@ TOP_TENANTS = 10
 
 
 class Admitter:
-    """Queues a planner's commands, publishes admitted ones, frees slots on outcomes."""
+    """Queues commands, publishes admitted ones, frees slots on outcomes (the planner's) and
+    ticks (every planner's)."""
 
     def __init__(self, admission: Admission, bus: Bus) -> None:
         self.admission = admission
@@ -50,16 +52,7 @@ class Admitter:
         if not commands:
             return
         now = time.time()
-        queued = []
-        for command in commands:
-            admitted = command.model_copy(update={"admitted": True, "issued_at": now})
-            payload = f"{command.pool}{SEP}{admitted.encode().decode()}"
-            queued.append(
-                Waiting(
-                    command.tenant_id, command.run_id, command.call_id, command.attempt,
-                    command.tool_name, command.pool, payload, command.deadline_at,
-                )
-            )  # fmt: skip
+        queued = [waiting_command(c.model_copy(update={"issued_at": now})) for c in commands]
         await self.admission.enqueue(queued, now)
         await self.admit()
 
@@ -108,7 +101,7 @@ class Admitter:
             self._admit_at(admitted.refill_in_s)
         sent = []
         for member, payload in admitted.calls:
-            pool, raw = payload.split(SEP, 1)
+            pool, raw = command_of(payload)
             call_id = member.split(SEP)[2]
             sent.append(await self.bus.publish(command_topic(pool), call_id, raw.encode()))
             command = ExecutionCommand.model_validate_json(raw)
@@ -139,6 +132,13 @@ class Admitter:
         except TRANSIENT_ERRORS as exc:  # the next tick tries again
             log.warning("admission pass failed", extra={"error": repr(exc)})
 
+    async def confirm(self) -> None:
+        """Confirm at once what this instance published (a service that admits rarely, the
+        reconciler, would otherwise leave it pending until a planner publishes it again)."""
+        confirm, self._confirm = self._confirm, []
+        if confirm:
+            await self.admission.admit(time.time(), published=confirm, max_calls=0)
+
     async def tick(self, publish: Publish) -> None:
         """Withdraw calls past their turn's deadline (each reported never started), then an
         admission pass (refilled buckets, expired leases, unconfirmed commands)."""
@@ -163,4 +163,4 @@ class Admitter:
 
 
 def _command(payload: str) -> ExecutionCommand:
-    return ExecutionCommand.model_validate_json(payload.split(SEP, 1)[1])
+    return ExecutionCommand.model_validate_json(command_of(payload)[1])
