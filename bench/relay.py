@@ -12,7 +12,7 @@ toolfleet sends, encoded the same way, and every consumed message is decoded onc
     plans + outcomes -> aggregator -> turn-results          (the planner reads outcomes too)
 
 What it leaves out is everything toolfleet adds on top of moving bytes: no Redis (no ledger,
-no dedupe, no approvals, no semaphores, no turn state outside memory), no Kafka transactions,
+no dedupe, no approvals, no admission, no turn state outside memory), no Kafka transactions,
 and whole batches are handled at a time (one ack wait and one commit per poll).
 """
 
