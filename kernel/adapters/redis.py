@@ -255,14 +255,23 @@ class AutoPipelinedRedis(Redis):
         try:
             parser: Any = conn._parser
             reader: Any = parser._reader
-            conn._writer.write(b"".join(packed))
-            await conn._writer.drain()
-            for i in sent:
-                reply = reader.gets()
-                while reply is NOT_ENOUGH_DATA:
-                    await parser.read_from_socket()
+            # The connection's socket_timeout bounds the whole burst (redis-py applies it per
+            # read; reading the parser directly, this client applies it here).
+            async with asyncio.timeout(conn.socket_timeout):
+                conn._writer.write(b"".join(packed))
+                await conn._writer.drain()
+                for i in sent:
                     reply = reader.gets()
-                replies[i] = self._reply(batch[i][0][0], batch[i][1], reply)
+                    while reply is NOT_ENOUGH_DATA:
+                        await parser.read_from_socket()
+                        reply = reader.gets()
+                    replies[i] = self._reply(batch[i][0][0], batch[i][1], reply)
+        except TimeoutError as exc:
+            await conn.disconnect()
+            await self.connection_pool.release(conn)
+            raise RedisTimeoutError(
+                f"Redis at {conn.host}:{conn.port} did not answer within {conn.socket_timeout} s"
+            ) from exc
         except BaseException:
             # Replies still unread would be taken for the next burst's: drop the connection.
             await conn.disconnect()
@@ -530,6 +539,7 @@ async def update_json(
 SLOTS = 16_384
 _KEYLESS = frozenset({b"PING", b"INFO", b"SCRIPT", b"CLUSTER", b"SCAN", b"TIME", b"DBSIZE"})
 _MOVES = 5
+_NODE_READ_TIMEOUT_S = 10.0
 """Times one command follows MOVED before it fails (a cluster still reshuffling its slots)."""
 
 Node = tuple[str, int]
@@ -550,6 +560,8 @@ class ClusterRedis(Redis):
     ) -> None:
         super().__init__()
         self._seeds = list(seeds)
+        self._seen: list[Node] = []
+        """Every node the last CLUSTER SLOTS listed, replicas too: where a refresh asks."""
         self._username, self._password = username, password
         self._max_connections = max_connections
         self._replica_acks = replica_acks
@@ -644,7 +656,9 @@ class ClusterRedis(Redis):
             self._refresh = asyncio.Lock()
         async with self._refresh:
             last: Exception | None = None
-            for seed in [*self._seeds, *self._nodes]:
+            # The nodes last seen serving first (a seed may be the node that just failed),
+            # then every replica they listed, then the seeds of the URL.
+            for seed in dict.fromkeys([*self._nodes, *self._seen, *self._seeds]):
                 probe = Redis(
                     host=seed[0],
                     port=seed[1],
@@ -663,10 +677,13 @@ class ClusterRedis(Redis):
                 finally:
                     await probe.aclose()
                 owner: list[Node] = [("", 0)] * SLOTS
-                for low, high, primary, *_ in ranges:
+                seen: list[Node] = []
+                for low, high, primary, *replicas in ranges:
                     node = (_text(primary[0]), int(primary[1]))
                     owner[int(low) : int(high) + 1] = [node] * (int(high) - int(low) + 1)
                     self._connect(node)
+                    seen += [node, *((_text(r[0]), int(r[1])) for r in replicas)]
+                self._seen = seen
                 self._owner = owner
                 return
             raise InfrastructureError(
@@ -681,6 +698,10 @@ class ClusterRedis(Redis):
             port=node[1],
             max_connections=self._max_connections,
             timeout=60,
+            # A primary that stops answering (hung, or a replica now, stopped) fails the
+            # command after this instead of holding it forever; the caller retries after a
+            # refresh of the slot map. Longer than any WAIT a durable write may add.
+            socket_timeout=_NODE_READ_TIMEOUT_S,
             username=self._username,
             password=self._password,
         )

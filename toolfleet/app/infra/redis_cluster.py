@@ -44,8 +44,10 @@ def cluster_ports(settings: Settings) -> list[int]:
 
 
 def cluster_url(settings: Settings) -> str:
-    """The REDIS_URL of the local cluster (its first node serves as the seed)."""
-    return f"redis+cluster://127.0.0.1:{settings.redis_cluster_port}"
+    """The REDIS_URL of the local cluster, naming every node (any one that answers serves as
+    the seed, so a client can start while one of them is down)."""
+    nodes = ",".join(f"127.0.0.1:{port}" for port in cluster_ports(settings))
+    return f"redis+cluster://{nodes}"
 
 
 def cluster_status(settings: Settings) -> ServiceStatus:
