@@ -178,7 +178,7 @@ class Worker:
                 await self.admission.register_worker(
                     self.pool, self.worker_id, self.limits.per_worker, ttl, time.time()
                 )
-            except TRANSIENT_ERRORS as exc:
+            except Exception as exc:  # never let the loop die: the pool would lose our slots
                 log.warning("could not register capacity", extra={"error": repr(exc)})
             await asyncio.sleep(ttl / 3)
 

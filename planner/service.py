@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, ConsumeLoop, Record
+from kernel.adapters.bus import Bus, ConsumeLoop, Record
 from kernel.adapters.metrics import PLAN_LATENCY
 from kernel.adapters.redis import HashFields, text
 from kernel.errors import InvalidMessageError
@@ -109,8 +109,8 @@ class Planner:
             await asyncio.sleep(period)
             try:
                 await self.admitter.tick(self._publish_outcome)
-            except TRANSIENT_ERRORS as exc:
-                log.warning("admission tick failed; retrying", extra={"error": repr(exc)})
+            except Exception:  # never let the loop die: waiting calls rely on it
+                log.exception("admission tick failed; retrying")
 
     async def _publish_outcome(self, outcome: CallOutcome) -> None:
         await self.bus.publish_and_wait("outcomes", outcome.run_id, outcome)

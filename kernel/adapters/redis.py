@@ -22,8 +22,16 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.client import EMPTY_RESPONSE, NEVER_DECODE
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    DataError,
+    MasterDownError,
+    NoScriptError,
+    RedisError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from kernel.errors import ConfigurationError, InfrastructureError, UnreplicatedWriteError
@@ -561,6 +569,7 @@ class ClusterRedis(Redis):
         super().__init__()
         self._seeds = list(seeds)
         self._seen: list[Node] = []
+        self._loaded_at = float("-inf")
         """Every node the last CLUSTER SLOTS listed, replicas too: where a refresh asks."""
         self._username, self._password = username, password
         self._max_connections = max_connections
@@ -601,7 +610,7 @@ class ClusterRedis(Redis):
                 "common hash tag"
             )
         if not self._owner:
-            await self._load_slots()
+            await self._load_slots(time.monotonic())
         node = self._nodes[self._owner[slots.pop()]]
         return await node.transaction(func, *watches, **kwargs)
 
@@ -619,23 +628,25 @@ class ClusterRedis(Redis):
         name = args[0].encode() if isinstance(args[0], str) else args[0]
         verb = name.split(b" ")[0].upper()
         if not self._owner:
-            await self._load_slots()
+            await self._load_slots(time.monotonic())
         if verb in _KEYLESS:
-            node = next(iter(self._nodes.values()))
+            node = self._nodes[self._owner[0]]  # a current primary
             return await node.execute_command(*args, **options)
         key = _first_key(verb, args)
         for _ in range(_MOVES):
             owner = self._nodes[self._owner[key_slot(key)]]
+            sent_at = time.monotonic()
             try:
                 return await owner.execute_command(*args, **options)
-            except ResponseError as exc:
-                if not str(exc).startswith(("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN")):
-                    raise
-                await self._load_slots()
+            except (AskError, TryAgainError, ClusterDownError, MasterDownError):
+                # MOVED (an AskError) or ASK: the slot lives elsewhere now; TRYAGAIN,
+                # CLUSTERDOWN, MASTERDOWN: a failover or a migration is under way.
+                await self._load_slots(sent_at)
             except (RedisConnectionError, RedisTimeoutError):
-                # The primary is away (a failover may be under way): the next attempt asks
-                # the cluster who owns the slot now; the caller retries as after any outage.
-                await self._load_slots()
+                # The primary is away (a failover may be under way), or loading its data after
+                # a restart (BusyLoadingError is a ConnectionError): the next attempt asks the
+                # cluster who owns the slot now; the caller retries as after any outage.
+                await self._load_slots(sent_at)
                 raise
         raise InfrastructureError(
             f"Redis Cluster kept moving the slot of {key!r}; check CLUSTER INFO on its nodes"
@@ -646,15 +657,21 @@ class ClusterRedis(Redis):
     ) -> AsyncIterator[Any]:
         """Every primary's keys that match, one primary after the other."""
         if not self._owner:
-            await self._load_slots()
-        for node in list(self._nodes.values()):
+            await self._load_slots(time.monotonic())
+        for primary in dict.fromkeys(self._owner):
+            node = self._nodes[primary]
             async for key in node.scan_iter(match=match, count=count, **kwargs):
                 yield key
 
-    async def _load_slots(self) -> None:
+    async def _load_slots(self, stale_since: float) -> None:
+        """Ask the cluster who owns each slot, unless a refresh finished after
+        ``stale_since`` (when the caller sent what failed): many callers failing at once
+        share one refresh instead of queueing one each."""
         if self._refresh is None:
             self._refresh = asyncio.Lock()
         async with self._refresh:
+            if self._owner and self._loaded_at > stale_since:
+                return
             last: Exception | None = None
             # The nodes last seen serving first (a seed may be the node that just failed),
             # then every replica they listed, then the seeds of the URL.
@@ -685,6 +702,7 @@ class ClusterRedis(Redis):
                     seen += [node, *((_text(r[0]), int(r[1])) for r in replicas)]
                 self._seen = seen
                 self._owner = owner
+                self._loaded_at = time.monotonic()
                 return
             raise InfrastructureError(
                 f"no node of the Redis Cluster at {self._seeds} answered CLUSTER SLOTS ({last!r})"

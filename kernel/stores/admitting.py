@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-from kernel.adapters.bus import TRANSIENT_ERRORS, Bus
+from kernel.adapters.bus import Bus
 from kernel.adapters.metrics import ADMISSION_WAIT, ADMITTED, COMMANDS, TENANT_CALLS, THROTTLED
 from kernel.adapters.topics import command_topic
 from kernel.rules.outcomes import past_deadline
@@ -129,7 +129,7 @@ class Admitter:
     async def _refill_pass(self) -> None:
         try:
             await self.admit()
-        except TRANSIENT_ERRORS as exc:  # the next tick tries again
+        except Exception as exc:  # the next tick tries again
             log.warning("admission pass failed", extra={"error": repr(exc)})
 
     async def confirm(self) -> None:
