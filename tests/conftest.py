@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -111,6 +112,16 @@ async def redis(settings: Settings) -> AsyncIterator[Redis]:
     client = connect_redis(settings)
     yield client
     await client.aclose()
+
+
+def port_is_free(port: int) -> bool:
+    """Whether nothing holds ``port`` on loopback (for tests that start servers of their own)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 async def wait_for(

@@ -6,7 +6,6 @@ of the suite runs on (`make test` runs the integration suite on the shared local
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,25 +19,17 @@ from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger, NewCall
 from kernel.stores.registry import ToolDirectory, live_versions, publish_tools
 from schemas import CallOutcome, ToolSpec
+from tests.conftest import port_is_free
 from toolfleet.app.infra.redis_cluster import start_cluster, stop_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     base = next(
         b for b in range(22_700, 24_000, 10)
-        if all(_free(p) and _free(p + 10_000) for p in range(b, b + 3))
+        if all(port_is_free(p) and port_is_free(p + 10_000) for p in range(b, b + 3))
     )  # fmt: skip
     state: Path = tmp_path_factory.mktemp("cluster")
     settings = Settings(state_dir=state, redis_cluster_masters=3, redis_cluster_port=base)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from kernel.settings import Settings
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
 from kernel.stores.tasks import TaskStore
-from tests.conftest import wait_for
+from tests.conftest import port_is_free, wait_for
 from tests.integration.crash_tools import effects_key, holder_key
 from tests.integration.test_pipeline import turn
 from toolfleet.app.infra.redis_cluster import cluster_url, start_cluster, stop_cluster
@@ -41,21 +40,12 @@ LEASE_S = 20
 lands on the new primary while its lease still holds."""
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 @pytest.fixture(scope="module")
 def replicated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     """A running 3-primary cluster with a replica of each (settings of its nodes)."""
     base = next(
         b for b in range(24_000, 25_000, 10)
-        if all(_free(p) and _free(p + 10_000) for p in range(b, b + 6))
+        if all(port_is_free(p) and port_is_free(p + 10_000) for p in range(b, b + 6))
     )  # fmt: skip
     state: Path = tmp_path_factory.mktemp("replicated")
     nodes = Settings(

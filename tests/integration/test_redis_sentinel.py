@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -24,21 +23,12 @@ from kernel.settings import Settings
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger, NewCall
 from schemas import CallOutcome
-from tests.conftest import wait_for
+from tests.conftest import port_is_free, wait_for
 from toolfleet.app.infra.redis import redis_server, server_argv
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
 
 SERVICE = "tfprimary"
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def _ready(port: int) -> bool:
@@ -71,7 +61,7 @@ def _sentinel_knows_replica(port: int) -> bool:
 @pytest.fixture(scope="module")
 def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int, int]]:
     """(primary, replica, sentinel) ports of a running Sentinel-managed pair."""
-    base = next(b for b in range(25_500, 26_000, 10) if all(_free(b + i) for i in range(3)))
+    base = next(b for b in range(25_500, 26_000, 10) if all(port_is_free(b + i) for i in range(3)))
     primary, replica, watcher = base, base + 1, base + 2
     home: Path = tmp_path_factory.mktemp("sentinel")
     server = redis_server()
