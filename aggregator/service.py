@@ -3,8 +3,10 @@
 Turn state lives in Redis, updated with an atomic read-modify-write, so recording an outcome
 is idempotent. TurnResults are published in a Kafka transaction together with the consumed
 offsets: a crash before the commit re-delivers the batch, a crash after it re-delivers
-nothing. The emission marker names the records that triggered it, so a redelivered trigger
-re-emits (the first attempt's transaction never committed) while a late duplicate does not.
+nothing. A batch that emits nothing (most outcomes settle no turn) costs no transaction of
+its own: its offsets go with the next one, at most ``COMMIT_INTERVAL_S`` later. The
+emission marker names the records that triggered it, so a redelivered trigger re-emits (the
+first attempt's transaction never committed) while a late duplicate does not.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from redis.asyncio import Redis
 from aggregator._store import StoredTurn, TurnStore
 from aggregator._turn import TurnState, accept_outcome, build_result, is_settled
 from kernel.adapters.bus import (
+    COMMIT_INTERVAL_S,
     NEVER_FITS,
     TRANSIENT_ERRORS,
     Bus,
@@ -70,6 +73,9 @@ class Aggregator:
         # whole polled batch goes at once instead of in waves.
         self._slots = asyncio.Semaphore(512)
         self.turns = TurnStore(self.redis, ttl_s=settings.ledger_retention_s, cached=_CACHED_TURNS)
+        self._uncommitted: dict[TopicPartition, int] = {}
+        """Offsets of handled batches that emitted nothing, for the next transaction."""
+        self._committed_at = time.monotonic()
 
     def stop(self) -> None:
         """Finish the current batch and return from ``run``."""
@@ -89,6 +95,8 @@ class Aggregator:
                 began = time.monotonic()
                 batches = await consumer.getmany(timeout_ms=100, max_records=_MAX_BATCH)
                 if not batches:
+                    if self._uncommitted:
+                        await self._commit_quietly(consumer, producer, group)
                     continue
                 await self._process(consumer, producer, group, batches)
                 # A transaction costs the broker the same whatever its size: under load, let
@@ -99,6 +107,8 @@ class Aggregator:
                 if rest > 0 and _PACE_FROM <= sum(map(len, batches.values())) < _MAX_BATCH:
                     await asyncio.sleep(rest)  # wait-ok: pacing, not waiting for a state
         finally:
+            if self._uncommitted:
+                await self._commit_quietly(consumer, producer, group)
             await consumer.stop()
             await producer.stop()
             await self.bus.stop()
@@ -118,13 +128,12 @@ class Aggregator:
                     by_key.setdefault(record.key, []).append(record)
             per_key = await asyncio.gather(*(self._handle_in_order(rs) for rs in by_key.values()))
             emitted = [e for results in per_key for e in results]
-            async with producer.transaction():
-                topic = self.settings.topic("turn-results")
-                for result, _ in emitted:
-                    raw = _fit(result, self.settings.max_message_bytes)
-                    await producer.send(topic, raw, key=result.run_id.encode())
-                offsets = {tp: records[-1].offset + 1 for tp, records in batches.items()}
-                await producer.send_offsets_to_transaction(offsets, group)
+            handled = {tp: records[-1].offset + 1 for tp, records in batches.items()}
+            offsets = self._uncommitted | handled
+            if not emitted and time.monotonic() - self._committed_at < COMMIT_INTERVAL_S:
+                self._uncommitted = offsets  # recorded in Redis; re-read after a crash
+                return
+            await self._commit(consumer, producer, group, emitted, offsets)
         except TRANSIENT_ERRORS as exc:
             # Nothing of the batch is committed: read it again; recording is idempotent.
             log.warning("batch failed; re-reading it", extra={"error": repr(exc)})
@@ -139,6 +148,40 @@ class Aggregator:
         self._unreachable_since = None
         for result, planned_at in emitted:
             TURN_LATENCY.labels(result.status).observe(time.time() - planned_at)
+
+    async def _commit(
+        self,
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer,
+        group: str,
+        emitted: Sequence[Emission],
+        offsets: dict[TopicPartition, int],
+    ) -> None:
+        """One transaction: the results of ``emitted`` and the offsets of what was handled
+        (of the partitions still assigned: a revoked one's new owner reads it again)."""
+        mine = consumer.assignment()
+        async with producer.transaction():
+            topic = self.settings.topic("turn-results")
+            for result, _ in emitted:
+                raw = _fit(result, self.settings.max_message_bytes)
+                await producer.send(topic, raw, key=result.run_id.encode())
+            owned = {tp: offset for tp, offset in offsets.items() if tp in mine}
+            if owned:
+                await producer.send_offsets_to_transaction(owned, group)
+        self._uncommitted = {}
+        self._committed_at = time.monotonic()
+
+    async def _commit_quietly(
+        self, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, group: str
+    ) -> None:
+        """Commit the offsets of batches that emitted nothing; a failure leaves them for the
+        next transaction (their records are recorded: re-reading them changes nothing)."""
+        try:
+            await self._commit(consumer, producer, group, [], self._uncommitted)
+        except TRANSIENT_ERRORS as exc:
+            log.warning(
+                "offset commit failed; retried with the next batch", extra={"error": repr(exc)}
+            )
 
     async def _handle_in_order(self, records: list[Record]) -> list[Emission]:
         """One run's records, in order. A plan and the outcomes right behind it (usual under

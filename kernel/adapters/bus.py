@@ -22,6 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from kernel.adapters.metrics import DEAD_LETTERS, MESSAGES
+from kernel.adapters.offsets import OffsetTracker
 from kernel.errors import CutOffError, InfrastructureError, InvalidMessageError
 from kernel.rules.limits import cut_text, digest
 from kernel.settings import Settings
@@ -33,6 +34,9 @@ PRODUCER_BATCH_BYTES = 262_144
 """Largest batch a producer sends to one partition. aiokafka's default (16 KiB, ~25 commands or
 outcomes) fills under load, and a send into a full batch waits until that batch is acked:
 bursts stalled on a round trip, and the broker got many small produce requests."""
+
+TRANSACTION_RETRY_BACKOFF_MS = 10
+"""How soon a transactional producer retries a refused request (see ``transactional_producer``)."""
 
 COMMIT_INTERVAL_S = 0.2
 """How often a consumer commits what it has handled. Not after every polled batch: under load
@@ -219,6 +223,10 @@ class KafkaBus:
             # A killed instance's open transaction blocks read_committed readers of
             # turn-results until it times out; its successor has a new transactional id.
             transaction_timeout_ms=10_000,
+            # A transaction begun right after the last commit meets CONCURRENT_TRANSACTIONS
+            # until the broker has written the commit markers (a few ms; KAFKA-5477), and
+            # aiokafka retries it after this backoff: 100 ms by default, a tail on a turn.
+            retry_backoff_ms=TRANSACTION_RETRY_BACKOFF_MS,
         )
 
     def consumer(self, topics: Iterable[str], group: str, **options: Any) -> AIOKafkaConsumer:
@@ -283,7 +291,10 @@ class ConsumeLoop:
 
     Records with the same key (a run_id everywhere in toolfleet) are handled one after the
     other, in offset order; records with different keys concurrently, up to ``concurrency``
-    at once: a service waits on Kafka and Redis round trips, not on its CPU.
+    at once: a service waits on Kafka and Redis round trips, not on its CPU. Polling goes on
+    while handlers run, so a record is handled as soon as it is fetched, not after the
+    slowest record of the batch before it (a new turn never waits for another tenant's
+    outcomes to be done); a partition's commit stops below its oldest unfinished record.
 
     - ``InvalidMessageError`` from the handler dead-letters the record and moves on;
     - a transient error (Kafka, Redis, connection) retries the same record with backoff,
@@ -318,58 +329,93 @@ class ConsumeLoop:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self._stopping = asyncio.Event()
+        self._offsets = OffsetTracker()
+        self._last: dict[tuple[TopicPartition, bytes | None], asyncio.Task[bool]] = {}
+        """The newest task of each (partition, key): the next record of that key waits for it."""
+        self._running: set[asyncio.Task[bool]] = set()
+        self._touched: set[TopicPartition] = set()
+        """Partitions with records started or done since the last commit (only those are
+        committed: a partition handed to a peer and back must not go back to our offset)."""
+        self._failure: BaseException | None = None
 
     def stop(self) -> None:
-        """Finish the current record, commit, and return from ``run``."""
+        """Finish the records in hand, commit, and return from ``run``."""
         self._stopping.set()
 
     async def run(self) -> None:
-        """Consume until ``stop`` is called."""
-        committable: dict[TopicPartition, int] = {}
+        """Consume until ``stop`` is called (or a CutOffError, raised once in-flight records
+        are done or left to the partitions' next owner)."""
         last_commit = time.monotonic()
-        while not self._stopping.is_set():
-            batches = await self.consumer.getmany(timeout_ms=100, max_records=500)
-            by_key: dict[tuple[Any, bytes | None], list[Record]] = {}
-            for tp, records in batches.items():
-                for record in filter(self.wanted, records) if self.wanted else records:
-                    by_key.setdefault((tp, record.key), []).append(record)
-            outcomes = await asyncio.gather(
-                *(self._in_order(rs) for rs in by_key.values()), return_exceptions=True
-            )
-            for failed in outcomes:
-                if isinstance(failed, BaseException):
-                    raise failed  # CutOffError: uncommitted records go to this group's peers
-            unhandled = [r for r in outcomes if not isinstance(r, BaseException)]
-            for tp, records in batches.items():
-                # Commit below the first record left unhandled (only when stopping).
-                left = [r.offset for r in unhandled if r is not None and r.topic == tp.topic
-                        and r.partition == tp.partition]  # fmt: skip
-                committable[tp] = min(left) if left else records[-1].offset + 1
-            if committable and time.monotonic() - last_commit >= COMMIT_INTERVAL_S:
-                await self._commit(committable)
-                last_commit = time.monotonic()
-        await self._commit(committable)
+        try:
+            while not self._stopping.is_set():
+                batches = await self.consumer.getmany(timeout_ms=100, max_records=500)
+                for tp, records in batches.items():
+                    for record in records:
+                        await self._start(tp, record)
+                if time.monotonic() - last_commit >= COMMIT_INTERVAL_S:
+                    await self._commit()
+                    last_commit = time.monotonic()
+        finally:
+            self._stopping.set()  # records retrying give up; the next owner has them
+            if self._running:
+                await asyncio.wait(set(self._running))
+            await self._commit()
+        if self._failure is not None:
+            raise self._failure  # CutOffError: uncommitted records go to this group's peers
 
-    async def _commit(self, committable: dict[TopicPartition, int]) -> None:
+    async def _start(self, tp: TopicPartition, record: Record) -> None:
+        """Hand ``record`` to a task, behind the unfinished record of its key (if any)."""
+        self._offsets.started(tp, record.offset)
+        self._touched.add(tp)
+        if self.wanted is not None and not self.wanted(record):
+            self._offsets.done(tp, record.offset)
+            return
+        await self._slots.acquire()
+        key = (tp, record.key)
+        task = asyncio.create_task(self._after(self._last.get(key), tp, record))
+        self._last[key] = task
+        self._running.add(task)
+
+        def finished(done: asyncio.Task[bool]) -> None:
+            self._running.discard(done)
+            self._slots.release()
+            if self._last.get(key) is done:
+                del self._last[key]
+            error = None if done.cancelled() else done.exception()
+            if error is not None and self._failure is None:
+                self._failure = error
+                self._stopping.set()
+
+        task.add_done_callback(finished)
+
+    async def _after(
+        self, previous: asyncio.Task[bool] | None, tp: TopicPartition, record: Record
+    ) -> bool:
+        """Handle ``record`` once the record of its key before it is done; whether it was
+        handled (a record left unhandled keeps its partition's commit below it)."""
+        if previous is not None:
+            await asyncio.wait([previous])
+            if previous.cancelled() or previous.exception() is not None or not previous.result():
+                return False  # left to the next owner, and so is everything after it
+        handled = await self._handle(record)
+        if handled:
+            self._offsets.done(tp, record.offset)
+            self._touched.add(tp)
+        return handled
+
+    async def _commit(self) -> None:
         """Commit what was handled, for the partitions still ours: a revoked partition's
         records are redelivered to its new owner, and every handler is idempotent."""
         assigned = self.consumer.assignment()
-        offsets = {tp: o for tp, o in committable.items() if tp in assigned}
-        committable.clear()
+        touched, self._touched = self._touched, set()
+        committable = self._offsets.committable()
+        offsets = {tp: committable[tp] for tp in touched if tp in assigned}
         if not offsets:
             return
         try:
             await self.consumer.commit(offsets)
         except (CommitFailedError, IllegalStateError) as exc:
             log.warning("offset commit refused (rebalance)", extra={"error": repr(exc)})
-
-    async def _in_order(self, records: list[Record]) -> Record | None:
-        """Handle one key's records in order; the first left unhandled, if stopping."""
-        async with self._slots:
-            for record in records:
-                if not await self._handle(record):
-                    return record
-        return None
 
     async def _handle(self, record: Record) -> bool:
         """Process one record; False only when stopping left it unprocessed (uncommitted).

@@ -131,8 +131,23 @@ local function split(s)
     start = i + 1
   end
 end
+-- Counters of running calls, read once per pass and kept current as the pass changes them.
+local counts = {}
+local function running_of(field)
+  local n = counts[field]
+  if n == nil then
+    n = tonumber(redis.call('HGET', running, field) or '0')
+    counts[field] = n
+  end
+  return n
+end
 local function bump(field, by)
-  if redis.call('HINCRBY', running, field, by) <= 0 then redis.call('HDEL', running, field) end
+  local n = redis.call('HINCRBY', running, field, by)
+  if n <= 0 then
+    redis.call('HDEL', running, field)
+    n = 0
+  end
+  counts[field] = n
 end
 local function release(member)
   if redis.call('ZREM', admitted, member) == 0 then return end
@@ -168,17 +183,37 @@ for _, worker in ipairs(redis.call('ZRANGEBYSCORE', workers, now, '+inf')) do
   capacity[pool] = (capacity[pool] or 0) + tonumber(redis.call('HGET', slots, worker) or '0')
 end
 
+local function any_free()
+  for pool, slots in pairs(capacity) do
+    if running_of('p:' .. pool) < slots then return true end
+  end
+  return false
+end
+
 local function number(v) if v == nil or v == cjson.null then return nil end return tonumber(v) end
-local function config(hash, name, default)
-  local merged = {}
+-- Limits and queue entries, decoded once per pass.
+local configs = {tenants = {}, tools = {}}
+local function config(hash, kind, name, default)
+  local merged = configs[kind][name]
+  if merged then return merged end
+  merged = {}
   for k, v in pairs(default) do merged[k] = v end
   local raw = redis.call('HGET', hash, name)
   if raw then
     for k, v in pairs(cjson.decode(raw)) do merged[k] = v end
   end
+  configs[kind][name] = merged
   return merged
 end
-local function running_of(field) return tonumber(redis.call('HGET', running, field) or '0') end
+local entries = {}
+local function entry_of(member)
+  local f = entries[member]
+  if f == nil then
+    f = split(redis.call('HGET', info, member))
+    entries[member] = f
+  end
+  return f
+end
 
 -- Whether the call (tenant, tool, pool) may run now; the buckets it takes a token from.
 -- ``soonest``: seconds until the first bucket that held a call back has a token again.
@@ -187,7 +222,7 @@ local function eligible(tenant, tcfg, tool, pool)
   if running_of('p:' .. pool) >= (capacity[pool] or 0) then return nil end
   local limit = number(tcfg.max_concurrency)
   if limit and running_of('t:' .. tenant) >= limit then return nil end
-  local ocfg = config(tools, tool, {})
+  local ocfg = config(tools, 'tools', tool, {})
   limit = number(ocfg.max_concurrency)
   if limit and running_of('o:' .. tool) >= limit then return nil end
   local takes = {}
@@ -213,40 +248,45 @@ end
 
 local out = {''}
 local taken = 0
-while taken < max_n do
+-- A tenant none of whose next calls can run stays so for the rest of the pass (slots only
+-- fill and tokens only go within a pass): it is looked at once.
+local blocked = {}
+-- Nothing is looked at while every pool is full, the usual pass under a backlog.
+while taken < max_n and any_free() do
   local chosen = nil
-  local blocked = {}
   local order = redis.call('ZRANGE', active, 0, -1, 'WITHSCORES')
   for i = 1, #order, 2 do
     local tenant, vt = order[i], tonumber(order[i + 1])
-    local heads = redis.call('ZRANGEBYLEX', waiting, '[' .. tenant .. '\\31',
-      '(' .. tenant .. '\\32', 'LIMIT', 0, """
+    if not blocked[tenant] then
+      local heads = redis.call('ZRANGEBYLEX', waiting, '[' .. tenant .. '\\31',
+        '(' .. tenant .. '\\32', 'LIMIT', 0, """
     + str(LOOKAHEAD)
     + """)
-    if #heads == 0 then
-      redis.call('ZREM', active, tenant)
-      redis.call('HSET', clock, tenant, vt)
-    else
-      local tcfg = config(tenants, tenant, default_tenant)
-      for _, entry in ipairs(heads) do
-        local member = string.sub(entry, #tenant + 19)
-        local f = split(redis.call('HGET', info, member))
-        local takes = eligible(tenant, tcfg, f[2], f[3])
-        if takes then
-          chosen = {tenant, vt, entry, member, f[2], f[3], takes, number(tcfg.weight) or 1}
-          break
+      if #heads == 0 then
+        redis.call('ZREM', active, tenant)
+        redis.call('HSET', clock, tenant, vt)
+      else
+        local tcfg = config(tenants, 'tenants', tenant, default_tenant)
+        for _, entry in ipairs(heads) do
+          local member = string.sub(entry, #tenant + 19)
+          local f = entry_of(member)
+          local takes = eligible(tenant, tcfg, f[2], f[3])
+          if takes then
+            chosen = {tenant, vt, entry, member, f[2], f[3], takes, number(tcfg.weight) or 1}
+            break
+          end
         end
+        if chosen then break end
+        blocked[tenant] = true
       end
-      if chosen then break end
-      blocked[#blocked + 1] = tenant
     end
   end
   if not chosen then break end
   local tenant, vt, entry, member, tool, pool, takes, weight = unpack(chosen)
   -- A tenant held back by its own limits saves no credit meanwhile: it moves up to the
   -- virtual time of the call admitted in its place.
-  for _, held in ipairs(blocked) do
-    if tonumber(redis.call('ZSCORE', active, held)) < vt then
+  for held in pairs(blocked) do
+    if tonumber(redis.call('ZSCORE', active, held) or vt) < vt then
       redis.call('ZADD', active, vt, held)
     end
   end

@@ -12,7 +12,7 @@ import time
 import httpx
 
 from executors import ToolContext, ToolRegistry
-from tests.integration.side_effects import side_effects
+from tests.integration.side_effects import async_side_effects
 
 tools = ToolRegistry()
 
@@ -40,14 +40,17 @@ def in_flight_keys(tenant: str) -> tuple[str, str]:
 
 
 async def _work(ctx: ToolContext, ms: int) -> str:
-    store = side_effects()
-    store.zadd(starts_key(ctx.tenant_id), {ctx.call_id: time.time()})
-    store.incr(runs_key(ctx.call_id))
-    store.eval(_ENTER, 2, *in_flight_keys(ctx.tenant_id))
+    store = async_side_effects()
+    began = time.time()
+    await asyncio.gather(
+        store.zadd(starts_key(ctx.tenant_id), {ctx.call_id: began}),
+        store.incr(runs_key(ctx.call_id)),
+        store.eval(_ENTER, 2, *in_flight_keys(ctx.tenant_id)),
+    )
     try:
         await asyncio.sleep(ms / 1000)
     finally:
-        store.decr(in_flight_keys(ctx.tenant_id)[0])
+        await store.decr(in_flight_keys(ctx.tenant_id)[0])
     return "done"
 
 

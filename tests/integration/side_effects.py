@@ -1,8 +1,10 @@
 """The Redis the test tools count their side effects in: ``TEST_SIDE_EFFECTS_URL`` when a
 test sets it (an upstream apart from the fleet's state), else the fleet's own ``REDIS_URL``.
 
-The tools run inside worker processes and count synchronously, so they use redis-py's
-blocking clients: ``RedisCluster`` when ``REDIS_URL`` names a cluster, else ``Redis``.
+Most tools run inside worker processes and count synchronously, so they use redis-py's
+blocking clients: ``RedisCluster`` when ``REDIS_URL`` names a cluster, else ``Redis``. Tools
+whose timing a test measures count with the asyncio clients (``async_side_effects``), so
+that counting never blocks the worker's event loop under the other calls it runs.
 """
 
 from __future__ import annotations
@@ -11,15 +13,34 @@ import os
 from functools import cache
 
 import redis
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
+
+
+def _url() -> tuple[str, tuple[str, int] | None]:
+    """The URL, and the seed node when it names a cluster."""
+    url = os.environ.get("TEST_SIDE_EFFECTS_URL") or os.environ["REDIS_URL"]
+    if not url.startswith("redis+cluster://"):
+        return url, None
+    seed = url.removeprefix("redis+cluster://").split("/", 1)[0].split(",")[0]
+    host, port = seed.rsplit(":", 1)
+    return url, (host, int(port))
 
 
 @cache
 def side_effects() -> redis.Redis | RedisCluster:
-    """One client per process (single Redis or ``redis+cluster://``)."""
-    url = os.environ.get("TEST_SIDE_EFFECTS_URL") or os.environ["REDIS_URL"]
-    if url.startswith("redis+cluster://"):
-        seed = url.removeprefix("redis+cluster://").split("/", 1)[0].split(",")[0]
-        host, port = seed.rsplit(":", 1)
-        return RedisCluster(host=host, port=int(port))
+    """One blocking client per process (single Redis or ``redis+cluster://``)."""
+    url, seed = _url()
+    if seed is not None:
+        return RedisCluster(host=seed[0], port=seed[1])
     return redis.Redis.from_url(url)
+
+
+@cache
+def async_side_effects() -> redis.asyncio.Redis | AsyncRedisCluster:
+    """One asyncio client per process, for the event loop of the worker that calls it."""
+    url, seed = _url()
+    if seed is not None:
+        return AsyncRedisCluster(host=seed[0], port=seed[1])
+    return redis.asyncio.Redis.from_url(url)

@@ -2,9 +2,10 @@
 
 A call waits for admission in Redis, not in a Kafka partition: a flooding tenant's backlog
 never sits in front of another tenant's call, and backlogged tenants share the fleet by
-weight. Every test uses tenants of its own (admission state is fleet-wide). The light
-tenant's latency beside a flood, against its idle latency, is measured by bench (h)
-(``python -m bench.fairness``); here the test checks the order calls started in.
+weight. Every test uses tenants of its own (admission state is fleet-wide). Bench (h)
+(``python -m bench.fairness``) measures the light tenant's latency percentiles beside a
+flood; here the test holds its median within 2x of its idle median, and checks the order
+calls started in.
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ from toolfleet.testing import LocalFleet, connected_client, result_of
 pytestmark = [pytest.mark.integration, pytest.mark.long_scenario]
 
 TOOLS = "tests.integration.fair_tools:tools"
-SLOTS_PER_WORKER = 4
+SLOTS_PER_WORKER = 2
+"""Every slot of the fleet is busy while a flood drains (80 calls/s), and the 2-core test
+machine, which also runs Kafka, Redis and six service processes, keeps CPU to spare: the
+light tenant's latency then shows the scheduling, not the test machine's CPU contention.
+With 4 slots a worker the machine runs at about 90% CPU and the ratio swings 1.3-2.7x."""
 TOOL_MS = 50
 
 
@@ -77,10 +82,14 @@ async def test_a_light_tenant_is_not_stuck_behind_a_flood(
     tag = uuid.uuid4().hex[:6]
     light, flood = f"light-{tag}", f"flood-{tag}"
     idle = statistics.median([await _latency(fleet, client, light) for _ in range(5)])
-    floods = [_turn(flood, 30) for _ in range(100)]  # 3,000 calls of 50 ms: 19 s on 8 slots
+    floods = [_turn(flood, 30) for _ in range(100)]  # 3,000 calls of 50 ms: 38 s on 4 slots
     await asyncio.gather(*(client.submit(e) for e in floods))
     await asyncio.sleep(1.0)  # wait-ok: the issue's scenario, the light turn comes 1 s later
-    loaded = await _latency(fleet, client, light)
+    # The light tenant's turns one after the other, well inside the flood (under a second
+    # of its 38 s); the median, as for idle: one turn's latency on a shared 2-core machine
+    # swings with whatever else is scheduled in that moment.
+    beside = [await _latency(fleet, client, light) for _ in range(5)]
+    loaded = statistics.median(beside)
     results = [await result_of(fleet, client, e.run_id, within=180) for e in floods]
     assert {r.status for r in results} == {"completed"}
     # The light call went ahead of the flood's backlog: nearly all of the flood's calls
@@ -90,10 +99,11 @@ async def test_a_light_tenant_is_not_stuck_behind_a_flood(
     behind = await redis.zcount(starts_key(flood), f"({light_started}", "+inf")
     print(
         f"light tenant: idle {idle * 1000:.0f} ms, beside the flood {loaded * 1000:.0f} ms "
-        f"({loaded / idle:.2f}x); {behind} of the flood's 3,000 calls started after it"
+        f"({loaded / idle:.2f}x; each {[round(t * 1000) for t in beside]} ms); "
+        f"{behind} of the flood's 3,000 calls started after its last turn"
     )
-    assert behind >= 2_500
-    assert loaded < 1.0  # the backlog takes about 19 s to drain
+    assert behind >= 2_500  # in a FIFO, every one of the 3,000 would have started before
+    assert loaded <= 2 * idle
 
 
 async def test_backlogged_tenants_share_the_fleet_by_weight(
@@ -120,7 +130,7 @@ async def test_a_planner_killed_while_calls_wait_loses_and_repeats_none(
     fleet: LocalFleet, client: FleetClient, redis: Redis
 ) -> None:
     tenant = f"kill-{uuid.uuid4().hex[:6]}"
-    events = [_turn(tenant, 10) for _ in range(40)]  # 400 calls: 1 s of backlog
+    events = [_turn(tenant, 10) for _ in range(40)]  # 400 calls: 5 s of backlog
     await asyncio.gather(*(client.submit(e) for e in events))
     fleet.kill("planner")  # mid-backlog; planner-2 takes its partitions over
     fleet.start("planner", ["planner"])
