@@ -73,52 +73,22 @@ local function store_bucket(buckets, scope, tokens, now, factor)
 end
 """
 
-# KEYS: active, clock, waiting, info, payloads, deadlines, seq. ARGV: now, then per entry
-# member, tenant, tool, pool, deadline ('' for none), payload.
-_ENQUEUE = """
-local now = tonumber(ARGV[1])
-local added = 0
-for i = 2, #ARGV, 6 do
-  local member, tenant = ARGV[i], ARGV[i + 1]
-  if redis.call('HEXISTS', KEYS[4], member) == 0 then
-    local seq = redis.call('INCR', KEYS[7])
-    local entry = tenant .. '\\31' .. string.format('%016d', seq) .. '\\31' .. member
-    redis.call('ZADD', KEYS[3], 0, entry)
-    redis.call('HSET', KEYS[4], member,
-      tenant .. '\\31' .. ARGV[i + 2] .. '\\31' .. ARGV[i + 3] .. '\\31' .. entry)
-    redis.call('HSET', KEYS[5], member, ARGV[i + 5])
-    if ARGV[i + 4] ~= '' then redis.call('ZADD', KEYS[6], ARGV[i + 4], member) end
-    if not redis.call('ZSCORE', KEYS[1], tenant) then
-      -- An arriving tenant starts at the fleet's virtual clock (or where it left off, if
-      -- that is later): no credit saved from idle time, no debt either.
-      local vt = math.max(tonumber(redis.call('HGET', KEYS[2], tenant) or '0'),
-        tonumber(redis.call('HGET', KEYS[2], '\\31clock') or '0'))
-      redis.call('ZADD', KEYS[1], vt, tenant)
-    end
-    added = added + 1
+_CHUNKS = """
+-- Multi-key commands in chunks (Lua's unpack takes a few thousand values at most).
+local CHUNK = 500
+local function each(cmd, key, list)
+  for i = 1, #list, CHUNK do
+    redis.call(cmd, key, unpack(list, i, math.min(i + CHUNK - 1, #list)))
   end
 end
-return added
-"""
-
-# KEYS: active, clock, waiting, info, payloads, deadlines, running, admitted, pending,
-# tenants, tools, buckets, workers, slots. ARGV: now, max_n, lease_s, publish_lease_s,
-# default tenant json, safety, recovery_s, n_release, members..., n_published, members...
-# Returns a flat list: the seconds until a rate bucket that held a call back refills ('' if
-# none did), then member, payload of each call to publish now (admitted, or pending past its
-# publish lease).
-_ADMIT = (
-    _BUCKET
-    + """
-local now, max_n = tonumber(ARGV[1]), tonumber(ARGV[2])
-local lease_s, publish_lease_s = tonumber(ARGV[3]), tonumber(ARGV[4])
-local default_tenant = cjson.decode(ARGV[5])
-local safety, recovery_s = tonumber(ARGV[6]), tonumber(ARGV[7])
-local active, clock, waiting, info, payloads, deadlines = KEYS[1], KEYS[2], KEYS[3],
-  KEYS[4], KEYS[5], KEYS[6]
-local running, admitted, pending, tenants, tools, buckets, workers, slots = KEYS[7],
-  KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
-
+local function fetch(cmd, key, list)
+  local out = {}
+  for i = 1, #list, CHUNK do
+    local part = redis.call(cmd, key, unpack(list, i, math.min(i + CHUNK - 1, #list)))
+    for _, v in ipairs(part) do out[#out + 1] = v end
+  end
+  return out
+end
 local function split(s)
   local out, start = {}, 1
   while true do
@@ -131,8 +101,93 @@ local function split(s)
     start = i + 1
   end
 end
--- Counters of running calls, read once per pass and kept current as the pass changes them.
-local counts = {}
+"""
+
+# Queue calls (a call attempt already queued or admitted is skipped). KEYS[1..6]: active,
+# clock, waiting, info, payloads, deadlines; ARGV[first..last]: per entry member, tenant,
+# tool, pool, deadline ('' for none), payload. Returns how many were queued.
+_ENQUEUE_FN = """
+local function enqueue(seq_key, first, last)
+  local members, seen = {}, {}
+  for i = first, last, 6 do
+    if not seen[ARGV[i]] then
+      seen[ARGV[i]] = true
+      members[#members + 1] = i
+    end
+  end
+  local names = {}
+  for _, i in ipairs(members) do names[#names + 1] = ARGV[i] end
+  local known = fetch('HMGET', KEYS[4], names)
+  local fresh = {}
+  for n, i in ipairs(members) do
+    if not known[n] then fresh[#fresh + 1] = i end
+  end
+  if #fresh == 0 then return 0 end
+  local seq = redis.call('INCRBY', seq_key, #fresh) - #fresh
+  local queued, infos, bodies, due, tenants = {}, {}, {}, {}, {}
+  for _, i in ipairs(fresh) do
+    local member, tenant = ARGV[i], ARGV[i + 1]
+    seq = seq + 1
+    local entry = tenant .. '\\31' .. string.format('%016d', seq) .. '\\31' .. member
+    queued[#queued + 1] = 0
+    queued[#queued + 1] = entry
+    infos[#infos + 1] = member
+    infos[#infos + 1] = table.concat({tenant, ARGV[i + 2], ARGV[i + 3], entry}, '\\31')
+    bodies[#bodies + 1] = member
+    bodies[#bodies + 1] = ARGV[i + 5]
+    if ARGV[i + 4] ~= '' then
+      due[#due + 1] = ARGV[i + 4]
+      due[#due + 1] = member
+    end
+    tenants[tenant] = true
+  end
+  each('ZADD', KEYS[3], queued)
+  each('HSET', KEYS[4], infos)
+  each('HSET', KEYS[5], bodies)
+  each('ZADD', KEYS[6], due)
+  local fleet_clock = nil
+  for tenant in pairs(tenants) do
+    if not redis.call('ZSCORE', KEYS[1], tenant) then
+      -- An arriving tenant starts at the fleet's virtual clock (or where it left off, if
+      -- that is later): no credit saved from idle time, no debt either.
+      fleet_clock = fleet_clock or tonumber(redis.call('HGET', KEYS[2], '\\31clock') or '0')
+      local vt = math.max(tonumber(redis.call('HGET', KEYS[2], tenant) or '0'), fleet_clock)
+      redis.call('ZADD', KEYS[1], vt, tenant)
+    end
+  end
+  return #fresh
+end
+"""
+
+# KEYS: active, clock, waiting, info, payloads, deadlines, seq. ARGV: now, then the entries.
+_ENQUEUE = _CHUNKS + _ENQUEUE_FN + "return enqueue(KEYS[7], 2, #ARGV)\n"
+
+# KEYS: active, clock, waiting, info, payloads, deadlines, running, admitted, pending,
+# tenants, tools, buckets, workers, slots, seq. ARGV: now, max_n, lease_s, publish_lease_s,
+# default tenant json, safety, recovery_s, n_release, members..., n_published, members...,
+# n_enqueue, entries (as ``_ENQUEUE_FN`` reads them)...
+# Returns a flat list: the seconds until a rate bucket that held a call back refills ('' if
+# none did), then member, payload of each call to publish now (admitted, or pending past its
+# publish lease).
+#
+# Lua's calls into Redis cost more than the work they do here: the pass reads what it needs
+# in a few multi-key calls, decides in Lua, and writes each structure once at the end.
+_ADMIT = (
+    _BUCKET
+    + _CHUNKS
+    + _ENQUEUE_FN
+    + """
+local now, max_n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local lease_s, publish_lease_s = tonumber(ARGV[3]), tonumber(ARGV[4])
+local default_tenant = cjson.decode(ARGV[5])
+local safety, recovery_s = tonumber(ARGV[6]), tonumber(ARGV[7])
+local active, clock, waiting, info, payloads, deadlines = KEYS[1], KEYS[2], KEYS[3],
+  KEYS[4], KEYS[5], KEYS[6]
+local running, admitted, pending, tenants, tools, buckets, workers, slots = KEYS[7],
+  KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
+
+-- Counters of running calls: read once, changed here, written back once.
+local counts, deltas = {}, {}
 local function running_of(field)
   local n = counts[field]
   if n == nil then
@@ -142,56 +197,75 @@ local function running_of(field)
   return n
 end
 local function bump(field, by)
-  local n = redis.call('HINCRBY', running, field, by)
-  if n <= 0 then
-    redis.call('HDEL', running, field)
-    n = 0
-  end
-  counts[field] = n
+  counts[field] = running_of(field) + by
+  deltas[field] = (deltas[field] or 0) + by
 end
-local function release(member)
-  if redis.call('ZREM', admitted, member) == 0 then return end
-  local raw = redis.call('HGET', info, member)
-  if raw then
-    local f = split(raw)
-    bump('t:' .. f[1], -1)
-    bump('o:' .. f[2], -1)
-    bump('p:' .. f[3], -1)
+
+-- Free the slots of calls whose outcome came (each once: a repeated release is a no-op).
+local function release(list)
+  local members, seen = {}, {}
+  for _, m in ipairs(list) do
+    if not seen[m] then
+      seen[m] = true
+      members[#members + 1] = m
+    end
   end
-  redis.call('HDEL', info, member)
-  redis.call('HDEL', payloads, member)
-  redis.call('ZREM', pending, member)
+  if #members == 0 then return end
+  local scores = fetch('ZMSCORE', admitted, members)
+  local held = {}
+  for i, m in ipairs(members) do
+    if scores[i] then held[#held + 1] = m end
+  end
+  if #held == 0 then return end
+  for _, raw in ipairs(fetch('HMGET', info, held)) do
+    if raw then
+      local f = split(raw)
+      bump('t:' .. f[1], -1)
+      bump('o:' .. f[2], -1)
+      bump('p:' .. f[3], -1)
+    end
+  end
+  each('ZREM', admitted, held)
+  each('HDEL', info, held)
+  each('HDEL', payloads, held)
+  each('ZREM', pending, held)
 end
 
 local at = 8
-for i = at + 1, at + tonumber(ARGV[at]) do release(ARGV[i]) end
+local released = {}
+for i = at + 1, at + tonumber(ARGV[at]) do released[#released + 1] = ARGV[i] end
 at = at + tonumber(ARGV[at]) + 1
-for i = at + 1, at + tonumber(ARGV[at]) do redis.call('ZREM', pending, ARGV[i]) end
+local confirmed = {}
+for i = at + 1, at + tonumber(ARGV[at]) do confirmed[#confirmed + 1] = ARGV[i] end
+each('ZREM', pending, confirmed)
+at = at + tonumber(ARGV[at]) + 1
+enqueue(KEYS[15], at + 1, at + 6 * tonumber(ARGV[at]))
 -- The safety net: an admitted call whose outcome never came frees its slot at its lease.
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', admitted, '-inf', now, 'LIMIT', 0, 100)) do
-  release(member)
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', admitted, '-inf', now, 'LIMIT', 0, 100)) do
+  released[#released + 1] = m
 end
+release(released)
 
 -- Each pool's capacity: the slots of its live workers.
 local capacity = {}
-for _, gone in ipairs(redis.call('ZRANGEBYSCORE', workers, '-inf', now)) do
-  redis.call('ZREM', workers, gone)
-  redis.call('HDEL', slots, gone)
+local gone = redis.call('ZRANGEBYSCORE', workers, '-inf', now)
+each('ZREM', workers, gone)
+each('HDEL', slots, gone)
+local live = redis.call('ZRANGEBYSCORE', workers, now, '+inf')
+if #live > 0 then
+  for i, n in ipairs(redis.call('HMGET', slots, unpack(live))) do
+    local pool = split(live[i])[1]
+    capacity[pool] = (capacity[pool] or 0) + tonumber(n or '0')
+  end
 end
-for _, worker in ipairs(redis.call('ZRANGEBYSCORE', workers, now, '+inf')) do
-  local pool = split(worker)[1]
-  capacity[pool] = (capacity[pool] or 0) + tonumber(redis.call('HGET', slots, worker) or '0')
-end
-
 local function any_free()
-  for pool, slots in pairs(capacity) do
-    if running_of('p:' .. pool) < slots then return true end
+  for pool, n in pairs(capacity) do
+    if running_of('p:' .. pool) < n then return true end
   end
   return false
 end
 
 local function number(v) if v == nil or v == cjson.null then return nil end return tonumber(v) end
--- Limits and queue entries, decoded once per pass.
 local configs = {tenants = {}, tools = {}}
 local function config(hash, kind, name, default)
   local merged = configs[kind][name]
@@ -204,15 +278,6 @@ local function config(hash, kind, name, default)
   end
   configs[kind][name] = merged
   return merged
-end
-local entries = {}
-local function entry_of(member)
-  local f = entries[member]
-  if f == nil then
-    f = split(redis.call('HGET', info, member))
-    entries[member] = f
-  end
-  return f
 end
 
 -- Whether the call (tenant, tool, pool) may run now; the buckets it takes a token from.
@@ -246,77 +311,177 @@ local function eligible(tenant, tcfg, tool, pool)
   return takes
 end
 
-local out = {''}
-local taken = 0
+-- Each tenant's queue, read LOOKAHEAD entries at a time as the pass needs them.
+local queues = {}
+local function queue_of(tenant)
+  local q = queues[tenant]
+  if q == nil then
+    q = {entries = {}, taken = {}, first = 1, read = 0, done = false}
+    queues[tenant] = q
+  end
+  return q
+end
+local function read_more(tenant, q)
+  local got = redis.call('ZRANGEBYLEX', waiting, '[' .. tenant .. '\\31',
+    '(' .. tenant .. '\\32', 'LIMIT', q.read, LOOKAHEAD)
+  q.read = q.read + #got
+  if #got < LOOKAHEAD then q.done = true end
+  if #got == 0 then return end
+  local members = {}
+  for _, entry in ipairs(got) do members[#members + 1] = string.sub(entry, #tenant + 19) end
+  local raws = redis.call('HMGET', info, unpack(members))
+  for i, entry in ipairs(got) do
+    q.entries[#q.entries + 1] = {entry, members[i], split(raws[i])}
+  end
+end
+local function untaken(q)
+  local n = 0
+  for i = q.first, #q.entries do
+    if not q.taken[i] then n = n + 1 end
+  end
+  return n
+end
+-- The first call among the tenant's next LOOKAHEAD waiting ones that can run now.
+local function pick(tenant, tcfg)
+  local q = queue_of(tenant)
+  while q.taken[q.first] do q.first = q.first + 1 end  -- the taken head of the queue
+  local looked, i = 0, q.first
+  while looked < LOOKAHEAD do
+    if i > #q.entries then
+      if q.done then return nil, q end
+      read_more(tenant, q)
+      if i > #q.entries then return nil, q end
+    end
+    if not q.taken[i] then
+      looked = looked + 1
+      local e = q.entries[i]
+      local takes = eligible(tenant, tcfg, e[3][2], e[3][3])
+      if takes then return i, q, takes end
+    end
+    i = i + 1
+  end
+  return nil, q
+end
+
+local vts, moved, emptied = {}, {}, {}
+local fleet_clock, clock_moved = 0, false
+local free = any_free()
+if free then
+  local order = redis.call('ZRANGE', active, 0, -1, 'WITHSCORES')
+  for i = 1, #order, 2 do vts[order[i]] = tonumber(order[i + 1]) end
+  fleet_clock = tonumber(redis.call('HGET', clock, '\\31clock') or '0')
+end
 -- A tenant none of whose next calls can run stays so for the rest of the pass (slots only
 -- fill and tokens only go within a pass): it is looked at once.
 local blocked = {}
+local chosen, drop_waiting, drop_due, leases, unconfirmed = {}, {}, {}, {}, {}
 -- Nothing is looked at while every pool is full, the usual pass under a backlog.
-while taken < max_n and any_free() do
-  local chosen = nil
-  local order = redis.call('ZRANGE', active, 0, -1, 'WITHSCORES')
-  for i = 1, #order, 2 do
-    local tenant, vt = order[i], tonumber(order[i + 1])
-    if not blocked[tenant] then
-      local heads = redis.call('ZRANGEBYLEX', waiting, '[' .. tenant .. '\\31',
-        '(' .. tenant .. '\\32', 'LIMIT', 0, """
-    + str(LOOKAHEAD)
-    + """)
-      if #heads == 0 then
-        redis.call('ZREM', active, tenant)
-        redis.call('HSET', clock, tenant, vt)
-      else
-        local tcfg = config(tenants, 'tenants', tenant, default_tenant)
-        for _, entry in ipairs(heads) do
-          local member = string.sub(entry, #tenant + 19)
-          local f = entry_of(member)
-          local takes = eligible(tenant, tcfg, f[2], f[3])
-          if takes then
-            chosen = {tenant, vt, entry, member, f[2], f[3], takes, number(tcfg.weight) or 1}
-            break
-          end
-        end
-        if chosen then break end
-        blocked[tenant] = true
+while free and #chosen < max_n and any_free() do
+  -- The tenant with the lowest virtual time (then name, as the sorted set orders them)
+  -- whose next calls include one that can run now.
+  local found = nil
+  while not found do
+    local best = nil
+    for tenant, vt in pairs(vts) do
+      if not blocked[tenant] and not emptied[tenant] and (best == nil or vt < vts[best]
+          or (vt == vts[best] and tenant < best)) then
+        best = tenant
       end
     end
+    if best == nil then break end
+    local tcfg = config(tenants, 'tenants', best, default_tenant)
+    local i, q, takes = pick(best, tcfg)
+    if i then
+      found = {best, i, q, takes, number(tcfg.weight) or 1}
+    elseif q.done and untaken(q) == 0 then
+      emptied[best] = true
+    else
+      blocked[best] = true
+    end
   end
-  if not chosen then break end
-  local tenant, vt, entry, member, tool, pool, takes, weight = unpack(chosen)
+  if not found then break end
+  local tenant, i, q, takes, weight = unpack(found)
+  local vt = vts[tenant]
   -- A tenant held back by its own limits saves no credit meanwhile: it moves up to the
   -- virtual time of the call admitted in its place.
   for held in pairs(blocked) do
-    if tonumber(redis.call('ZSCORE', active, held) or vt) < vt then
-      redis.call('ZADD', active, vt, held)
+    if vts[held] < vt then
+      vts[held] = vt
+      moved[held] = true
     end
   end
-  redis.call('ZREM', waiting, entry)
-  redis.call('ZREM', deadlines, member)
+  local entry, member, f = unpack(q.entries[i])
+  q.taken[i] = true
+  drop_waiting[#drop_waiting + 1] = entry
+  drop_due[#drop_due + 1] = member
   bump('t:' .. tenant, 1)
-  bump('o:' .. tool, 1)
-  bump('p:' .. pool, 1)
+  bump('o:' .. f[2], 1)
+  bump('p:' .. f[3], 1)
+  bump('admitted:' .. tenant, 1)
   for _, t in ipairs(takes) do store_bucket(buckets, t[1], t[2] - 1, now, t[3]) end
-  redis.call('ZADD', admitted, now + lease_s, member)
-  redis.call('ZADD', pending, now + publish_lease_s, member)
-  redis.call('ZADD', active, vt + 1 / math.max(weight, 0.001), tenant)
-  if vt > tonumber(redis.call('HGET', clock, '\\31clock') or '0') then
-    redis.call('HSET', clock, '\\31clock', vt)
+  leases[#leases + 1] = now + lease_s
+  leases[#leases + 1] = member
+  unconfirmed[#unconfirmed + 1] = now + publish_lease_s
+  unconfirmed[#unconfirmed + 1] = member
+  vts[tenant] = vt + 1 / math.max(weight, 0.001)
+  moved[tenant] = true
+  if vt > fleet_clock then
+    fleet_clock = vt
+    clock_moved = true
   end
-  redis.call('HINCRBY', running, 'admitted:' .. tenant, 1)
+  chosen[#chosen + 1] = member
+end
+
+-- Write back what the pass changed.
+for field, by in pairs(deltas) do
+  if by ~= 0 and redis.call('HINCRBY', running, field, by) <= 0 then
+    redis.call('HDEL', running, field)
+  end
+end
+each('ZREM', waiting, drop_waiting)
+each('ZREM', deadlines, drop_due)
+each('ZADD', admitted, leases)
+each('ZADD', pending, unconfirmed)
+local scores = {}
+for tenant in pairs(moved) do
+  if not emptied[tenant] then
+    scores[#scores + 1] = vts[tenant]
+    scores[#scores + 1] = tenant
+  end
+end
+each('ZADD', active, scores)
+-- A tenant with nothing waiting leaves the order; it comes back at the fleet's clock.
+for tenant in pairs(emptied) do
+  redis.call('ZREM', active, tenant)
+  redis.call('HSET', clock, tenant, vts[tenant])
+end
+if clock_moved then redis.call('HSET', clock, '\\31clock', fleet_clock) end
+
+local out = {''}
+local bodies = fetch('HMGET', payloads, chosen)
+for n, member in ipairs(chosen) do
   out[#out + 1] = member
-  out[#out + 1] = redis.call('HGET', payloads, member)
-  taken = taken + 1
+  out[#out + 1] = bodies[n]
 end
 -- Admitted but not confirmed on Kafka within the publish lease: its planner is gone.
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', pending, '-inf', now, 'LIMIT', 0, 100)) do
-  redis.call('ZADD', pending, now + publish_lease_s, member)
-  out[#out + 1] = member
-  out[#out + 1] = redis.call('HGET', payloads, member)
+local stale = redis.call('ZRANGEBYSCORE', pending, '-inf', now, 'LIMIT', 0, 100)
+if #stale > 0 then
+  local again = {}
+  for _, member in ipairs(stale) do
+    again[#again + 1] = now + publish_lease_s
+    again[#again + 1] = member
+  end
+  each('ZADD', pending, again)
+  local stale_bodies = redis.call('HMGET', payloads, unpack(stale))
+  for n, member in ipairs(stale) do
+    out[#out + 1] = member
+    out[#out + 1] = stale_bodies[n]
+  end
 end
 if soonest then out[1] = tostring(soonest) end
 return out
 """
-)
+).replace("LOOKAHEAD", str(LOOKAHEAD))
 
 # KEYS: waiting, info, payloads, deadlines. ARGV: 'deadline', now | 'run', tenant, prefix.
 # Removes waiting calls past their deadline, or every waiting call of one run; returns a
@@ -421,6 +586,15 @@ def waiting_command(command: ExecutionCommand) -> Waiting:
     )  # fmt: skip
 
 
+def _entries(calls: Sequence[Waiting]) -> list[Any]:
+    """The script arguments of queued calls, six per call."""
+    args: list[Any] = []
+    for c in calls:
+        deadline = "" if c.deadline_at is None else c.deadline_at
+        args += [c.member, c.tenant_id, c.tool, c.pool, deadline, c.payload]
+    return args
+
+
 def command_of(payload: str) -> tuple[str, str]:
     """(pool, command JSON) of a queued call's payload."""
     pool, raw = payload.split(SEP, 1)
@@ -493,10 +667,7 @@ class Admission:
         """Queue calls (a call attempt already queued or admitted is skipped); how many."""
         if not calls:
             return 0
-        args: list[Any] = [now]
-        for c in calls:
-            deadline = "" if c.deadline_at is None else c.deadline_at
-            args += [c.member, c.tenant_id, c.tool, c.pool, deadline, c.payload]
+        args: list[Any] = [now, *_entries(calls)]
         names = ("active", "clock", "waiting", "info", "payloads", "deadlines", "seq")
         return int(await self._enqueue(keys=[self._key(n) for n in names], args=args))
 
@@ -506,19 +677,21 @@ class Admission:
         *,
         release: Sequence[str] = (),
         published: Sequence[str] = (),
+        enqueue: Sequence[Waiting] = (),
         max_calls: int = 1000,
     ) -> Admitted:
-        """Free the slots of ``release``d calls, confirm ``published`` ones, then admit what
-        can run: (member, payload) of each command to publish now, fairest first (also those
-        a planner admitted and did not confirm within the publish lease), and when a rate
-        limit that held a call back has a token again."""
+        """Free the slots of ``release``d calls, confirm ``published`` ones, queue
+        ``enqueue``d ones, then admit what can run: (member, payload) of each command to
+        publish now, fairest first (also those a planner admitted and did not confirm within
+        the publish lease), and when a rate limit that held a call back has a token again."""
         names = (
             "active", "clock", "waiting", "info", "payloads", "deadlines", "running",
-            "admitted", "pending", "tenants", "tools", "buckets", "workers", "slots",
+            "admitted", "pending", "tenants", "tools", "buckets", "workers", "slots", "seq",
         )  # fmt: skip
         args: list[Any] = [
             now, max_calls, self.lease_s, self.publish_lease_s, self.default_tenant.json(),
             RATE_SAFETY, RECOVERY_S, len(release), *release, len(published), *published,
+            len(enqueue), *_entries(enqueue),
         ]  # fmt: skip
         flat = await self._admit(keys=[self._key(n) for n in names], args=args)
         retry = text(flat[0])

@@ -1,10 +1,10 @@
 """The services' side of admission: queue commands, publish what admission lets run.
 
 Every command the planner dispatches, and every retry the reconciler sends, is queued
-(``submit``); ``Admission.admit`` decides
-which may go to Kafka now (``kernel.stores.admission``). An outcome of an admitted call frees
-its slots (``release``): the releases of one event-loop turn share one admission pass, and
-each caller returns once its release is durable (its outcome's offset may then be committed).
+(``submit``); ``Admission.admit`` decides which may go to Kafka now
+(``kernel.stores.admission``). An outcome of an admitted call frees its slots (``release``).
+Submissions and releases that arrive while a pass runs share the next pass, and each caller
+returns once its part is durable (its record's offset may then be committed).
 A tick (``tick``) refills rate buckets, hands out commands another planner admitted and never
 confirmed, and withdraws calls whose turn deadline passed while they waited.
 """
@@ -20,7 +20,14 @@ from kernel.adapters.bus import Bus
 from kernel.adapters.metrics import ADMISSION_WAIT, ADMITTED, COMMANDS, TENANT_CALLS, THROTTLED
 from kernel.adapters.topics import command_topic
 from kernel.rules.outcomes import past_deadline
-from kernel.stores.admission import SEP, Admission, command_of, member_of, waiting_command
+from kernel.stores.admission import (
+    SEP,
+    Admission,
+    Waiting,
+    command_of,
+    member_of,
+    waiting_command,
+)
 from schemas import CallOutcome, ExecutionCommand
 
 log = logging.getLogger(__name__)
@@ -35,65 +42,94 @@ TOP_TENANTS = 10
 
 class Admitter:
     """Queues commands, publishes admitted ones, frees slots on outcomes (the planner's) and
-    ticks (every planner's)."""
+    ticks (every planner's).
+
+    One admission pass runs at a time per instance (group commit): whatever is submitted or
+    released while a pass runs goes into the next one, a single script call. Idle, a pass
+    starts at once; under load, passes grow instead of their number, so the one hash slot
+    admission lives on does a few large passes instead of one small pass per call.
+    """
 
     def __init__(self, admission: Admission, bus: Bus) -> None:
         self.admission = admission
         self.bus = bus
         self._confirm: list[str] = []
         """Admitted commands now on Kafka, confirmed with the next admission pass."""
-        self._releases: list[tuple[str, asyncio.Future[None]]] = []
-        self._passes: set[asyncio.Task[None]] = set()
+        self._queued: list[Waiting] = []
+        self._released: list[str] = []
+        self._waiters: list[asyncio.Future[None]] = []
+        """Callers whose items are in ``_queued`` / ``_released``: woken when their pass ends."""
+        self._pass: asyncio.Task[None] | None = None
+        self._refills: set[asyncio.Task[None]] = set()
+        """Refill passes, kept until done."""
         self._reported_at = 0.0
         self._refill: asyncio.TimerHandle | None = None
 
     async def submit(self, commands: Sequence[ExecutionCommand]) -> None:
-        """Queue ``commands`` for admission, then publish whatever may run now."""
+        """Queue ``commands`` for admission and publish whatever may run now; returns once
+        they are queued durably (and those admitted are on Kafka)."""
         if not commands:
             return
         now = time.time()
-        queued = [waiting_command(c.model_copy(update={"issued_at": now})) for c in commands]
-        await self.admission.enqueue(queued, now)
-        await self.admit()
+        self._queued += [waiting_command(c.model_copy(update={"issued_at": now})) for c in commands]
+        await self._in_next_pass()
 
     async def release(self, outcome: CallOutcome) -> None:
-        """Free the slots of an admitted call whose outcome arrived (idempotent); admits
-        what can run in its place. An HTTP 429 also slows the tool's rate buckets."""
+        """Free the slots of an admitted call whose outcome arrived (idempotent), and admit
+        what can run in its place; returns once that is durable. An HTTP 429 also slows the
+        tool's rate buckets."""
         if outcome.throttled:
             THROTTLED.labels(outcome.tool_name).inc()
             await self.admission.throttle(outcome.tenant_id, outcome.tool_name, time.time())
-        member = member_of(outcome.tenant_id, outcome.run_id, outcome.call_id, outcome.attempt)
+        self._released.append(
+            member_of(outcome.tenant_id, outcome.run_id, outcome.call_id, outcome.attempt)
+        )
+        await self._in_next_pass()
+
+    async def admit(self) -> None:
+        """An admission pass (refilled buckets, expired leases, unconfirmed commands)."""
+        await self._in_next_pass()
+
+    async def _in_next_pass(self) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if not self._releases:
-            asyncio.get_running_loop().call_soon(self._flush_releases)
-        self._releases.append((member, future))
+        self._waiters.append(future)
+        if self._pass is None:
+            self._pass = asyncio.create_task(self._run_passes())
         await future
 
-    def _flush_releases(self) -> None:
-        batch, self._releases = self._releases, []
-        self._passes.add(task := asyncio.create_task(self.admit(release=[m for m, _ in batch])))
-
-        def done(finished: asyncio.Task[None]) -> None:
-            self._passes.discard(finished)
-            error = None if finished.cancelled() else finished.exception()
-            for _, future in batch:
-                if future.done():
+    async def _run_passes(self) -> None:
+        """Passes until nobody waits for one; a failed pass fails its callers (their handlers
+        retry, and queueing and releasing are idempotent)."""
+        try:
+            while self._waiters:
+                waiters, self._waiters = self._waiters, []
+                queued, self._queued = self._queued, []
+                released, self._released = self._released, []
+                try:
+                    await self._one_pass(queued, released)
+                except asyncio.CancelledError:
+                    for waiter in waiters + self._waiters:
+                        waiter.cancel()
+                    raise
+                except Exception as exc:
+                    for waiter in waiters:
+                        if not waiter.done():
+                            waiter.set_exception(exc)
                     continue
-                if finished.cancelled():
-                    future.cancel()
-                elif error is not None:
-                    future.set_exception(error)
-                else:
-                    future.set_result(None)
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+        finally:
+            self._pass = None
 
-        task.add_done_callback(done)
-
-    async def admit(self, release: Sequence[str] = ()) -> None:
-        """One admission pass: free ``release``, confirm what is on Kafka, publish what may
-        run now (and wait for the broker's acks)."""
+    async def _one_pass(self, queued: Sequence[Waiting], released: Sequence[str]) -> None:
+        """Queue, free, confirm what is on Kafka, then publish what may run now (and wait
+        for the broker's acks)."""
         confirm, self._confirm = self._confirm, []
         try:
-            admitted = await self.admission.admit(time.time(), release=release, published=confirm)
+            admitted = await self.admission.admit(
+                time.time(), release=released, published=confirm, enqueue=queued
+            )
         except BaseException:
             self._confirm = confirm + self._confirm  # confirmed with a later pass instead
             raise
@@ -121,8 +157,8 @@ class Admitter:
         def run() -> None:
             self._refill = None
             task = asyncio.create_task(self._refill_pass())
-            self._passes.add(task)
-            task.add_done_callback(self._passes.discard)
+            self._refills.add(task)
+            task.add_done_callback(self._refills.discard)
 
         self._refill = loop.call_later(max(delay_s, 0.001), run)
 

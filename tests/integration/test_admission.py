@@ -49,6 +49,20 @@ async def test_nothing_is_admitted_beyond_the_pools_live_slots(admission: Admiss
     assert (await admission.admit(now=40, release=[first[1][0], freed[0][0]])).calls == []
 
 
+async def test_one_pass_queues_frees_and_admits_and_a_repeated_release_frees_one_slot(
+    admission: Admission,
+) -> None:
+    await admission.register_worker("default", "w1", 2, ttl_s=600, now=0)
+    first = (await admission.admit(now=1, enqueue=_calls("acme", 3))).calls
+    assert [p for _, p in first] == ["cmd acme t 0", "cmd acme t 1"]  # queued, then admitted
+    again = _calls("acme", 3)  # another run: its calls queue behind the third one
+    held = first[0][0]
+    # The outcome of one call arrives twice in one pass (a redelivery): one slot frees.
+    freed = (await admission.admit(now=2, release=[held, held], enqueue=again)).calls
+    assert [p for _, p in freed] == ["cmd acme t 2"]
+    assert (await admission.admit(now=3, release=[held])).calls == []  # already free
+
+
 async def test_backlogged_tenants_share_capacity_by_weight(admission: Admission) -> None:
     await admission.set_limits("tenants", "light", Limits(weight=1))
     await admission.set_limits("tenants", "heavy", Limits(weight=3))
