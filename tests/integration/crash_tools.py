@@ -5,17 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from executors import ToolContext, ToolRegistry
-from tests.integration.side_effects import side_effects
+from tests.integration.side_effects import ENTER_IN_FLIGHT, in_flight_keys, side_effects
 
 tools = ToolRegistry()
-
-# INCR the in-flight counter and raise the recorded peak in one step, so concurrent starts
-# in different processes can never both read a stale peak.
-_ENTER = """
-local n = redis.call('INCR', KEYS[1])
-if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
-return n
-"""
 
 
 def effects_key(call_id: str) -> str:
@@ -26,11 +18,6 @@ def effects_key(call_id: str) -> str:
 def holder_key(call_id: str) -> str:
     """The worker that started ``call_id`` (set when the body begins)."""
     return f"test:holder:{call_id}"
-
-
-def in_flight_keys(scope: str) -> tuple[str, str]:
-    """(current, peak) in-flight counters of a scope: a tool, a tenant or a worker."""
-    return f"test:inflight:{{{scope}}}", f"test:peak:{{{scope}}}"  # one slot: one script
 
 
 @tools.tool(
@@ -49,7 +36,7 @@ async def _tracked(ctx: ToolContext, scope: str, ms: int) -> str:
     """Counts itself in flight for ``scope`` and for its worker while it sleeps ``ms``."""
     scopes = [scope, f"worker:{ctx.worker_id}"]
     for s in scopes:
-        side_effects().eval(_ENTER, 2, *in_flight_keys(s))
+        side_effects().eval(ENTER_IN_FLIGHT, 2, *in_flight_keys(s))
     try:
         await asyncio.sleep(ms / 1000)
     finally:

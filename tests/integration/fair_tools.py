@@ -12,16 +12,9 @@ import time
 import httpx
 
 from executors import ToolContext, ToolRegistry
-from tests.integration.side_effects import async_side_effects
+from tests.integration.side_effects import ENTER_IN_FLIGHT, async_side_effects, in_flight_keys
 
 tools = ToolRegistry()
-
-# INCR the in-flight counter and raise the recorded peak in one step.
-_ENTER = """
-local n = redis.call('INCR', KEYS[1])
-if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
-return n
-"""
 
 
 def starts_key(tenant: str) -> str:
@@ -34,18 +27,13 @@ def runs_key(call_id: str) -> str:
     return f"test:fair:runs:{call_id}"
 
 
-def in_flight_keys(tenant: str) -> tuple[str, str]:
-    """(current, peak) calls of one tenant in their body; one hash slot for the script."""
-    return f"test:fair:{{{tenant}}}:in-flight", f"test:fair:{{{tenant}}}:peak"
-
-
 async def _work(ctx: ToolContext, ms: int) -> str:
     store = async_side_effects()
     began = time.time()
     await asyncio.gather(
         store.zadd(starts_key(ctx.tenant_id), {ctx.call_id: began}),
         store.incr(runs_key(ctx.call_id)),
-        store.eval(_ENTER, 2, *in_flight_keys(ctx.tenant_id)),
+        store.eval(ENTER_IN_FLIGHT, 2, *in_flight_keys(ctx.tenant_id)),
     )
     try:
         await asyncio.sleep(ms / 1000)

@@ -44,3 +44,18 @@ def async_side_effects() -> redis.asyncio.Redis | AsyncRedisCluster:
     if seed is not None:
         return AsyncRedisCluster(host=seed[0], port=seed[1])
     return redis.asyncio.Redis.from_url(url)
+
+
+ENTER_IN_FLIGHT = """
+local n = redis.call('INCR', KEYS[1])
+if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
+return n
+"""
+"""INCR a scope's in-flight counter and raise its recorded peak in one step (keys:
+``in_flight_keys``), so concurrent starts in different processes never both read a stale
+peak; DECR the counter when the call ends."""
+
+
+def in_flight_keys(scope: str) -> tuple[str, str]:
+    """(current, peak) in-flight counters of a scope: a tool, a tenant or a worker."""
+    return f"test:inflight:{{{scope}}}", f"test:peak:{{{scope}}}"  # one slot: one script

@@ -22,7 +22,8 @@ from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
 from schemas import TurnResult
 from tests.conftest import aggregator_caught_up, wait_for
-from tests.integration.crash_tools import effects_key, holder_key, in_flight_keys
+from tests.integration.crash_tools import effects_key, holder_key
+from tests.integration.side_effects import in_flight_keys
 from tests.integration.test_pipeline import outputs, turn
 from toolfleet.client import FleetClient
 from toolfleet.testing import LocalFleet, connected_client, result_of

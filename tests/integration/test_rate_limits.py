@@ -14,7 +14,8 @@ from kernel.settings import Settings
 from kernel.stores.admission import Admission, Limits
 from kernel.stores.keys import Keys
 from tests.conftest import wait_for
-from tests.integration.fair_tools import in_flight_keys, starts_key
+from tests.integration.fair_tools import starts_key
+from tests.integration.side_effects import in_flight_keys
 from tests.integration.test_fairness import _turn
 from toolfleet.client import FleetClient
 from toolfleet.testing import LocalFleet, connected_client, result_of
