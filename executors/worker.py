@@ -119,6 +119,9 @@ class Worker:
         # (Kafka refusing writes, say) are bounded too, so a worker stops taking commands.
         self._unpublished = asyncio.Semaphore(4 * self.limits.per_worker)
         self._offsets = OffsetTracker()
+        self._owned: set[TopicPartition] = set()
+        """Partitions of the pool's topic this worker owns: with none, it adds no capacity."""
+        self._assignment_changed = asyncio.Event()
         self._handlers: set[asyncio.Task[None]] = set()
         # Keyed by (tenant, run, call): two tenants may use the same run and call ids, and a
         # cancellation must never reach another tenant's call.
@@ -140,7 +143,7 @@ class Worker:
         await publish_tools(self.redis, self.keys, self.registry.specs(self.pool))
         await self.bus.start()
         commands = self.bus.consumer([], group=f"workers.{self.pool}", max_poll_records=200)
-        commands.subscribe([self.bus.topic(command_topic(self.pool))], listener=_Revoked(self))
+        commands.subscribe([self.bus.topic(command_topic(self.pool))], listener=_Ownership(self))
         # Every worker must see every cancellation: a group of its own, from now on.
         cancels = self.bus.consumer(
             ["cancellations"],
@@ -171,16 +174,23 @@ class Worker:
             raise self._cut_off
 
     async def _register_capacity(self) -> None:
-        """Keep this worker's slots in its pool's capacity (admission admits up to it)."""
+        """Keep this worker's slots in its pool's capacity (admission admits up to it), and
+        only while it owns a partition of the pool's topic: a worker beyond the partition
+        count (autoscaled past it, say) would get no command, and its slots must not let
+        admission send more than the others can run. Re-registered at once when the
+        assignment changes."""
         ttl = self.settings.worker_capacity_ttl_s
         while True:
+            self._assignment_changed.clear()
+            slots = self.limits.per_worker if self._owned else 0
             try:
                 await self.admission.register_worker(
-                    self.pool, self.worker_id, self.limits.per_worker, ttl, time.time()
+                    self.pool, self.worker_id, slots, ttl, time.time()
                 )
             except Exception as exc:  # never let the loop die: the pool would lose our slots
                 log.warning("could not register capacity", extra={"error": repr(exc)})
-            await asyncio.sleep(ttl / 3)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._assignment_changed.wait(), ttl / 3)
 
     async def _consume(self, consumer: AIOKafkaConsumer) -> None:
         last_commit = time.monotonic()
@@ -565,8 +575,9 @@ class _Slot:
             self._slots = None
 
 
-class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Forgets the offsets of partitions this worker no longer owns."""
+class _Ownership(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Keeps what the worker owns current: revoked partitions' offsets are forgotten, and
+    capacity is registered again whenever the assignment changes."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
@@ -574,11 +585,15 @@ class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         """Their unfinished commands will be redelivered to the new owner."""
         self.worker._offsets.forget(set(revoked))
+        self.worker._owned -= revoked
+        self.worker._assignment_changed.set()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         """Positions come from the committed offsets; log the assignment for operators."""
         partitions = sorted(tp.partition for tp in assigned)
         log.info("partitions assigned", extra={"partitions": partitions})
+        self.worker._owned |= assigned
+        self.worker._assignment_changed.set()
 
 
 _UNREPLICATED = CallError(
