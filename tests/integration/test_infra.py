@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from kernel.settings import Settings
+from tests.conftest import port_is_free
 from toolfleet.app import infra
 
 pytestmark = pytest.mark.integration
@@ -326,7 +327,7 @@ def test_a_local_redis_cluster_forms_serves_every_slot_and_stops(tmp_path: Path)
     # Below the ephemeral range (32768+), with each node's cluster bus port (+10000) too.
     base = next(
         b for b in range(21_000, 22_700, 10)
-        if all(_free(p) and _free(p + 10_000) for p in range(b, b + 6))
+        if all(port_is_free(p) and port_is_free(p + 10_000) for p in range(b, b + 6))
     )  # fmt: skip
     settings = Settings(
         state_dir=tmp_path, redis_cluster_masters=3, redis_cluster_replicas=1,
@@ -351,12 +352,3 @@ def test_a_local_redis_cluster_forms_serves_every_slot_and_stops(tmp_path: Path)
     finally:
         assert len(stop_cluster(settings)) == 6
     assert cluster_status(settings).state == "stopped"
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
