@@ -19,8 +19,10 @@ Catch the branch that says what you can do about it::
     │   ├── ToolCancelledError           (kernel.tools) the tool itself was cancelled
     │   ├── ToolInputGuardrailTripwireTriggered   (kernel.tools)
     │   └── ToolOutputGuardrailTripwireTriggered  (kernel.tools)
-    ├── FleetTurnError                   (toolfleet.agents) a turn failure with no SDK class
-    └── FleetRunCancelled                (toolfleet.agents) the run was cancelled on the fleet
+    └── FleetRunError                    (toolfleet.agents; also an SDK AgentsException)
+        ├── FleetTurnError               a call's failure with no SDK class to stand for it
+        ├── FleetRunCancelled            the run was cancelled on the fleet
+        └── FleetApprovalRequired        the fleet holds a call for an operator's approval
 
 The root and ``InvalidMessageError`` are defined in ``schemas`` (the lowest layer, so the wire
 models can raise them) and re-exported here.

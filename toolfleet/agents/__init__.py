@@ -16,21 +16,31 @@ async with FleetClient(Settings()) as client:
     print(result.final_output)
 ```
 
-The workers serve the same tools with ``ToolRegistry.from_function_tools(agent.tools)``.
-Needs the ``openai-agents`` package.
+``FleetRunner`` is the SDK's own runner (``run``, ``run_streamed``, ``run_sync``, sessions,
+handoffs, guardrails, hooks, agents as tools, ``RunState``); only the function tools of the
+agents run on the fleet's workers, which serve them with
+``ToolRegistry.from_function_tools(...)``. Needs the ``openai-agents`` package.
 """
 
-from toolfleet.agents._errors import FleetRunCancelled, FleetTurnError, run_error
+from toolfleet.agents._calls import fleet_turn_id
+from toolfleet.agents._errors import (
+    FleetApprovalRequired,
+    FleetRunCancelled,
+    FleetRunError,
+    FleetTurnError,
+    run_error,
+)
+from toolfleet.agents._graph import FleetGraph
 from toolfleet.agents._runner import DEFAULT_MAX_TURNS, FleetRunner
-from toolfleet.agents._state import Decision, FleetRunResult, FleetRunState
 
 __all__ = [
     "DEFAULT_MAX_TURNS",
-    "Decision",
+    "FleetApprovalRequired",
+    "FleetGraph",
     "FleetRunCancelled",
-    "FleetRunResult",
-    "FleetRunState",
+    "FleetRunError",
     "FleetRunner",
     "FleetTurnError",
+    "fleet_turn_id",
     "run_error",
 ]

@@ -18,11 +18,24 @@ from kernel.errors import ToolfleetError
 from schemas import TurnError
 
 
-class FleetRunCancelled(ToolfleetError):
+class FleetRunError(ToolfleetError, sdk.AgentsException):
+    """A fleet failure the SDK runner passes on as it is (an ``AgentsException``)."""
+
+
+class FleetRunCancelled(FleetRunError):
     """The run was cancelled on the fleet (a CancelRequest without call_id); no tool output."""
 
 
-class FleetTurnError(ToolfleetError):
+class FleetApprovalRequired(FleetRunError):
+    """The fleet holds a call for an operator's approval the runner did not ask for.
+
+    The SDK runner asks for the tool's own ``needs_approval``; the fleet can hold a call for
+    reasons of its own (the release gate of a tool declared ``non_idempotent`` without a probe,
+    a wrong effect earlier in the run). Decide the call on the fleet, then run again.
+    """
+
+
+class FleetTurnError(FleetRunError):
     """A turn failure with no SDK exception class to stand for it.
 
     For example a tool that died of a BaseException (``type`` is its class name) or a tool-local
