@@ -140,6 +140,13 @@ class Worker:
 
     async def run(self) -> None:
         """Publish the pool's tools, then consume commands and cancellations until stopped."""
+        await self.registry.open()
+        try:
+            await self._serve()
+        finally:
+            await self.registry.close()
+
+    async def _serve(self) -> None:
         await publish_tools(self.redis, self.keys, self.registry.specs(self.pool))
         await self.bus.start()
         commands = self.bus.consumer([], group=f"workers.{self.pool}", max_poll_records=200)

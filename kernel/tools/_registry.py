@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Unpack, overload
 
 from kernel.errors import ConfigurationError, ToolNotFoundError
@@ -16,8 +16,10 @@ from schemas import ToolSpec
 
 if TYPE_CHECKING:
     from agents import FunctionTool
+    from agents.mcp import MCPServer
 
     from kernel.tools._tool import CompensateFunction, FleetOptions, ProbeFunction, ToolOptions
+    from schemas import EffectClass
 
 
 class ToolRegistry:
@@ -28,6 +30,7 @@ class ToolRegistry:
     def __init__(self, *, hooks: CallHooks | None = None) -> None:
         self._tools: dict[str, dict[str, Tool]] = {}
         self._declared: list[Tool] = []
+        self._mcp: list[_McpSource] = []
         self.hooks = hooks
         """Lifecycle hooks (on_tool_start / on_tool_end) the worker runs once per call."""
 
@@ -108,6 +111,47 @@ class ToolRegistry:
             registry.add_function_tool(function_tool, **options)
         return registry
 
+    def add_mcp_server(
+        self,
+        server: MCPServer,
+        *,
+        effects: Mapping[str, EffectClass],
+        default_effect: EffectClass | None = None,
+        **options: Unpack[FleetOptions],
+    ) -> None:
+        """Serve the tools of an MCP server (the SDK's ``MCPServerStdio``,
+        ``MCPServerStreamableHttp``...) as fleet tools, when the worker starts (``open``).
+
+        The operator declares what each tool does: ``effects`` maps tool names to effect
+        classes, ``default_effect`` covers the rest; a listed tool with neither fails the
+        worker's start (an MCP server does not say whether a tool charges a card). Each tool is
+        served as the SDK serves it in-process (``MCPUtil.to_function_tool``: its schema, the
+        server's failure handling and guardrails); ``options`` are toolfleet's own.
+        """
+        self._mcp.append(_McpSource(server, dict(effects), default_effect, options))
+
+    async def open(self) -> None:
+        """Connect the MCP servers and register their tools (the worker calls this first)."""
+        for source in self._mcp:
+            if source.opened:
+                continue
+            for function_tool in await source.open():
+                effect = source.effects.get(function_tool.name, source.default_effect)
+                if effect is None:
+                    await source.close()
+                    raise ConfigurationError(
+                        f"MCP server {source.server.name!r} lists tool {function_tool.name!r} "
+                        "without a declared effect class; add it to effects= (or set "
+                        "default_effect=) in add_mcp_server"
+                    )
+                options: FleetOptions = {**source.options, "effect": effect}
+                self.add_function_tool(function_tool, **options)
+
+    async def close(self) -> None:
+        """Disconnect the MCP servers (the worker calls this when it stops)."""
+        for source in self._mcp:
+            await source.close()
+
     def get(self, key: str, version: str | None = None) -> Tool:
         """The tool a model calls ``key`` (``name`` or ``namespace.name``), in ``version``, or
         the newest version this registry holds when ``version`` is None.
@@ -155,3 +199,33 @@ class ToolRegistry:
 
     def __repr__(self) -> str:
         return f"ToolRegistry({list(self._tools)!r})"
+
+
+class _McpSource:
+    """One MCP server a registry serves, and what its operator declared about its tools."""
+
+    def __init__(
+        self,
+        server: MCPServer,
+        effects: dict[str, EffectClass],
+        default_effect: EffectClass | None,
+        options: FleetOptions,
+    ) -> None:
+        self.server = server
+        self.effects = effects
+        self.default_effect = default_effect
+        self.options = options
+        self.opened = False
+
+    async def open(self) -> list[FunctionTool]:
+        from agents.mcp import MCPUtil
+
+        await self.server.connect()  # type: ignore[no-untyped-call]
+        self.opened = True
+        listed = await self.server.list_tools()
+        return [MCPUtil.to_function_tool(t, self.server, False) for t in listed]
+
+    async def close(self) -> None:
+        if self.opened:
+            self.opened = False
+            await self.server.cleanup()  # type: ignore[no-untyped-call]

@@ -368,9 +368,7 @@ class _CallRun:
             if verdict.behavior == "reject_content":
                 status, output = "rejected", verdict.message or ""
                 break
-        # The SDK stringifies non-str outputs too (it only keeps its own structured
-        # text/image/file outputs, which toolfleet's str-only wire cannot carry).
-        text = output if isinstance(output, str) else str(output)
+        text = output_text(output)
         error = body.error
         if self.max_output_bytes is not None and len(text.encode()) > self.max_output_bytes:
             size = len(text.encode())
@@ -468,3 +466,26 @@ class _CallRun:
             started_at=self.started_at,
             finished_at=time.time(),
         )
+
+
+def output_text(output: Any) -> str:
+    """What the model is shown of a tool's result, on toolfleet's string-only wire.
+
+    The SDK stringifies results too, except its structured outputs, which it gives the model
+    as content items: text content (``ToolOutputText``, an MCP tool's text, as an object or a
+    ``{"type": "text"}`` mapping, alone or in a list) becomes its text here, joined by newlines
+    when there are several; other structured outputs (images, files) become their ``str()``.
+    """
+    if isinstance(output, str):
+        return output
+    parts = output if isinstance(output, list) and output else [output]
+    texts = [_text_content(part) for part in parts]
+    if all(t is not None for t in texts):
+        return "\n".join(t for t in texts if t is not None)
+    return str(output)
+
+
+def _text_content(part: Any) -> str | None:
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    text = part.get("text") if isinstance(part, dict) else getattr(part, "text", None)
+    return text if kind in ("text", "input_text") and isinstance(text, str) else None

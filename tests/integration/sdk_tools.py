@@ -10,9 +10,13 @@ does not (in-process), so one test can compare both runs of the same call ids.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 from agents import FunctionTool, RunContextWrapper, function_tool
+from agents.mcp import MCPServerStdio
 from agents.tool_guardrails import (
     ToolGuardrailFunctionOutput,
     ToolInputGuardrailData,
@@ -260,3 +264,28 @@ SDK_TOOLS: list[FunctionTool] = [
 
 tools = ToolRegistry.from_function_tools(SDK_TOOLS, effect="read_only")
 """What the fleet's workers serve: the same objects, unchanged."""
+
+
+def mcp_server(side: str) -> MCPServerStdio:
+    """The test MCP server (tests/integration/mcp_server.py) over stdio, counting as ``side``.
+
+    Started by whoever connects it: a worker (``side`` "fleet", through ``tools`` below), or the
+    test process (the agent's own server, which the runner lists the tools of).
+    """
+    passed = ("PATH", "PYTHONPATH", "REDIS_URL", "TEST_SIDE_EFFECTS_URL", "HOME")
+    env = {k: os.environ[k] for k in passed if k in os.environ} | {"MCP_SIDE": side}
+    return MCPServerStdio(
+        params={
+            "command": sys.executable,
+            "args": ["-m", "tests.integration.mcp_server"],
+            "env": env,
+            "cwd": str(Path(__file__).resolve().parents[2]),
+        },
+        name="toolfleet-test",
+        client_session_timeout_seconds=30,
+    )
+
+
+tools.add_mcp_server(
+    mcp_server("fleet"), effects={"mcp_weather": "read_only", "mcp_book": "idempotent"}
+)

@@ -14,25 +14,31 @@ by them).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import pytest
 from agents import Agent, FunctionTool, RunConfig, Runner, ToolExecutionConfig
-from agents.items import ToolApprovalItem
-from agents.testing import ScriptedModel, assistant_message, function_call
+from agents.testing import ScriptedModel, assistant_message
 from agents.tracing import set_tracing_disabled
 from redis.asyncio import Redis
 
 from kernel.settings import Settings
 from schemas import ModelResponseEvent
 from tests.integration import sdk_tools as t
-from toolfleet.agents import FleetRunner, FleetTurnError, fleet_turn_id
+from tests.integration.sdk_diff import (
+    Decide,
+    Script,
+    Seen,
+    approve_all,
+    assert_same,
+    drive,
+    reject_all,
+    runs,
+)
+from toolfleet.agents import FleetRunner, fleet_turn_id
 from toolfleet.client import FleetClient
 from toolfleet.testing import LocalFleet, connected_client
 
@@ -69,96 +75,6 @@ def runner(client: FleetClient) -> FleetRunner:
 
 
 # --- one scenario, both ways -----------------------------------------------------------------
-class Script:
-    """A scripted model conversation with call ids unique to one scenario."""
-
-    def __init__(self) -> None:
-        self.prefix = uuid.uuid4().hex[:12]
-        self.turns: list[list[Any]] = []
-
-    def id(self, name: str) -> str:
-        """The full call id of the call named ``name`` in this scenario ("" stays empty)."""
-        return f"{self.prefix}-{name}" if name else ""
-
-    def call(self, name: str, tool: str, arguments: str | dict[str, Any]) -> Any:
-        return function_call(tool, arguments, call_id=self.id(name))
-
-    def turn(self, *items: Any) -> Script:
-        self.turns.append(list(items))
-        return self
-
-    def answer(self, text: str = "done") -> Script:
-        return self.turn(assistant_message(text))
-
-    def model(self) -> ScriptedModel:
-        return ScriptedModel(self.turns)
-
-
-Decide = Callable[[Any, Sequence[ToolApprovalItem]], None]
-"""Approves/rejects on a RunState or FleetRunState (same method names and arguments)."""
-
-
-@dataclass
-class Seen:
-    """Everything model-visible about one run."""
-
-    model_inputs: list[Any] = field(default_factory=list)
-    """The input of every model call: the conversation, every tool output included."""
-    interruptions: list[tuple[str, str, str]] = field(default_factory=list)
-    error: tuple[str, str] | None = None
-    final_output: Any = None
-    items: list[Any] = field(default_factory=list)
-    """The run's new items as input items (approval items as (tool, call_id))."""
-
-    def outputs(self) -> list[tuple[str, str]]:
-        """(call_id, output) of every function_call_output the model was last given."""
-        last = self.model_inputs[-1] if self.model_inputs else []
-        return [
-            (i["call_id"], i["output"])
-            for i in last
-            if isinstance(i, dict) and i.get("type") == "function_call_output"
-        ]
-
-
-def _normalised(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
-
-
-def _items(items: Sequence[Any]) -> list[Any]:
-    return [
-        ("approval", i.tool_name, i.raw_item.call_id)
-        if isinstance(i, ToolApprovalItem)
-        else _normalised(i.to_input_item())
-        for i in items
-    ]
-
-
-async def _drive(
-    start: Callable[[Any], Awaitable[Any]], model: ScriptedModel, decisions: Sequence[Decide]
-) -> Seen:
-    seen = Seen()
-    try:
-        result = await start(None)
-        for decide in decisions:
-            if not result.interruptions:
-                break
-            state = result.to_state()
-            decide(state, result.interruptions)
-            result = await start(state)
-    except FleetTurnError as exc:  # a remote failure without an SDK class: its class name
-        seen.error = (exc.type, str(exc))
-    except Exception as exc:  # the run error is part of what is compared
-        seen.error = (type(exc).__name__, str(exc))
-    else:
-        seen.interruptions = [
-            (i.tool_name or "", i.raw_item.call_id, i.arguments or "") for i in result.interruptions
-        ]
-        seen.final_output = result.final_output
-        seen.items = _items(result.new_items)
-    seen.model_inputs = [_normalised(call.input) for call in model.calls]
-    return seen
-
-
 async def both(
     runner: FleetRunner,
     script: Script,
@@ -189,36 +105,9 @@ async def both(
             max_turns=max_turns,
         )  # fmt: skip
 
-    sdk = await _drive(sdk_start, sdk_model, decisions)
-    on_fleet = await _drive(fleet_start, fleet_model, decisions)
+    sdk = await drive(sdk_start, sdk_model, decisions)
+    on_fleet = await drive(fleet_start, fleet_model, decisions)
     return sdk, on_fleet
-
-
-def assert_same(sdk: Seen, on_fleet: Seen) -> None:
-    assert on_fleet.error == sdk.error
-    assert on_fleet.interruptions == sdk.interruptions
-    assert on_fleet.model_inputs == sdk.model_inputs
-    assert on_fleet.final_output == sdk.final_output
-
-
-def approve_all(always: bool = False) -> Decide:
-    def decide(state: Any, items: Sequence[ToolApprovalItem]) -> None:
-        for item in items:
-            state.approve(item, always_approve=always)
-
-    return decide
-
-
-def reject_all(message: str | None = None, always: bool = False) -> Decide:
-    def decide(state: Any, items: Sequence[ToolApprovalItem]) -> None:
-        for item in items:
-            state.reject(item, always_reject=always, rejection_message=message)
-
-    return decide
-
-
-async def runs(redis: Redis, where: str, call_id: str) -> int:
-    return int(await redis.get(t.runs_key(where, call_id)) or 0)
 
 
 # --- outputs in model order; concurrency ---------------------------------------------------
@@ -654,7 +543,7 @@ async def _fleet_only(runner: FleetRunner, s: Script) -> Seen:
     async def start(state: Any) -> Any:
         return await runner.run(agent, "go")
 
-    return await _drive(start, model, [])
+    return await drive(start, model, [])
 
 
 # --- several turns --------------------------------------------------------------------------------

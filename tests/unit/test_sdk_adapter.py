@@ -430,45 +430,64 @@ def test_turn_errors_become_the_sdk_exceptions() -> None:
     assert (fatal_error.type, str(fatal_error), fatal_error.call_id) == ("Fatal", "fatal", "c1")
 
 
-async def test_the_runner_refuses_what_it_cannot_honour() -> None:
-    from agents import RunConfig
+def test_the_fleet_copy_of_a_graph_keeps_the_agents_and_moves_only_tool_invocation() -> None:
+    from agents import handoff
+    from agents.tool import ToolOriginType, get_function_tool_origin
+
+    from toolfleet.agents import FleetGraph
+
+    billing = Agent(name="billing", tools=[add])
+    support = Agent(name="support", handoffs=[billing])
+    billing.handoffs = [support]  # a cycle
+    expert = Agent(name="expert", tools=[add])
+    triage = Agent(
+        name="triage",
+        tools=[add, expert.as_tool(tool_name="ask_expert", tool_description="asks")],
+        handoffs=[handoff(billing, input_filter=lambda data: data), support],
+    )
+    graph = FleetGraph()
+    fleet = graph.agent(triage)
+    assert graph.agent(triage) is fleet and graph.agent(fleet) is fleet  # made once
+    assert (fleet.name, triage.tools[0].on_invoke_tool) == ("triage", add.on_invoke_tool)
+    fleet_add, fleet_expert = fleet.tools
+    assert fleet_add is not add and fleet_add.name == add.name
+    assert fleet_add.params_json_schema == add.params_json_schema
+    assert fleet_add.on_invoke_tool.func.__name__ == "invoke_on_fleet"  # type: ignore[attr-defined]
+    origin = get_function_tool_origin(fleet_expert)
+    assert origin is not None and origin.type == ToolOriginType.AGENT_AS_TOOL
+    assert fleet_expert._agent_instance is graph.agent(expert)  # type: ignore[attr-defined]
+    assert graph.agent(expert).tools[0] is not add
+    filtered, direct = fleet.handoffs
+    assert filtered._agent_ref() is graph.agent(billing)  # type: ignore[union-attr]
+    assert direct is graph.agent(support)
+    assert graph.agent(billing).handoffs == [graph.agent(support)]
+    assert graph.agent(support).handoffs == [graph.agent(billing)]
+    assert triage.tools[0] is add and triage.handoffs[1] is support  # the originals untouched
+
+
+async def test_a_fleet_tool_outside_a_fleet_run_says_where_it_runs() -> None:
     from agents.exceptions import UserError
+
+    from toolfleet.agents import FleetGraph
+
+    fleet_add = FleetGraph().tool(add)
+    ctx = SdkToolContext(
+        context=None, tool_name="add", tool_call_id="c1", tool_arguments='{"a": 1, "b": 2}'
+    )
+    with pytest.raises(UserError, match="runs only inside FleetRunner"):
+        await fleet_add.on_invoke_tool(ctx, '{"a": 1, "b": 2}')
+
+
+async def test_resuming_a_foreign_run_state_needs_its_run_id() -> None:
+    from agents.exceptions import UserError
+    from agents.run_state import RunState
 
     from toolfleet.agents import FleetRunner
 
     runner = FleetRunner(client=None, tenant_id="t1")  # type: ignore[arg-type]
-    helper = Agent(name="helper")
-    cases: list[tuple[Agent[Any], RunConfig | None, str]] = [
-        (Agent(name="a", handoffs=[helper]), None, "handoffs"),
-        (Agent(name="a", tools=[add]), RunConfig(tool_error_formatter=lambda args: "x"),
-         "tool_error_formatter"),
-        (Agent(name="a", tool_use_behavior=lambda ctx, results: None), None,  # type: ignore[arg-type,return-value]
-         "callable tool_use_behavior"),
-    ]  # fmt: skip
-    for agent, config, what in cases:
-        with pytest.raises(UserError, match=what):
-            await runner.run(agent, "go", run_config=config)
-
-
-def test_only_pending_items_can_be_decided() -> None:
-    from agents.exceptions import UserError
-    from agents.items import ToolApprovalItem
-    from agents.run_context import RunContextWrapper as Wrapper
-    from openai.types.responses import ResponseFunctionToolCall
-
-    from toolfleet.agents import FleetRunState
-
     agent = Agent(name="a")
-    call = ResponseFunctionToolCall(
-        type="function_call", call_id="c1", name="delete_repo", arguments="{}"
+    state: RunState[Any, Any] = RunState(
+        context=RunContextWrapper(context=None), original_input="go", starting_agent=agent
     )
-    item = ToolApprovalItem(agent=agent, raw_item=call, tool_name="delete_repo")
-    state = FleetRunState("r1", agent, Wrapper(context=None), "go", interruptions=[item])
-    state.approve(item, always_approve=True)
-    state.reject(item, rejection_message="no")  # a later decision replaces the earlier one
-    assert [(d.call_id, d.approve, d.message, d.sticky) for d in state.decisions] == [
-        ("c1", False, "no", None)
-    ]
-    stranger = ToolApprovalItem(agent=agent, raw_item=call, tool_name="delete_repo")
-    with pytest.raises(UserError, match="not one of this run's pending interruptions"):
-        state.approve(stranger)
+    with pytest.raises(UserError, match="pass run_id="):
+        await runner.run(agent, state)

@@ -24,8 +24,10 @@ from collections.abc import Callable
 from typing import Any
 
 from agents import Agent, FunctionTool, RunContextWrapper
+from agents.exceptions import UserError
 from agents.handoffs import Handoff
 from agents.run import AgentRunner, get_default_agent_runner, set_default_agent_runner
+from agents.run_state import RunState
 from agents.tool import ToolOriginType, get_function_tool_origin
 from agents.tool_context import ToolContext
 from agents.tool_guardrails import ToolInputGuardrail, ToolInputGuardrailData
@@ -68,6 +70,17 @@ class FleetGraph:
             # approval policies); only the invocation of each listed tool moves to the fleet.
             clone.get_mcp_tools = fleet_mcp_tools  # type: ignore[method-assign]
         return clone
+
+    def check_state(self, state: RunState[Any, Any]) -> None:
+        """Refuse a RunState that names the original agents: resumed as it is, the SDK would
+        run its pending calls, and every later one, in this process instead of the fleet."""
+        for agent in (state._current_agent, state._starting_agent):
+            if agent is not None and not getattr(agent, "_toolfleet_copy", False):
+                raise UserError(
+                    "This RunState names the original agent, whose tools run in-process; "
+                    "restore it with the fleet copy: RunState.from_string("
+                    "runner.fleet_agent(agent), data)."
+                )
 
     def tool(self, original: FunctionTool) -> FunctionTool:
         """The fleet copy of a function tool (an agent tool keeps running in the runner)."""
@@ -185,18 +198,22 @@ class _FleetAwareRunner(AgentRunner):
         self._inner = inner
         self._graph_of = graph_of
 
-    def _swap(self, agent: Agent[Any]) -> Agent[Any]:
+    def _swap(self, agent: Agent[Any], input: Any) -> tuple[Agent[Any], Any]:
         graph = self._graph_of()
-        return graph.agent(agent) if graph is not None else agent
+        if graph is None:
+            return agent, input
+        if isinstance(input, RunState):
+            graph.check_state(input)
+        return graph.agent(agent), input
 
     async def run(self, starting_agent: Agent[Any], input: Any, **kwargs: Any) -> Any:
-        return await self._inner.run(self._swap(starting_agent), input, **kwargs)
+        return await self._inner.run(*self._swap(starting_agent, input), **kwargs)
 
     def run_sync(self, starting_agent: Agent[Any], input: Any, **kwargs: Any) -> Any:
-        return self._inner.run_sync(self._swap(starting_agent), input, **kwargs)
+        return self._inner.run_sync(*self._swap(starting_agent, input), **kwargs)
 
     def run_streamed(self, starting_agent: Agent[Any], input: Any, **kwargs: Any) -> Any:
-        return self._inner.run_streamed(self._swap(starting_agent), input, **kwargs)
+        return self._inner.run_streamed(*self._swap(starting_agent, input), **kwargs)
 
 
 def install_fleet_runner(graph_of: Callable[[], FleetGraph | None]) -> None:

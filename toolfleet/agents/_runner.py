@@ -70,6 +70,12 @@ class FleetRunner:
         """The fleet copies of the agents this runner has run."""
         install_fleet_runner(_graph_of_current_run)
 
+    def fleet_agent(self, agent: Agent[Any]) -> Agent[Any]:
+        """The fleet copy of ``agent`` this runner runs (same name and settings; its function
+        tools run on the fleet). Restore a saved RunState with it:
+        ``RunState.from_string(runner.fleet_agent(agent), data)``."""
+        return self.graph.agent(agent)
+
     def run_id_of(self, run: RunResult | RunResultStreaming | RunState[Any, Any]) -> str:
         """The fleet run id of a run this runner made (to resume it after a restart)."""
         binding = _binding_of(run)
