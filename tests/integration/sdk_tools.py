@@ -262,8 +262,17 @@ SDK_TOOLS: list[FunctionTool] = [
 ]  # fmt: skip
 """Every tool of this module, as an agent lists them."""
 
+
+@function_tool
+async def sdk_transfer(ctx: RunContextWrapper[Any], amount: int) -> str:
+    """No approval in the SDK; the fleet's release gate holds it (see ``tools``)."""
+    _count(ctx, _call_id(ctx))
+    return f"transferred {amount}"
+
+
 tools = ToolRegistry.from_function_tools(SDK_TOOLS, effect="read_only")
 """What the fleet's workers serve: the same objects, unchanged."""
+tools.add_function_tool(sdk_transfer, effect="non_idempotent")  # no probe: gated
 
 
 def mcp_server(side: str) -> MCPServerStdio:

@@ -26,17 +26,22 @@ from agents import (
     Agent,
     AgentHooks,
     GuardrailFunctionOutput,
+    ModelSettings,
     RunConfig,
     RunContextWrapper,
     RunHooks,
     Runner,
     SQLiteSession,
+    StopAtTools,
+    ToolsToFinalOutputResult,
     handoff,
     input_guardrail,
     output_guardrail,
 )
 from agents.exceptions import UserError
 from agents.extensions import handoff_filters
+from agents.items import ToolApprovalItem
+from agents.run_config import CallModelData, ModelInputData
 from agents.run_state import RunState
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 from agents.tracing import set_tracing_disabled
@@ -85,6 +90,7 @@ def views(model: ScriptedModel) -> list[dict[str, Any]]:
             "instructions": call.system_instructions,
             "tools": sorted(getattr(tool, "name", type(tool).__name__) for tool in call.tools),
             "handoffs": sorted(h.tool_name for h in call.handoffs),
+            "tool_choice": call.model_settings.tool_choice,
             "input": normalised(call.input),
         }
         for call in model.calls
@@ -108,7 +114,12 @@ def outcome(result: Any) -> dict[str, Any]:
     return {
         "final_output": result.final_output,
         "last_agent": result.last_agent.name,
-        "items": [normalised(i.to_input_item()) for i in result.new_items],
+        "items": [
+            ("approval", i.raw_item.call_id)
+            if isinstance(i, ToolApprovalItem)
+            else normalised(i.to_input_item())
+            for i in result.new_items
+        ],
     }
 
 
@@ -392,6 +403,100 @@ async def test_hooks_run_exactly_once_per_call_and_agent(runner: FleetRunner) ->
         "tool_end:sdk_add": 1,
         "end": 1,
     }
+
+
+# --- the rest of RunConfig and Agent ------------------------------------------------------------
+def _finish_with_first(ctx: RunContextWrapper[Any], results: list[Any]) -> ToolsToFinalOutputResult:
+    return ToolsToFinalOutputResult(is_final_output=True, final_output=f"{results[0].output}!")
+
+
+def _last_two(data: CallModelData[Any]) -> ModelInputData:
+    return ModelInputData(input=data.model_data.input[-2:], instructions="Filtered.")
+
+
+@pytest.mark.parametrize(
+    ("agent_options", "config"),
+    [
+        ({"tool_use_behavior": _finish_with_first}, None),
+        ({"tool_use_behavior": StopAtTools(stop_at_tool_names=["sdk_shout"])}, None),
+        ({"model_settings": ModelSettings(tool_choice="required")}, None),
+        ({"model_settings": ModelSettings(tool_choice="required"), "reset_tool_choice": False},
+         None),
+        ({}, RunConfig(call_model_input_filter=_last_two)),
+    ],
+    ids=["callable-behavior", "stop-at-tools", "tool-choice-reset", "tool-choice-kept",
+         "input-filter"],
+)  # fmt: skip
+async def test_run_config_and_agent_options(
+    runner: FleetRunner, agent_options: dict[str, Any], config: RunConfig | None
+) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_add", {"a": 1, "b": 2}))
+    s.turn(s.call("b", "sdk_shout", {"text": "stop"}), s.call("c", "sdk_add", {"a": 3, "b": 4}))
+    s.answer("done")
+
+    def build(model: ScriptedModel) -> Agent[Any]:
+        return Agent(name="opts", model=model, tools=[t.sdk_add, t.sdk_shout], **agent_options)
+
+    (sdk, sdk_views), (on_fleet, fleet_views) = await both(runner, s, build, run_config=config)
+    assert fleet_views == sdk_views
+    assert outcome(on_fleet) == outcome(sdk)
+
+
+async def test_tool_error_formatter_and_tool_choice_across_an_interruption(
+    runner: FleetRunner,
+) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_add", {"a": 1, "b": 2}), s.call("d", "sdk_delete", {"name": "x"}))
+    s.answer("done")
+
+    def formatter(args: Any) -> str:
+        return f"{args.tool_name} refused ({args.kind})"
+
+    config = RunConfig(tool_error_formatter=formatter)
+
+    def build(model: ScriptedModel) -> Agent[Any]:
+        return Agent(
+            name="careful",
+            model=model,
+            tools=[t.sdk_add, t.sdk_delete],
+            model_settings=ModelSettings(tool_choice="required"),
+        )
+
+    async def drive(start: Callable[[Any], Awaitable[Any]]) -> Any:
+        result = await start("go")
+        state = result.to_state()
+        for item in result.interruptions:
+            state.reject(item)
+        return await start(state)
+
+    sdk_model, fleet_model = s.model(), s.model()
+    sdk_agent, fleet_agent = build(sdk_model), build(fleet_model)
+    sdk = await drive(lambda i: Runner.run(sdk_agent, i, run_config=config))
+    on_fleet = await drive(lambda i: runner.run(fleet_agent, i, run_config=config))
+    assert "sdk_delete refused (approval_rejected)" in str(views(sdk_model)[-1]["input"])
+    assert views(fleet_model) == views(sdk_model)  # tool_choice reset after the resumption too
+    assert outcome(on_fleet) == outcome(sdk)
+
+
+async def test_the_fleets_release_gate_is_asked_as_an_sdk_approval(
+    runner: FleetRunner, redis: Redis
+) -> None:
+    s = Script()
+    s.turn(s.call("t", "sdk_transfer", {"amount": 5})).answer("Sent.")
+    model = s.model()
+    agent = Agent(name="payer", model=model, tools=[t.sdk_transfer])
+    # Deliberate difference: in-process nothing asks (the SDK tool declares no approval); the
+    # fleet serves it as non_idempotent without a probe, so every call waits for a human,
+    # and the runner asks that question the SDK's way.
+    result = await runner.run(agent, "go")
+    assert [i.raw_item.call_id for i in result.interruptions] == [s.id("t")]
+    assert await runs(redis, "fleet", s.id("t")) == 0
+    state = result.to_state()
+    state.approve(result.interruptions[0])
+    result = await runner.run(agent, state)
+    assert result.final_output == "Sent."
+    assert await runs(redis, "fleet", s.id("t")) == 1
 
 
 # --- streaming, sync, sessions ------------------------------------------------------------------

@@ -491,3 +491,17 @@ async def test_resuming_a_foreign_run_state_needs_its_run_id() -> None:
     )
     with pytest.raises(UserError, match="pass run_id="):
         await runner.run(agent, state)
+
+
+def test_the_fleet_graph_forgets_agents_that_are_gone() -> None:
+    import gc
+
+    from toolfleet.agents import FleetGraph
+
+    graph = FleetGraph()
+    kept = Agent(name="kept", tools=[add])
+    graph.agent(kept)
+    for n in range(50):  # an application that builds its agents per request
+        graph.agent(Agent(name=f"request-{n}", tools=[add]))
+    gc.collect()
+    assert [ref() for ref, _ in graph._agents.values()] == [kept]

@@ -160,8 +160,8 @@ def _output_of(
         lookup = f"{call.namespace}.{call.name}" if call.namespace else call.name
         raise FleetApprovalRequired(
             f"the fleet holds call {call.call_id} of tool {lookup} for an operator's approval "
-            f"(run {binding.run_id}); decide it with `toolfleet approve` and run the agent "
-            "again from its last state"
+            f"(run {binding.run_id}); see `toolfleet inspect` and `toolfleet tasks` for why, "
+            "decide it with FleetClient.decide, then run the agent again"
         )
     # A sibling's failure failed the turn before this call produced anything: as in-process,
     # where the runner cancels the siblings of the call that fails the run.

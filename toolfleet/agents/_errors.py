@@ -29,9 +29,9 @@ class FleetRunCancelled(FleetRunError):
 class FleetApprovalRequired(FleetRunError):
     """The fleet holds a call for an operator's approval the runner did not ask for.
 
-    The SDK runner asks for the tool's own ``needs_approval``; the fleet can hold a call for
-    reasons of its own (the release gate of a tool declared ``non_idempotent`` without a probe,
-    a wrong effect earlier in the run). Decide the call on the fleet, then run again.
+    The runner asks the tool's own ``needs_approval`` and the fleet's release gate; the fleet
+    can still hold a call for a reason the runner cannot see (a wrong effect earlier in the
+    run). Decide the call on the fleet, then run again.
     """
 
 

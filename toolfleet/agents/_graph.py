@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import functools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from agents import Agent, FunctionTool, RunContextWrapper
@@ -39,20 +39,38 @@ class FleetGraph:
     """Fleet copies of agents, handoffs and tools, made once per original and kept."""
 
     def __init__(self) -> None:
-        self._agents: dict[int, tuple[Agent[Any], Agent[Any]]] = {}
-        self._tools: dict[int, tuple[FunctionTool, FunctionTool]] = {}
+        # By id of the original, holding it weakly: an application that builds its agents per
+        # request does not grow this (a copy lives as long as its original, or its run state).
+        self._agents: dict[int, tuple[weakref.ref[Agent[Any]], Agent[Any]]] = {}
+        self._tools: dict[int, tuple[weakref.ref[FunctionTool], FunctionTool]] = {}
+        self._gated: frozenset[str] = frozenset()
+        """Lookup keys of the tools the fleet asks approval for on every call (the release
+        gate of a declared effect class), as last read from the fleet's tool registry."""
+
+    def gate(self, gated: Iterable[str]) -> None:
+        """Ask the SDK's approval question for every call of these tools, as the fleet will.
+
+        The fleet holds every call of a gated tool (``non_idempotent`` without a probe, or
+        ``irreversible``) for a human; the runner asks it as the SDK asks, and tells the fleet
+        the answer, instead of the call failing with FleetApprovalRequired.
+        """
+        self._gated = frozenset(gated)
+        for ref, fleet in self._tools.values():
+            original = ref()
+            if original is not None:
+                fleet.needs_approval = self._approval_of(original)
 
     def agent(self, original: Agent[Any]) -> Agent[Any]:
         """The fleet copy of ``original`` (itself if it already is one)."""
         if getattr(original, "_toolfleet_copy", False):
             return original
         known = self._agents.get(id(original))
-        if known is not None and known[0] is original:
+        if known is not None and known[0]() is original:
             return known[1]
         clone = original.clone()
         clone._toolfleet_copy = True
         # Registered before its tools and handoffs are copied: the graph may have cycles.
-        self._agents[id(original)] = (original, clone)
+        self._agents[id(original)] = (_forgotten_with(original, self._agents), clone)
         clone.tools = [self.tool(t) if isinstance(t, FunctionTool) else t for t in original.tools]
         clone.handoffs = [self._handoff(h) for h in original.handoffs]
         if original.mcp_servers:
@@ -85,14 +103,14 @@ class FleetGraph:
     def tool(self, original: FunctionTool) -> FunctionTool:
         """The fleet copy of a function tool (an agent tool keeps running in the runner)."""
         known = self._tools.get(id(original))
-        if known is not None and known[0] is original:
+        if known is not None and known[0]() is original:
             return known[1]
         origin = get_function_tool_origin(original)
         if origin is not None and origin.type == ToolOriginType.AGENT_AS_TOOL:
             fleet = self._agent_tool(original)
         else:
             fleet = self._fleet_function_tool(original)
-        self._tools[id(original)] = (original, fleet)
+        self._tools[id(original)] = (_forgotten_with(original, self._tools), fleet)
         return fleet
 
     def _fleet_function_tool(self, original: FunctionTool) -> FunctionTool:
@@ -101,12 +119,18 @@ class FleetGraph:
         # The worker applies the tool's timeout, failure_error_function and guardrails around
         # the body; the runner keeps only what must happen before a call is sent: input
         # guardrails that run before the approval question, if the run asks for that.
+        fleet.needs_approval = self._approval_of(original)
         fleet.timeout_seconds = None
         fleet.tool_output_guardrails = None
         fleet.tool_input_guardrails = [
             _before_approval_only(g, original) for g in original.tool_input_guardrails or ()
         ] or None
         return fleet
+
+    def _approval_of(self, original: FunctionTool) -> Any:
+        if original.needs_approval is False and original.qualified_name in self._gated:
+            return True
+        return original.needs_approval
 
     def _agent_tool(self, original: FunctionTool) -> FunctionTool:
         fleet = copy.copy(original)
@@ -141,6 +165,17 @@ class FleetGraph:
             # What the SDK reads to walk the graph (RunState restores agents by name).
             fleet._agent_ref = weakref.ref(self.agent(target))
         return fleet
+
+
+def _forgotten_with(original: Any, memo: dict[int, Any]) -> weakref.ref[Any]:
+    """A weak reference to ``original`` that drops its entry from ``memo`` when it goes."""
+    key = id(original)
+
+    def forget(ref: weakref.ref[Any]) -> None:
+        if memo.get(key, (None,))[0] is ref:
+            del memo[key]
+
+    return weakref.ref(original, forget)
 
 
 def _before_approval_only(

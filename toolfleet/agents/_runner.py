@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agents import Agent, RunConfig, RunContextWrapper, RunHooks, RunResult, RunResultStreaming
 from agents.exceptions import UserError
@@ -30,6 +30,9 @@ from schemas import CancelRequest, TurnResult
 from toolfleet.agents._calls import Binding, bound, current_binding
 from toolfleet.agents._graph import FleetGraph, install_fleet_runner
 from toolfleet.client import FleetClient
+
+if TYPE_CHECKING:
+    from kernel.stores.registry import ToolDirectory
 
 RunInput = str | list[TResponseInputItem] | RunState[Any, Any]
 """What ``FleetRunner.run`` accepts as input, as ``Runner.run``."""
@@ -68,6 +71,7 @@ class FleetRunner:
         """Who the approvals this runner publishes for its runs name as their author."""
         self.graph = FleetGraph()
         """The fleet copies of the agents this runner has run."""
+        self._directory: ToolDirectory | None = None
         install_fleet_runner(_graph_of_current_run)
 
     def fleet_agent(self, agent: Agent[Any]) -> Agent[Any]:
@@ -111,6 +115,7 @@ class FleetRunner:
         ``options`` are the other keyword arguments of ``Runner.run``.
         """
         binding = self._binding_for(input, run_id)
+        await self._read_gates()
         with bound(binding):
             try:
                 result = await get_default_agent_runner().run(
@@ -143,7 +148,11 @@ class FleetRunner:
         **options: Any,
     ) -> RunResultStreaming:
         """``Runner.run_streamed`` with the function tools on the fleet: the SDK's events, in
-        the SDK's order, each tool output as the fleet returns it."""
+        the SDK's order, each tool output as the fleet returns it.
+
+        The fleet's release gate is known as of this runner's last ``run`` (the stream starts
+        without waiting for a read); a gated call it does not know of fails the run with
+        FleetApprovalRequired rather than running unapproved."""
         binding = self._binding_for(input, run_id)
         with bound(binding):  # the SDK's run task copies the binding when it is created
             streamed = get_default_agent_runner().run_streamed(
@@ -180,6 +189,18 @@ class FleetRunner:
                 return await own.run(starting_agent, input, **kwargs)
 
         return asyncio.run(main())
+
+    async def _read_gates(self) -> None:
+        """Read which tools the fleet gates (at most every few seconds: the directory caches)."""
+        from kernel.adapters.redis import connect_redis
+        from kernel.stores.keys import Keys
+        from kernel.stores.registry import ToolDirectory
+
+        if self._directory is None:
+            settings = self.client.settings
+            self._directory = ToolDirectory(connect_redis(settings), Keys.of(settings))
+        specs = await self._directory.specs()
+        self.graph.gate(key for key, spec in specs.items() if spec.needs_approval == "always")
 
     def _binding_for(self, input: RunInput, run_id: str | None) -> Binding:
         if isinstance(input, RunState):
