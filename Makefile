@@ -27,12 +27,13 @@ lint: $(STAMP)
 
 ## test: everything CI runs: lint, unit tests, integration tests against real Kafka and a
 ## single Redis, then the integration tests again with a 3-master Redis Cluster as the state
-## (tests about one server's client, that bring their own cluster, or long fleet scenarios,
-## run in the first pass only)
+## (tests about one server's client, that bring their own cluster, long fleet scenarios and
+## the multi-agent SDK applications run in the first pass only)
 test: setup lint
 	$(BIN)/pytest -q
 	TOOLFLEET_TEST_REDIS=cluster $(BIN)/pytest -q tests/integration \
-	  -m "integration and not single_redis and not own_cluster and not long_scenario"
+	  -m "integration and not single_redis and not own_cluster and not long_scenario \
+	      and not agent_runtime"
 
 ## unit: the tests that need no broker
 unit: $(STAMP)

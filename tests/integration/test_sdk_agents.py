@@ -55,7 +55,7 @@ from toolfleet.agents import FleetRunner
 from toolfleet.client import FleetClient
 from toolfleet.testing import LocalFleet, connected_client
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.agent_runtime]
 
 set_tracing_disabled(True)
 
