@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LEDGER_RETENTION_S = 7 * 24 * 3600
@@ -37,6 +37,39 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices("REDIS_URL", "TOOLFLEET_REDIS_URL")
     )
     redis_max_connections: int = Field(default=128, ge=4, description="Per process")
+
+    # Secured connections (kernel/adapters/security.py applies them to every client).
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT", description="How this process talks to Kafka"
+    )
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] = Field(
+        default="PLAIN", description="SASL mechanism, with a SASL_* security protocol"
+    )
+    kafka_sasl_username: str | None = Field(default=None, description="SASL user (not OAUTH)")
+    kafka_sasl_password: SecretStr | None = Field(default=None, description="SASL password")
+    kafka_sasl_oauth_token_provider: str | None = Field(
+        default=None,
+        description="OAUTHBEARER: 'module:attribute' naming an aiokafka AbstractTokenProvider "
+        "(an instance, or a class or factory that makes one)",
+    )
+    kafka_ssl_cafile: Path | None = Field(
+        default=None, description="CA bundle that signed the brokers' certificates (PEM)"
+    )
+    kafka_ssl_certfile: Path | None = Field(
+        default=None, description="Client certificate chain (PEM), for brokers that ask for one"
+    )
+    kafka_ssl_keyfile: Path | None = Field(default=None, description="Its private key (PEM)")
+    kafka_ssl_key_password: SecretStr | None = Field(default=None, description="Its password")
+    kafka_ssl_check_hostname: bool = Field(
+        default=True, description="Verify that a broker's certificate names its host"
+    )
+    redis_tls_ca_certs: Path | None = Field(
+        default=None, description="rediss://: CA bundle that signed the server's certificate"
+    )
+    redis_tls_certfile: Path | None = Field(
+        default=None, description="rediss://: client certificate (PEM), if the server asks"
+    )
+    redis_tls_keyfile: Path | None = Field(default=None, description="Its private key (PEM)")
     tenant_max_concurrency: int | None = Field(
         default=None,
         ge=1,

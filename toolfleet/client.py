@@ -11,6 +11,7 @@ from typing import Self
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from kernel.adapters.bus import KafkaBus
+from kernel.adapters.security import kafka_options
 from kernel.errors import InvalidMessageError, UnavailableError
 from kernel.rules.auth import DecisionAuth
 from kernel.settings import Settings
@@ -70,7 +71,7 @@ class FleetClient:
         await self.bus.start()
         topic = self.settings.topic("turn-results")
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.settings.kafka_servers(),
+            **kafka_options(self.settings),
             enable_auto_commit=False,
             isolation_level="read_committed",
         )

@@ -23,6 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from kernel.adapters.metrics import DEAD_LETTERS, MESSAGES
 from kernel.adapters.offsets import OffsetTracker
+from kernel.adapters.security import kafka_options
 from kernel.errors import CutOffError, InfrastructureError, InvalidMessageError
 from kernel.rules.limits import cut_text, digest
 from kernel.settings import Settings
@@ -122,7 +123,7 @@ class KafkaBus:
     async def start(self) -> None:
         """Connect the producer."""
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.kafka_servers(),
+            **kafka_options(self.settings),
             client_id=f"toolfleet-{self.service}",
             enable_idempotence=True,
             acks="all",
@@ -213,7 +214,7 @@ class KafkaBus:
     def transactional_producer(self, transactional_id: str) -> AIOKafkaProducer:
         """A producer for transactions under ``transactional_id`` (not started)."""
         return AIOKafkaProducer(
-            bootstrap_servers=self.settings.kafka_servers(),
+            **kafka_options(self.settings),
             client_id=f"toolfleet-{self.service}",
             transactional_id=transactional_id,
             enable_idempotence=True,
@@ -232,7 +233,7 @@ class KafkaBus:
     def consumer(self, topics: Iterable[str], group: str, **options: Any) -> AIOKafkaConsumer:
         """A consumer of logical ``topics`` whose offsets are committed only by the caller."""
         config: dict[str, Any] = {
-            "bootstrap_servers": self.settings.kafka_servers(),
+            **kafka_options(self.settings),
             "group_id": f"{self.settings.topic_prefix}{group}",
             "client_id": f"toolfleet-{self.service}",
             "enable_auto_commit": False,

@@ -34,6 +34,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from kernel.adapters.security import redis_tls_options
 from kernel.errors import ConfigurationError, InfrastructureError, UnreplicatedWriteError
 from kernel.settings import Settings
 
@@ -457,8 +458,11 @@ def connect_redis(settings: Settings) -> Redis:
             password=target.password,
         )
     else:
+        # rediss://: TLS, with the CA and client certificate of the settings (an ACL user and
+        # password come in the URL itself).
+        tls = redis_tls_options(settings) if target.url.startswith("rediss://") else {}
         pool = BlockingConnectionPool.from_url(
-            target.url, max_connections=settings.redis_max_connections, timeout=60
+            target.url, max_connections=settings.redis_max_connections, timeout=60, **tls
         )
     return AutoPipelinedRedis(connection_pool=pool, decode_responses=False, **durability)
 

@@ -8,6 +8,7 @@ import time
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from kernel.adapters.security import kafka_options
 from kernel.errors import InfrastructureError
 from kernel.settings import Settings
 
@@ -41,7 +42,7 @@ async def ensure_topics(settings: Settings, pools: tuple[str, ...] = ("default",
     """
     logical = {settings.topic(t): t for t in (*SHARED_TOPICS, *map(command_topic, pools))}
     names = list(logical)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_servers())
+    admin = AIOKafkaAdminClient(**kafka_options(settings))
     await admin.start()
     try:
         existing = set(await admin.list_topics())

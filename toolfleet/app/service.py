@@ -22,8 +22,9 @@ from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, KafkaBus
 from kernel.adapters.logs import configure_logging
 from kernel.adapters.metrics import serve_metrics
 from kernel.adapters.redis import connect_redis
+from kernel.adapters.security import explain_connection_error, kafka_options, refused
 from kernel.adapters.topics import ensure_topics
-from kernel.errors import CutOffError
+from kernel.errors import CutOffError, InfrastructureError
 from kernel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,11 @@ def run_service(
     # uvloop: the services spend their time in the event loop's own machinery (tasks,
     # futures, socket writes), which it runs several times faster than asyncio's.
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_main(name, settings, make, pools))
+        try:
+            runner.run(_main(name, settings, make, pools))
+        except InfrastructureError as exc:
+            log.error("cannot start: %s", exc)
+            raise SystemExit(f"toolfleet {name}: {exc}") from None
 
 
 async def _main(
@@ -78,6 +83,7 @@ async def _main(
         loop.add_signal_handler(sig, stop)
     while not stopping.is_set():
         try:
+            await check_credentials(settings)
             await ensure_topics(settings, pools)
             redis = connect_redis(settings)
             try:
@@ -90,7 +96,12 @@ async def _main(
             # The service closed its consumers on the way out: the group has rebalanced and
             # healthy peers own its partitions. Come back once both dependencies answer.
             log.error("cut off, giving up its partitions: %s", exc)
-        except _UNREACHABLE as exc:
+        except Exception as exc:
+            if refused(exc):
+                # Credentials or TLS: waiting does not fix them. Say which connection and why.
+                raise explain_connection_error(exc, settings) from exc
+            if not isinstance(exc, _UNREACHABLE):
+                raise
             # Started (or restarted) while Kafka or Redis is away: wait instead of exiting,
             # so an outage never turns into a crash loop.
             log.error("Kafka or Redis unreachable at start: %r; waiting for them", exc)
@@ -99,12 +110,43 @@ async def _main(
             log.warning("Kafka and Redis reachable again: rejoining")
 
 
+async def check_credentials(settings: Settings) -> None:
+    """Connect to a broker and to Redis once, raising at once if either refuses this process.
+
+    aiokafka reports a refused SASL login or an untrusted certificate only in a log line and
+    then "Unable to bootstrap", which the services would wait out as an outage; one direct
+    connection shows the real reason. Unreachable services are left to the usual waiting.
+    """
+    from aiokafka.conn import create_conn
+
+    options = kafka_options(settings)
+    servers = str(options.pop("bootstrap_servers")).split(",")
+    for server in servers:
+        host, _, port = server.strip().rpartition(":")
+        try:
+            conn = await asyncio.wait_for(create_conn(host, int(port), **options), 15)
+        except Exception as exc:
+            if refused(exc):
+                raise explain_connection_error(exc, settings) from exc
+            continue
+        conn.close()
+        break
+    redis = connect_redis(settings)
+    try:
+        await asyncio.wait_for(redis.ping(), 15)
+    except Exception as exc:
+        if refused(exc):
+            raise explain_connection_error(exc, settings) from exc
+    finally:
+        await redis.aclose()
+
+
 async def wait_until_reachable(settings: Settings, stopping: asyncio.Event) -> None:
     """Return once Redis answers PING and Kafka lists its topics (or ``stopping`` is set)."""
     delay = 0.5
     while not stopping.is_set():
         redis = connect_redis(settings)
-        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_servers())
+        admin = AIOKafkaAdminClient(**kafka_options(settings))
         try:
             await asyncio.wait_for(redis.ping(), timeout=5)
             await asyncio.wait_for(admin.start(), timeout=10)

@@ -70,6 +70,7 @@ class LocalFleet:
             TOOLFLEET_DECISION_KEYS=json.dumps(self.settings.decision_keys),
             PYTHONUNBUFFERED="1",
         )
+        env.update(_security_env(self.settings))
         env.update(self.extra_env)
         return env
 
@@ -217,3 +218,35 @@ async def result_of(
         except TurnTimeoutError:
             if time.monotonic() > deadline:
                 raise
+
+
+_SECURITY_FIELDS = (
+    "kafka_security_protocol",
+    "kafka_sasl_mechanism",
+    "kafka_sasl_username",
+    "kafka_sasl_password",
+    "kafka_sasl_oauth_token_provider",
+    "kafka_ssl_cafile",
+    "kafka_ssl_certfile",
+    "kafka_ssl_keyfile",
+    "kafka_ssl_key_password",
+    "kafka_ssl_check_hostname",
+    "redis_tls_ca_certs",
+    "redis_tls_certfile",
+    "redis_tls_keyfile",
+)
+
+
+def _security_env(settings: Settings) -> dict[str, str]:
+    """The secured-connection settings as TOOLFLEET_* variables (those that are set)."""
+    env: dict[str, str] = {}
+    for name in _SECURITY_FIELDS:
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        if hasattr(value, "get_secret_value"):
+            value = value.get_secret_value()
+        env[f"TOOLFLEET_{name.upper()}"] = (
+            str(value).lower() if isinstance(value, bool) else str(value)
+        )
+    return env

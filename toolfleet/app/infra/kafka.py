@@ -29,6 +29,27 @@ STOP_TIMEOUT = 30.0
 _MAIN_CLASS = "kafka.Kafka"
 
 
+@dataclasses.dataclass(frozen=True)
+class SecuredListener:
+    """A SASL_SSL listener for the local broker in place of PLAINTEXT (SASL PLAIN, TLS).
+
+    For trying secured connections against a real broker (the tests of secured connections,
+    a rehearsal of a deployment's settings). The controller stays on its own plaintext
+    listener on loopback.
+    """
+
+    keystore: Path
+    """The broker's private key (PKCS#8) and certificate chain, in one PEM file."""
+    truststore: Path
+    """The CA certificates the broker trusts for clients (PEM)."""
+    users: dict[str, str]
+    """SASL PLAIN users and their passwords."""
+    client_auth: bool = True
+    """Clients must present a certificate signed by the truststore's CA."""
+    broker_user: str = "broker"
+    """The user (one of ``users``) the broker authenticates as to itself."""
+
+
 def kafka_dir(settings: Settings) -> Path:
     """Where this instance keeps its configuration, data, logs and pid file."""
     return settings.state_dir / "kafka"
@@ -47,7 +68,9 @@ def kafka_status(settings: Settings) -> ServiceStatus:
     )
 
 
-def start_kafka(settings: Settings, *, timeout: float = READY_TIMEOUT) -> ServiceStatus:
+def start_kafka(
+    settings: Settings, *, timeout: float = READY_TIMEOUT, secured: SecuredListener | None = None
+) -> ServiceStatus:
     """Start the broker unless ours already runs, and wait until it answers a Kafka client.
 
     Blocking; from async code call it with ``asyncio.to_thread``. With
@@ -68,7 +91,7 @@ def start_kafka(settings: Settings, *, timeout: float = READY_TIMEOUT) -> Servic
         )
         java = _java()
         libs = kafka_libs(settings)
-        _write_config(settings)
+        _write_config(settings, secured)
         _format_storage(settings, java, libs)
         started = time.monotonic()
         pid = process.spawn(
@@ -149,23 +172,53 @@ def _jvm(settings: Settings, java: str, libs: Path) -> list[str]:
     ]
 
 
-def _write_config(settings: Settings) -> None:
+def _listener_properties(broker: str, secured: SecuredListener | None) -> list[str]:
+    if secured is None:
+        return [
+            f"listeners=PLAINTEXT://{broker},CONTROLLER://{{controller}}",
+            f"advertised.listeners=PLAINTEXT://{broker}",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name=PLAINTEXT",
+        ]
+    users = " ".join(f'user_{name}="{password}"' for name, password in secured.users.items())
+    own = secured.users[secured.broker_user]
+    jaas = (
+        "org.apache.kafka.common.security.plain.PlainLoginModule required "
+        f'username="{secured.broker_user}" password="{own}" {users};'
+    )
+    return [
+        f"listeners=SASL_SSL://{broker},CONTROLLER://{{controller}}",
+        f"advertised.listeners=SASL_SSL://{broker}",
+        "listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name=SASL_SSL",
+        "sasl.enabled.mechanisms=PLAIN",
+        "sasl.mechanism.inter.broker.protocol=PLAIN",
+        f"listener.name.sasl_ssl.plain.sasl.jaas.config={jaas}",
+        "ssl.keystore.type=PEM",
+        f"ssl.keystore.location={secured.keystore}",
+        "ssl.truststore.type=PEM",
+        f"ssl.truststore.location={secured.truststore}",
+        f"ssl.client.auth={'required' if secured.client_auth else 'none'}",
+        "ssl.endpoint.identification.algorithm=https",
+    ]
+
+
+def _write_config(settings: Settings, secured: SecuredListener | None = None) -> None:
     home = kafka_dir(settings)
     for sub in ("data", "logs"):
         (home / sub).mkdir(parents=True, exist_ok=True)
     broker = f"127.0.0.1:{settings.kafka_port}"
     controller = f"127.0.0.1:{settings.kafka_controller_port}"
+    listeners = [line.replace("{controller}", controller) for line in
+                 _listener_properties(broker, secured)]  # fmt: skip
     # Rewritten on every start so that changed ports take effect; the data stays.
     _properties(settings).write_text(
         "\n".join([
             "process.roles=broker,controller",
             "node.id=1",
             f"controller.quorum.voters=1@{controller}",
-            f"listeners=PLAINTEXT://{broker},CONTROLLER://{controller}",
-            f"advertised.listeners=PLAINTEXT://{broker}",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            *listeners,
             "controller.listener.names=CONTROLLER",
-            "inter.broker.listener.name=PLAINTEXT",
             f"log.dirs={home / 'data'}",
             # One node: every internal topic must make do with a single replica.
             "offsets.topic.replication.factor=1",
@@ -235,7 +288,7 @@ def _wait_ready(settings: Settings, pid: int | None, timeout: float) -> None:
             # aiokafka from logging a connection error for every poll while the JVM boots.
             with socket.create_connection(("127.0.0.1", settings.kafka_port), timeout=2):
                 pass
-            _probe(settings.kafka_servers())
+            _probe(settings)
             return
         except Exception as exc:  # any failure just means "not ready yet"
             last_error = f"{type(exc).__name__}: {exc}"
@@ -247,17 +300,19 @@ def _wait_ready(settings: Settings, pid: int | None, timeout: float) -> None:
     )
 
 
-def _probe(bootstrap: str) -> None:
+def _probe(settings: Settings) -> None:
     # aiokafka is async-only; a private loop in a worker thread keeps this function usable
     # from synchronous code and from inside an already running event loop alike.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pool.submit(asyncio.run, _describe_cluster(bootstrap)).result()
+        pool.submit(asyncio.run, _describe_cluster(settings)).result()
 
 
-async def _describe_cluster(bootstrap: str) -> None:
+async def _describe_cluster(settings: Settings) -> None:
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    from kernel.adapters.security import kafka_options
+
+    admin = AIOKafkaAdminClient(**kafka_options(settings), request_timeout_ms=5000)
     try:
         await asyncio.wait_for(admin.start(), 10)
         cluster = await asyncio.wait_for(admin.describe_cluster(), 10)
