@@ -33,6 +33,7 @@ from kernel.adapters.bus import (
     Record,
     cut_off,
 )
+from kernel.adapters.health import HEALTH
 from kernel.adapters.metrics import CALL_LATENCY, COMMANDS, HUMAN_TASKS, IN_FLIGHT, OUTCOMES
 from kernel.adapters.offsets import OffsetTracker
 from kernel.adapters.spans import SpanBatcher
@@ -599,6 +600,7 @@ class _Ownership(ConsumerRebalanceListener):  # type: ignore[misc]
         """Positions come from the committed offsets; log the assignment for operators."""
         partitions = sorted(tp.partition for tp in assigned)
         log.info("partitions assigned", extra={"partitions": partitions})
+        HEALTH.set("assigned", True)  # the group has taken the worker in (/readyz)
         self.worker._owned |= assigned
         self.worker._assignment_changed.set()
 

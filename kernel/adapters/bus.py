@@ -21,6 +21,7 @@ from aiokafka.errors import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from kernel.adapters.health import HEALTH
 from kernel.adapters.metrics import DEAD_LETTERS, MESSAGES
 from kernel.adapters.offsets import OffsetTracker
 from kernel.adapters.security import kafka_options
@@ -263,6 +264,7 @@ class _LogAssignments(ConsumerRebalanceListener):  # type: ignore[misc]
         """Log the new assignment."""
         partitions = sorted(f"{tp.topic}:{tp.partition}" for tp in assigned)
         log.info("consumer assignment", extra={"partitions": partitions})
+        HEALTH.set("assigned", True)  # the group has taken the instance in (/readyz)
 
 
 _KEY_MAX_BYTES = 1_024

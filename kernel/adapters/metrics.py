@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
+from collections.abc import Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from kernel.adapters.health import HEALTH
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +88,41 @@ HUMAN_TASKS = Counter(
 
 
 def serve_metrics(port: int, host: str = "0.0.0.0") -> int:
-    """Serve ``/metrics`` on ``port`` (0 picks a free one); returns the bound port."""
-    server, _thread = start_http_server(port, addr=host, registry=REGISTRY)
+    """Serve ``/metrics``, ``/livez`` and ``/readyz`` on ``port`` (0 picks a free one), from a
+    thread; returns the bound port. Any other path is 404."""
+    metrics = make_wsgi_app(REGISTRY)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return metrics(environ, start_response)  # type: ignore[no-any-return]
+        if path == "/livez":
+            ok = HEALTH.live()
+            return _answer(start_response, ok, {"live": ok})
+        if path == "/readyz":
+            ready, checks = HEALTH.ready()
+            return _answer(start_response, ready, {"ready": ready, **checks})
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found: /metrics, /livez, /readyz\n"]
+
+    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, daemon=True, name="metrics").start()
     bound = int(server.server_address[1])
     log.info("serving metrics", extra={"port": bound})
     return bound
+
+
+def _answer(start_response: Any, ok: bool, body: dict[str, bool]) -> list[bytes]:
+    status = "200 OK" if ok else "503 Service Unavailable"
+    start_response(status, [("Content-Type", "application/json")])
+    return [json.dumps(body).encode() + b"\n"]
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line per probe or scrape."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
 
 ADMITTED = Counter(

@@ -19,6 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from redis.asyncio import Redis
 
 from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, KafkaBus
+from kernel.adapters.health import HEALTH, watch
 from kernel.adapters.logs import configure_logging
 from kernel.adapters.metrics import serve_metrics
 from kernel.adapters.redis import connect_redis
@@ -74,6 +75,7 @@ async def _main(
     current: list[Service] = []
 
     def stop() -> None:
+        HEALTH.set("serving", False)  # /readyz: 503 at once, so no new traffic is routed here
         stopping.set()
         for service in current:
             service.stop()
@@ -81,7 +83,28 @@ async def _main(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
+    probes = _Probes(settings)
+    watcher = asyncio.create_task(watch({"kafka": probes.kafka, "redis": probes.redis}))
+    try:
+        await _serve(name, settings, make, pools=pools, stopping=stopping, current=current)
+    finally:
+        watcher.cancel()
+        await probes.close()
+
+
+async def _serve(
+    name: str,
+    settings: Settings,
+    make: Callable[[Bus, Redis], Service],
+    *,
+    pools: tuple[str, ...],
+    stopping: asyncio.Event,
+    current: list[Service],
+) -> None:
+    """Build the service and run it; after a cut-off or an outage, build it again."""
     while not stopping.is_set():
+        HEALTH.set("assigned", False)
+        HEALTH.set("serving", True)
         try:
             await check_credentials(settings)
             await ensure_topics(settings, pools)
@@ -108,6 +131,49 @@ async def _main(
         await wait_until_reachable(settings, stopping)
         if not stopping.is_set():
             log.warning("Kafka and Redis reachable again: rejoining")
+
+
+class _Probes:
+    """The readiness checks of ``/readyz``: Kafka answers a metadata request, Redis a PING.
+
+    Each keeps one connection of its own, so a check costs one round trip.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._admin: AIOKafkaAdminClient | None = None
+        self._redis: Redis | None = None
+
+    async def kafka(self) -> None:
+        if self._admin is None:
+            admin = AIOKafkaAdminClient(**kafka_options(self.settings), request_timeout_ms=1500)
+            try:
+                await admin.start()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await admin.close()
+                raise
+            self._admin = admin
+        try:
+            await self._admin.list_topics()
+        except BaseException:
+            admin, self._admin = self._admin, None
+            with contextlib.suppress(Exception):
+                await admin.close()
+            raise
+
+    async def redis(self) -> None:
+        if self._redis is None:
+            self._redis = connect_redis(self.settings)
+        await self._redis.ping()
+
+    async def close(self) -> None:
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                await self._admin.close()
+        if self._redis is not None:
+            with contextlib.suppress(Exception):
+                await self._redis.aclose()
 
 
 async def check_credentials(settings: Settings) -> None:

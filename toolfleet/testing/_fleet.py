@@ -129,6 +129,13 @@ class LocalFleet:
         popen.send_signal(signal.SIGKILL)
         popen.wait()
 
+    def terminate(self, name: str, timeout: float = 60.0) -> int:
+        """SIGTERM a child, as Kubernetes stops a pod; wait for it; its exit code."""
+        popen = self._procs[name].popen
+        assert popen is not None
+        popen.send_signal(signal.SIGTERM)
+        return popen.wait(timeout=timeout)
+
     def alive(self, name: str) -> bool:
         """Whether the child is still running."""
         popen = self._procs[name].popen
