@@ -130,7 +130,24 @@ class Settings(BaseSettings):
         description="Partitions per logical topic, overriding partitions, as JSON in the "
         'environment, e.g. {"commands.payments": 24, "outcomes": 12}',
     )
-    replication_factor: int = Field(default=1, ge=1)
+    replication_factor: int = Field(
+        default=1,
+        ge=1,
+        description="Replicas of each topic this deployment creates (unless "
+        "topic_replication_factors says otherwise); 3 on a production cluster",
+    )
+    topic_replication_factors: dict[str, int] = Field(
+        default_factory=dict,
+        description="Replication factor per logical topic, overriding replication_factor, as "
+        'JSON in the environment, e.g. {"dead-letter": 3}',
+    )
+    topics_auto_create: bool = Field(
+        default=True,
+        description="Services create missing topics at start (local development). Off in "
+        "production: topics are created on purpose (toolfleet topics apply, or the KafkaTopic "
+        "resources of toolfleet topics plan --strimzi), and a service that finds one missing "
+        "waits, naming it",
+    )
     metrics_port: int = Field(default=0, ge=0, description="0 picks a free port")
     session_timeout_ms: int = Field(
         default=10_000,
@@ -304,3 +321,7 @@ class Settings(BaseSettings):
     def partitions_of(self, name: str) -> int:
         """How many partitions logical topic ``name`` is created with."""
         return self.topic_partitions.get(name, self.partitions)
+
+    def replication_of(self, name: str) -> int:
+        """The replication factor logical topic ``name`` is created with."""
+        return self.topic_replication_factors.get(name, self.replication_factor)

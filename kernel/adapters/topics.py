@@ -1,15 +1,19 @@
-"""Topic names and their creation."""
+"""Topic names, the topics a deployment needs (its plan), and their creation."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from kernel.adapters.security import kafka_options
-from kernel.errors import InfrastructureError
+from kernel.errors import ConfigurationError, InfrastructureError
 from kernel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -35,36 +39,152 @@ def command_topic(pool: str) -> str:
     return f"commands.{pool}"
 
 
-async def ensure_topics(settings: Settings, pools: tuple[str, ...] = ("default",)) -> list[str]:
-    """Create every shared topic and the command topics of ``pools`` when missing.
+@dataclass(frozen=True)
+class PlannedTopic:
+    """One topic a deployment needs, as it should be created."""
 
-    Returns the full names. Safe to call from every service at start: creation is idempotent.
-    """
-    logical = {settings.topic(t): t for t in (*SHARED_TOPICS, *map(command_topic, pools))}
-    names = list(logical)
+    name: str
+    """The full name (``topic_prefix`` + logical name)."""
+    logical: str
+    partitions: int
+    replication_factor: int
+    configs: dict[str, str] = field(default_factory=dict)
+    """Topic configs: with replicas, ``min.insync.replicas`` so an acks=all write survives
+    the loss of one broker."""
+
+
+def plan_topics(settings: Settings, pools: Iterable[str] = ("default",)) -> list[PlannedTopic]:
+    """Every topic the services and the worker ``pools`` use, with partitions, replication
+    factor and configs from the settings (``partitions_of``, ``replication_of``)."""
+    logical = [*SHARED_TOPICS, *(command_topic(p) for p in dict.fromkeys(pools))]
+    plan = []
+    for name in logical:
+        replicas = settings.replication_of(name)
+        configs = {"min.insync.replicas": str(replicas - 1)} if replicas >= 3 else {}
+        plan.append(
+            PlannedTopic(
+                settings.topic(name), name, settings.partitions_of(name), replicas, configs
+            )
+        )
+    return plan
+
+
+def strimzi_topics(plan: Iterable[PlannedTopic], *, cluster: str, namespace: str | None) -> str:
+    """The plan as Strimzi ``KafkaTopic`` resources (YAML documents), for ``kubectl apply``."""
+    documents = []
+    for topic in plan:
+        lines = [
+            "apiVersion: kafka.strimzi.io/v1beta2",
+            "kind: KafkaTopic",
+            "metadata:",
+            f"  name: {_resource_name(topic.name)}",
+            *([f"  namespace: {namespace}"] if namespace else []),
+            "  labels:",
+            f"    strimzi.io/cluster: {cluster}",
+            "spec:",
+            f"  topicName: {json.dumps(topic.name)}",
+            f"  partitions: {topic.partitions}",
+            f"  replicas: {topic.replication_factor}",
+        ]
+        if topic.configs:
+            lines.append("  config:")
+            lines += [f"    {key}: {json.dumps(value)}" for key, value in topic.configs.items()]
+        documents.append("\n".join(lines))
+    return "---\n" + "\n---\n".join(documents) + "\n"
+
+
+def _resource_name(topic: str) -> str:
+    """A Kubernetes resource name (lowercase letters, digits, '-' and '.') for a topic."""
+    cleaned = re.sub(r"[^a-z0-9.-]+", "-", topic.lower()).strip("-.")
+    return cleaned[:253] or "topic"
+
+
+class TopicsMissingError(ConfigurationError):
+    """Topics a service needs do not exist and creating them is off (``topics_auto_create``)."""
+
+    def __init__(self, missing: list[str], pools: Iterable[str]) -> None:
+        flags = " ".join(f"--pool {p}" for p in dict.fromkeys(pools))
+        super().__init__(
+            f"missing Kafka topics: {', '.join(missing)}. Create them with `toolfleet topics "
+            f"apply {flags}` (or apply the KafkaTopic resources of `toolfleet topics plan "
+            f"{flags} --strimzi CLUSTER`), or set TOOLFLEET_TOPICS_AUTO_CREATE=true"
+        )
+        self.missing = missing
+
+
+@dataclass(frozen=True)
+class TopicsReport:
+    """What ``apply_topics`` found and did."""
+
+    created: list[str]
+    existing: list[str]
+    different: dict[str, str]
+    """Existing topics whose partition count differs from the plan: name -> what differs."""
+
+
+async def apply_topics(settings: Settings, pools: Iterable[str] = ("default",)) -> TopicsReport:
+    """Create the planned topics that are missing; report the ones that differ from the plan
+    (partitions cannot be lowered; raising them moves keys to other partitions)."""
+    plan = plan_topics(settings, pools)
     admin = AIOKafkaAdminClient(**kafka_options(settings))
     await admin.start()
     try:
-        existing = set(await admin.list_topics())
-        missing = [n for n in names if n not in existing]
+        present = set(await admin.list_topics())
+        missing = [t for t in plan if t.name not in present]
         if missing:
-            response = await admin.create_topics(
-                [
-                    NewTopic(n, settings.partitions_of(logical[n]), settings.replication_factor)
-                    for n in missing
-                ]
-            )
-            for topic, code, *rest in response.topic_errors:
-                if code not in (0, _TOPIC_ALREADY_EXISTS):
-                    raise InfrastructureError(
-                        f"could not create topic {topic} (Kafka error {code}: {rest}); "
-                        "check the broker's log and the partition/replication settings"
-                    )
-            log.info("created topics", extra={"topics": missing})
-            await _wait_for_leaders(admin, missing)
+            await _create(admin, missing)
+        existing = [t for t in plan if t.name in present]
+        different: dict[str, str] = {}
+        if existing:
+            described = await admin.describe_topics([t.name for t in existing])
+            counts = {d["topic"]: len(d.get("partitions", [])) for d in described}
+            for topic in existing:
+                actual = counts.get(topic.name, topic.partitions)
+                if actual != topic.partitions:
+                    different[topic.name] = f"{actual} partitions, planned {topic.partitions}"
     finally:
         await admin.close()
-    return names
+    return TopicsReport([t.name for t in missing], [t.name for t in existing], different)
+
+
+async def ensure_topics(settings: Settings, pools: tuple[str, ...] = ("default",)) -> list[str]:
+    """Make sure every topic a service uses exists; the full names.
+
+    With ``topics_auto_create`` (local development) missing topics are created; safe to call
+    from every service at start, creation is idempotent. Without it, TopicsMissingError names
+    them and says how to create them.
+    """
+    plan = plan_topics(settings, pools)
+    admin = AIOKafkaAdminClient(**kafka_options(settings))
+    await admin.start()
+    try:
+        present = set(await admin.list_topics())
+        missing = [t for t in plan if t.name not in present]
+        if missing and not settings.topics_auto_create:
+            raise TopicsMissingError([t.name for t in missing], pools)
+        if missing:
+            await _create(admin, missing)
+    finally:
+        await admin.close()
+    return [t.name for t in plan]
+
+
+async def _create(admin: AIOKafkaAdminClient, topics: list[PlannedTopic]) -> None:
+    response = await admin.create_topics(
+        [
+            NewTopic(t.name, t.partitions, t.replication_factor, topic_configs=t.configs)
+            for t in topics
+        ]
+    )
+    for topic, code, *rest in response.topic_errors:
+        if code not in (0, _TOPIC_ALREADY_EXISTS):
+            raise InfrastructureError(
+                f"could not create topic {topic} (Kafka error {code}: {rest}); "
+                "check the broker's log and the partition/replication settings"
+            )
+    names = [t.name for t in topics]
+    log.info("created topics", extra={"topics": names})
+    await _wait_for_leaders(admin, names)
 
 
 async def _wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[str]) -> None:

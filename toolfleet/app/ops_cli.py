@@ -1,4 +1,4 @@
-"""Operator commands: ``toolfleet tasks``, ``inspect``, ``tools`` and ``tenants``."""
+"""Operator commands: ``toolfleet tasks``, ``inspect``, ``tools``, ``tenants`` and ``topics``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 
 from kernel.adapters.bus import KafkaBus
 from kernel.adapters.redis import connect_redis
+from kernel.adapters.topics import apply_topics, plan_topics, strimzi_topics
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.effects import Budgets, attendance, needs_review, review_rows
 from kernel.rules.versions import version_order, version_ref
@@ -461,3 +462,57 @@ def list_tool_limits() -> None:
 def _describe(limits: Limits) -> str:
     parts = [f"{k.replace('_', '-')}={v:g}" for k, v in limits.__dict__.items() if v is not None]
     return " ".join(parts) or "no limits"
+
+
+@click.group()
+def topics() -> None:
+    """The Kafka topics a deployment needs: print the plan, or create what is missing."""
+
+
+_POOLS = click.option(
+    "--pool",
+    "pools",
+    multiple=True,
+    default=("default",),
+    show_default=True,
+    help="A worker pool of the deployment (repeat for each); its commands topic is planned.",
+)
+
+
+@topics.command("plan")
+@_POOLS
+@click.option("--strimzi", "cluster", default=None, help="Print Strimzi KafkaTopic resources "
+              "for the Kafka cluster of this name instead of a table.")  # fmt: skip
+@click.option("--namespace", default=None, help="The namespace of the KafkaTopic resources.")
+def plan_command(pools: tuple[str, ...], cluster: str | None, namespace: str | None) -> None:
+    """Print every topic: name, partitions, replication factor, configs (from the settings:
+    TOOLFLEET_TOPIC_PREFIX, _PARTITIONS, _TOPIC_PARTITIONS, _REPLICATION_FACTOR,
+    _TOPIC_REPLICATION_FACTORS)."""
+    plan = plan_topics(Settings(), pools)
+    if cluster is not None:
+        click.echo(strimzi_topics(plan, cluster=cluster, namespace=namespace), nl=False)
+        return
+    width = max(len(t.name) for t in plan)
+    click.echo(f"{'topic':<{width}}  partitions  replicas  configs")
+    for t in plan:
+        configs = ",".join(f"{k}={v}" for k, v in t.configs.items()) or "-"
+        click.echo(f"{t.name:<{width}}  {t.partitions:>10}  {t.replication_factor:>8}  {configs}")
+
+
+@topics.command("apply")
+@_POOLS
+def apply_command(pools: tuple[str, ...]) -> None:
+    """Create the planned topics that are missing; exit 1 if an existing one differs."""
+    report = asyncio.run(apply_topics(Settings(), pools))
+    for name in report.created:
+        click.echo(f"created  {name}")
+    for name in report.existing:
+        click.echo(
+            f"exists   {name}"
+            + (f"  ({report.different[name]})" if name in report.different else "")
+        )
+    if report.different:
+        raise click.ClickException(
+            "some topics differ from the plan (partitions can only be raised, and raising "
+            "them moves keys to other partitions: drain first)"
+        )

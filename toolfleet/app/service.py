@@ -24,11 +24,14 @@ from kernel.adapters.logs import configure_logging
 from kernel.adapters.metrics import serve_metrics
 from kernel.adapters.redis import connect_redis
 from kernel.adapters.security import explain_connection_error, kafka_options, refused
-from kernel.adapters.topics import ensure_topics
+from kernel.adapters.topics import TopicsMissingError, ensure_topics
 from kernel.errors import CutOffError, InfrastructureError
 from kernel.settings import Settings
 
 log = logging.getLogger(__name__)
+
+TOPICS_RECHECK_S = 5.0
+"""How often a service that waits for its topics looks again."""
 
 _UNREACHABLE: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, OSError)
 
@@ -119,6 +122,13 @@ async def _serve(
             # The service closed its consumers on the way out: the group has rebalanced and
             # healthy peers own its partitions. Come back once both dependencies answer.
             log.error("cut off, giving up its partitions: %s", exc)
+        except TopicsMissingError as exc:
+            # Topics are created on purpose in this deployment: wait for them (not ready
+            # meanwhile), saying which ones and how, rather than restarting in a loop.
+            log.error("%s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), timeout=TOPICS_RECHECK_S)
+            continue
         except Exception as exc:
             if refused(exc):
                 # Credentials or TLS: waiting does not fix them. Say which connection and why.
