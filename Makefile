@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test lint unit demo bench fuzz chaos infra-up infra-down clean
+.PHONY: setup test lint unit demo bench fuzz chaos infra-up infra-down clean chart-tools image-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,18 @@ setup: $(STAMP)
 	bash scripts/install-redis.sh
 	$(BIN)/toolfleet infra up
 
+## chart-tools: helm and kubeconform (go install), for the chart checks in the tests
+chart-tools:
+	bash scripts/install-chart-tools.sh
+
+## image-check: the Dockerfile's steps without Docker: every wheel built, installed offline
+## into a fresh virtualenv, and the entrypoint run (needs PyPI; CI runs it)
+image-check:
+	rm -rf .image-check && $(PYTHON) -m venv .image-check/venv
+	. .image-check/venv/bin/activate && docker/steps.sh wheels .image-check/wheels \
+	  && docker/steps.sh install .image-check/wheels && docker/steps.sh check
+	rm -rf .image-check
+
 ## lint: ruff, mypy, and the layer contracts (lint-imports, configured in pyproject.toml)
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -29,7 +41,7 @@ lint: $(STAMP)
 ## single Redis, then the integration tests again with a 3-master Redis Cluster as the state
 ## (tests about one server's client, that bring their own cluster, long fleet scenarios and
 ## the multi-agent SDK applications run in the first pass only)
-test: setup lint
+test: setup lint chart-tools
 	$(BIN)/pytest -q
 	TOOLFLEET_TEST_REDIS=cluster $(BIN)/pytest -q tests/integration \
 	  -m "integration and not single_redis and not own_cluster and not long_scenario \

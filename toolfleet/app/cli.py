@@ -10,7 +10,7 @@ from executors.worker import WorkerLimits
 from kernel.errors import ConfigurationError
 from kernel.settings import Settings
 from toolfleet.app.infra.cli import infra
-from toolfleet.app.ops_cli import inspect, tasks, tenants, tools, topics
+from toolfleet.app.ops_cli import inspect, smoke, tasks, tenants, tools, topics
 from toolfleet.app.service import run_service
 
 
@@ -25,6 +25,7 @@ main.add_command(inspect)
 main.add_command(tools)
 main.add_command(tenants)
 main.add_command(topics)
+main.add_command(smoke)
 
 
 @main.command()

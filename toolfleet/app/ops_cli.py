@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -30,7 +31,7 @@ from kernel.stores.registry import (
     unpin_version,
 )
 from kernel.stores.tasks import TaskStore
-from schemas import TaskResolution, ToolSpec
+from schemas import AgentRef, ModelResponseEvent, TaskResolution, ToolfleetError, ToolSpec
 
 T = TypeVar("T")
 
@@ -516,3 +517,30 @@ def apply_command(pools: tuple[str, ...]) -> None:
             "some topics differ from the plan (partitions can only be raised, and raising "
             "them moves keys to other partitions: drain first)"
         )
+
+
+@click.command()
+@click.option("--within", default=60.0, show_default=True, help="Seconds to wait for the result.")
+@click.option("--tenant", default="smoke", show_default=True, help="Tenant of the turn.")
+def smoke(within: float, tenant: str) -> None:
+    """Submit one turn without calls and wait for its result: the planner, Kafka, Redis and
+    the aggregator answer end to end (the chart's `helm test`)."""
+    from toolfleet.client import FleetClient
+
+    async def main() -> str:
+        began = time.monotonic()
+        async with FleetClient(Settings()) as client:
+            event = ModelResponseEvent(
+                tenant_id=tenant,
+                run_id=f"smoke-{uuid.uuid4().hex[:12]}",
+                turn_id=0,
+                agent=AgentRef(name="smoke"),
+                response_id="smoke",
+            )
+            result = await client.run_turn(event, within=within)
+        return f"turn {event.run_id}: {result.status} in {time.monotonic() - began:.1f} s"
+
+    try:
+        click.echo(asyncio.run(main()))
+    except ToolfleetError as exc:
+        raise click.ClickException(str(exc)) from None

@@ -1,0 +1,36 @@
+# syntax=docker/dockerfile:1.7
+# toolfleet's image: every service (`toolfleet planner|aggregator|reconciler|worker ...`).
+# Build:  docker build -t toolfleet:0.1.0 .
+# A worker pool that runs your tools needs them in its image: see examples/worker-image.
+ARG PYTHON_VERSION=3.11.7
+
+FROM python:${PYTHON_VERSION}-slim-bookworm AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY docker/steps.sh docker/steps.sh
+COPY schemas schemas
+COPY kernel kernel
+COPY planner planner
+COPY executors executors
+COPY aggregator aggregator
+COPY reconciler reconciler
+COPY toolfleet toolfleet
+RUN docker/steps.sh wheels /wheels
+
+FROM python:${PYTHON_VERSION}-slim-bookworm AS runtime
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    TOOLFLEET_METRICS_PORT=9400 \
+    HOME=/tmp \
+    XDG_STATE_HOME=/tmp/state \
+    XDG_CACHE_HOME=/tmp/cache
+COPY --from=build /wheels /wheels
+COPY docker/steps.sh /usr/local/bin/toolfleet-steps
+RUN toolfleet-steps install /wheels && rm -rf /wheels && toolfleet-steps check \
+    && groupadd --system --gid 10001 toolfleet \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home toolfleet
+USER 10001:10001
+EXPOSE 9400
+ENTRYPOINT ["toolfleet"]
+CMD ["--help"]
