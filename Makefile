@@ -42,8 +42,8 @@ lint: $(STAMP)
 ## (tests about one server's client, that bring their own cluster, long fleet scenarios and
 ## the multi-agent SDK applications run in the first pass only)
 test: setup lint chart-tools
-	$(BIN)/pytest -q
-	TOOLFLEET_TEST_REDIS=cluster $(BIN)/pytest -q tests/integration \
+	$(BIN)/pytest -q --durations=25
+	TOOLFLEET_TEST_REDIS=cluster $(BIN)/pytest -q --durations=15 tests/integration \
 	  -m "integration and not single_redis and not own_cluster and not long_scenario \
 	      and not agent_runtime"
 

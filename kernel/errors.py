@@ -5,6 +5,7 @@ Catch the branch that says what you can do about it::
     ToolfleetError                       (schemas) root; the message says what to do next
     ├── UsageError                       used wrongly: fix the call, flag or declaration
     │   ├── ConfigurationError           a setting, flag or tool declaration is invalid
+    │   │   └── TopicsMissingError       (kernel.adapters.topics) topics to create on purpose
     │   └── ToolNotFoundError            a call names a tool that no worker pool publishes
     ├── UnavailableError                 a dependency is away: retry, nothing is wrong with you
     │   ├── InfrastructureError          Kafka or Redis could not be started, reached or stopped

@@ -2,10 +2,10 @@
 
 The SDK's own runner decides everything around a call (approvals, handoffs, guardrails, hooks,
 concurrency, which failure fails the run); what it would do in-process — invoke the tool's
-function — is replaced by ``invoke_on_fleet``: the call is submitted as a one-call
-ModelResponseEvent of the run, and the output the fleet's worker produced (with the tool's own
-``failure_error_function``, timeout and guardrails, applied on the worker) is returned to the
-runner as the tool's result.
+function — is replaced by ``invoke_on_fleet``: the calls the runner starts together are
+submitted as one ModelResponseEvent of the run (a ``Batch``), and the output the fleet's worker
+produced for each (with the tool's own ``failure_error_function``, timeout and guardrails,
+applied on the worker) is returned to the runner as that tool's result.
 
 The identity of a call on the fleet is (tenant, fleet run id, call_id). The fleet run id is
 bound for the duration of a ``FleetRunner`` run (``current_binding``); an agent used as a tool

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -212,8 +213,6 @@ async def _asks_for_approval(tool: FunctionTool, ctx: ToolContext[Any]) -> bool:
     policy = tool.needs_approval
     if not callable(policy):
         return bool(policy)
-    import json
-
     try:
         params = json.loads(ctx.tool_arguments or "{}")
     except ValueError:
