@@ -39,13 +39,14 @@ lint: $(STAMP)
 
 ## test: everything CI runs: lint, unit tests, integration tests against real Kafka and a
 ## single Redis, then the integration tests again with a 3-master Redis Cluster as the state
-## (tests about one server's client, that bring their own cluster, long fleet scenarios and
-## the multi-agent SDK applications run in the first pass only)
+## (tests about one server's client, that bring their own cluster, long fleet scenarios, the
+## multi-agent SDK applications and tests of the local infrastructure and topics run in the
+## first pass only)
 test: setup lint chart-tools
 	$(BIN)/pytest -q --durations=25
 	TOOLFLEET_TEST_REDIS=cluster $(BIN)/pytest -q --durations=15 tests/integration \
 	  -m "integration and not single_redis and not own_cluster and not long_scenario \
-	      and not agent_runtime"
+	      and not agent_runtime and not layout_free"
 
 ## unit: the tests that need no broker
 unit: $(STAMP)

@@ -33,9 +33,9 @@ def infra_env() -> Iterator[dict[str, str]]:
     TOOLFLEET_INFRA=containers and Docker answers; else the local processes of `infra up`.
     ``TOOLFLEET_TEST_REDIS=cluster`` runs the suite on the local Redis Cluster instead of the
     single Redis (3 masters unless TOOLFLEET_REDIS_CLUSTER_MASTERS says otherwise); run it
-    without the ``single_redis``, ``own_cluster``, ``long_scenario`` and ``agent_runtime``
-    tests, as `make test` does (they need one server, bring their own cluster, or ran in the
-    first pass).
+    without the ``single_redis``, ``own_cluster``, ``long_scenario``, ``agent_runtime`` and
+    ``layout_free`` tests, as `make test` does (they need one server, bring their own
+    cluster, or ran in the first pass).
     """
     base = Settings()
     if os.environ.get("TOOLFLEET_TEST_REDIS") == "cluster":

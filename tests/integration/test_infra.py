@@ -28,7 +28,7 @@ from kernel.settings import Settings
 from tests.conftest import port_is_free
 from toolfleet.app import infra
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
 
 TOOLFLEET = Path(sys.executable).with_name("toolfleet")
 # Variables that would point the private instance at other services.

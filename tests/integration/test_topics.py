@@ -16,7 +16,7 @@ import pytest
 from kernel.settings import Settings
 from toolfleet.testing import LocalFleet
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
 
 
 def _ready(log: str) -> int | None:
