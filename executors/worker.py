@@ -34,6 +34,7 @@ from kernel.adapters.bus import (
     cut_off,
 )
 from kernel.adapters.health import HEALTH
+from kernel.adapters.logs import log_context
 from kernel.adapters.metrics import CALL_LATENCY, COMMANDS, HUMAN_TASKS, IN_FLIGHT, OUTCOMES
 from kernel.adapters.offsets import OffsetTracker
 from kernel.adapters.spans import SpanBatcher
@@ -273,6 +274,15 @@ class Worker:
     async def _process(self, record: Record, slot: _Slot) -> None:
         command = ExecutionCommand.decode(record.value or b"")
         COMMANDS.labels(self.service, self.pool, command.kind).inc()
+        with log_context(
+            tenant_id=command.tenant_id,
+            run_id=command.run_id,
+            call_id=command.call_id,
+            tool=command.tool_name,
+        ):
+            await self._process_command(command, slot)
+
+    async def _process_command(self, command: ExecutionCommand, slot: _Slot) -> None:
         try:
             # No version: the newest this worker serves (older planners, the reconciler).
             tool = self.registry.get(command.tool_name, command.tool_version)

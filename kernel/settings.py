@@ -149,6 +149,9 @@ class Settings(BaseSettings):
         "waits, naming it",
     )
     metrics_port: int = Field(default=0, ge=0, description="0 picks a free port")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="The lowest level a service logs (JSON lines on stderr)"
+    )
     session_timeout_ms: int = Field(
         default=10_000,
         ge=6_000,

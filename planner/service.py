@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from kernel.adapters.bus import Bus, ConsumeLoop, Record
+from kernel.adapters.logs import log_context
 from kernel.adapters.metrics import PLAN_LATENCY
 from kernel.adapters.redis import HashFields, text
 from kernel.errors import InvalidMessageError
@@ -132,16 +133,23 @@ class Planner:
         raw = record.value or b""
         if topic == "model-responses":
             event = ModelResponseEvent.decode(raw)
-            _check_limits(event, self.settings)
-            await self.on_response(event, record)
+            with log_context(tenant_id=event.tenant_id, run_id=event.run_id):
+                _check_limits(event, self.settings)
+                await self.on_response(event, record)
         elif topic == "approvals":
             decision = ApprovalDecision.decode(raw)
-            self.auth.verify(decision)
-            await self.on_approval(decision)
+            with log_context(
+                tenant_id=decision.tenant_id, run_id=decision.run_id, call_id=decision.call_id
+            ):
+                self.auth.verify(decision)
+                await self.on_approval(decision)
         elif topic == "cancellations":
             request = CancelRequest.decode(raw)
-            self.auth.verify(request)
-            await self.on_cancel(request)
+            with log_context(
+                tenant_id=request.tenant_id, run_id=request.run_id, call_id=request.call_id
+            ):
+                self.auth.verify(request)
+                await self.on_cancel(request)
         elif topic == "outcomes":
             await self.on_outcome(CallOutcome.decode(raw))
 

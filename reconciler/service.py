@@ -19,6 +19,7 @@ from typing import Literal
 from redis.asyncio import Redis
 
 from kernel.adapters.bus import Bus, ConsumeLoop, Record
+from kernel.adapters.logs import log_context
 from kernel.adapters.metrics import COMMANDS, HUMAN_TASKS, OUTCOMES
 from kernel.adapters.redis import text
 from kernel.adapters.topics import command_topic
@@ -175,7 +176,14 @@ class Reconciler:
             self.auth.verify(resolution)
             await self.on_resolution(resolution)
         else:
-            await self.on_outcome(CallOutcome.decode(raw))
+            outcome = CallOutcome.decode(raw)
+            with log_context(
+                tenant_id=outcome.tenant_id,
+                run_id=outcome.run_id,
+                call_id=outcome.call_id,
+                tool=outcome.tool_name,
+            ):
+                await self.on_outcome(outcome)
 
     # --- inputs -----------------------------------------------------------------------------
     async def on_outcome(self, outcome: CallOutcome) -> None:

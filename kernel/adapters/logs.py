@@ -1,11 +1,37 @@
-"""Structured logging: one JSON object per line on stderr, with the ``extra`` fields merged in."""
+"""Structured logging: one JSON object per line on stderr, with the ``extra`` fields merged in.
+
+Every record written while a call, a run or a tenant is being handled carries their ids
+(``log_context``: a context variable, so a task inherits the ids of the code that started it);
+argument values are never among them.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from types import MappingProxyType
 from typing import Any
+
+_BOUND: ContextVar[Mapping[str, str]] = ContextVar(
+    "toolfleet_log_context", default=MappingProxyType({})
+)
+
+
+@contextlib.contextmanager
+def log_context(**ids: str | None) -> Iterator[None]:
+    """Add ``ids`` (tenant_id, run_id, call_id, tool, trace_id...) to every record written
+    inside the block and by the tasks started in it; None values are left out."""
+    merged = {**_BOUND.get(), **{k: v for k, v in ids.items() if v is not None}}
+    token = _BOUND.set(MappingProxyType(merged))
+    try:
+        yield
+    finally:
+        _BOUND.reset(token)
+
 
 _STANDARD_FIELDS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
@@ -26,6 +52,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        entry.update(_BOUND.get())
         entry.update((k, v) for k, v in record.__dict__.items() if k not in _STANDARD_FIELDS)
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)

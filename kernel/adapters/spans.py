@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from typing import Any
 
@@ -38,4 +39,5 @@ class SpanBatcher:
             self._timer = None
         if self._pending:
             batch, self._pending = self._pending, []
-            _log.info("spans", extra={"spans": batch})
+            # A batch holds many calls' spans: logged outside any one call's log context.
+            contextvars.Context().run(_log.info, "spans", extra={"spans": batch})

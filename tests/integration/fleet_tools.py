@@ -7,6 +7,7 @@ body really ran, across processes and crashes.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from executors import CallHooks, GuardrailResult, Tool, ToolContext, ToolRegistry
@@ -231,3 +232,10 @@ async def boom_at(ctx: ToolContext, message: str, at: float = 0.0) -> str:
     await _until(at)
     side_effects().incr(effects_key(ctx.call_id))
     raise ValueError(message)
+
+
+@tools.tool(effect="read_only")
+async def chatty(ctx: ToolContext, secret: str) -> str:
+    """Logs a line of its own (never its argument): the worker tags it with the call's ids."""
+    logging.getLogger("tests.integration.fleet_tools").info("chatty ran")
+    return "said"

@@ -58,7 +58,7 @@ def run_service(
     ``make(bus, redis)`` builds the service over connections made for it; after a cut-off or
     an outage at start it is built again over fresh ones.
     """
-    configure_logging(name)
+    configure_logging(name, settings.log_level)
     serve_metrics(settings.metrics_port)
     # uvloop: the services spend their time in the event loop's own machinery (tasks,
     # futures, socket writes), which it runs several times faster than asyncio's.
