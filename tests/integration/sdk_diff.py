@@ -44,7 +44,7 @@ class Script:
 
 
 Decide = Callable[[Any, Sequence[ToolApprovalItem]], None]
-"""Approves/rejects on a RunState or FleetRunState (same method names and arguments)."""
+"""Approves or rejects the interruptions on a RunState (the SDK's, in-process and on the fleet)."""
 
 
 @dataclass
