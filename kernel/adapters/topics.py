@@ -129,11 +129,9 @@ async def apply_topics(settings: Settings, pools: Iterable[str] = ("default",)) 
     admin = AIOKafkaAdminClient(**kafka_options(settings))
     await admin.start()
     try:
-        present = set(await admin.list_topics())
-        missing = [t for t in plan if t.name not in present]
+        missing, existing = await _partition(admin, plan)
         if missing:
             await _create(admin, missing)
-        existing = [t for t in plan if t.name in present]
         different: dict[str, str] = {}
         if existing:
             described = await admin.describe_topics([t.name for t in existing])
@@ -158,8 +156,7 @@ async def ensure_topics(settings: Settings, pools: tuple[str, ...] = ("default",
     admin = AIOKafkaAdminClient(**kafka_options(settings))
     await admin.start()
     try:
-        present = set(await admin.list_topics())
-        missing = [t for t in plan if t.name not in present]
+        missing, _ = await _partition(admin, plan)
         if missing and not settings.topics_auto_create:
             raise TopicsMissingError([t.name for t in missing], pools)
         if missing:
@@ -167,6 +164,14 @@ async def ensure_topics(settings: Settings, pools: tuple[str, ...] = ("default",
     finally:
         await admin.close()
     return [t.name for t in plan]
+
+
+async def _partition(
+    admin: AIOKafkaAdminClient, plan: list[PlannedTopic]
+) -> tuple[list[PlannedTopic], list[PlannedTopic]]:
+    """The planned topics the broker lacks, and those it has."""
+    present = set(await admin.list_topics())
+    return [t for t in plan if t.name not in present], [t for t in plan if t.name in present]
 
 
 async def _create(admin: AIOKafkaAdminClient, topics: list[PlannedTopic]) -> None:

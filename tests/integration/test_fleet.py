@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import re
 import socket
@@ -148,26 +147,13 @@ async def test_every_service_serves_metrics(fleet: LocalFleet, client: FleetClie
         # A restarted worker may not have run a call yet: the pool's metrics together count.
         members = [f"worker-{n}" for n in range(WORKERS)] if service == "workers" else [service]
         texts = [
-            await asyncio.to_thread(
-                _get, f"http://127.0.0.1:{_metrics_port(fleet.logs(m))}/metrics"
-            )
+            await asyncio.to_thread(_get, f"http://127.0.0.1:{fleet.metrics_port(m)}/metrics")
             for m in members
         ]
         for name in names:
             assert any(re.search(rf"^{name}", t, re.MULTILINE) for t in texts), (
                 f"{service} lacks {name}"
             )
-
-
-def _metrics_port(log: str) -> int:
-    """The port of the process that logged last (a restarted worker appends to its log)."""
-    ports = [
-        int(json.loads(line)["port"])
-        for line in log.splitlines()
-        if line.startswith("{") and '"serving metrics"' in line
-    ]
-    assert ports, "the service never logged its metrics port"
-    return ports[-1]
 
 
 def _get(url: str) -> str:

@@ -31,16 +31,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.single_redis]
 TOOLS = "tests.integration.crash_tools:tools"
 
 
-def _port(log: str) -> int:
-    ports = [
-        int(json.loads(line)["port"])
-        for line in log.splitlines()
-        if line.startswith("{") and '"serving metrics"' in line
-    ]
-    assert ports, "the service never logged its port"
-    return ports[-1]
-
-
 def _status(url: str) -> tuple[int, dict[str, bool]]:
     """The status and, for the health endpoints, the JSON body of a GET."""
     try:
@@ -76,7 +66,7 @@ async def test_readyz_is_503_while_redis_is_down_and_200_after_it_returns(
 ) -> None:
     proxy, settings = proxied
     with LocalFleet(settings, tools=TOOLS, workers=0) as fleet:
-        base = f"http://127.0.0.1:{_port(await _logged(fleet, 'planner'))}"
+        base = f"http://127.0.0.1:{await _served(fleet, 'planner')}"
         ready = await _until(f"{base}/readyz", 200, within=60)
         assert ready == {"ready": True, "kafka": True, "redis": True, "assigned": True,
                          "serving": True}  # fmt: skip
@@ -89,12 +79,12 @@ async def test_readyz_is_503_while_redis_is_down_and_200_after_it_returns(
         assert (await asyncio.to_thread(_status, f"{base}/nowhere"))[0] == 404
 
 
-async def _logged(fleet: LocalFleet, name: str, within: float = 30.0) -> str:
+async def _served(fleet: LocalFleet, name: str, within: float = 30.0) -> int:
     deadline = time.monotonic() + within
-    while '"serving metrics"' not in (log := fleet.logs(name)):
+    while (port := fleet.metrics_port(name)) is None:
         assert time.monotonic() < deadline, f"{name} never served its endpoints"
         await asyncio.sleep(0.1)  # wait-ok: polling interval of a deadline-bounded wait
-    return log
+    return port
 
 
 # --- SIGTERM under load -------------------------------------------------------------------

@@ -5,7 +5,6 @@ them, and the service starts serving."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import urllib.error
 import urllib.request
@@ -19,13 +18,12 @@ from toolfleet.testing import LocalFleet
 pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
 
 
-def _ready(log: str) -> int | None:
-    ports = [int(json.loads(line)["port"]) for line in log.splitlines()
-             if line.startswith("{") and '"serving metrics"' in line]  # fmt: skip
-    if not ports:
+def _ready(fleet: LocalFleet, name: str) -> int | None:
+    port = fleet.metrics_port(name)
+    if port is None:
         return None
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{ports[-1]}/readyz", timeout=5) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
             return int(r.status)
     except urllib.error.HTTPError as error:
         return int(error.code)
@@ -51,11 +49,11 @@ async def test_a_service_waits_for_missing_topics_until_topics_apply_creates_the
         log = fleet.logs("planner")
         assert f"{own.topic_prefix}model-responses" in log
         assert "toolfleet topics apply --pool default" in log
-        assert fleet.alive("planner") and _ready(log) == 503  # waiting, not crash-looping
+        assert fleet.alive("planner") and _ready(fleet, "planner") == 503  # waiting, no crash loop
         plan = fleet.cli("topics", "plan").stdout
         assert f"{own.topic_prefix}commands.default" in plan
         applied = fleet.cli("topics", "apply").stdout
         assert applied.count("created  ") == len(plan.splitlines()) - 1
-        await _until(lambda: _ready(fleet.logs("planner")) == 200)
+        await _until(lambda: _ready(fleet, "planner") == 200)
         again = fleet.cli("topics", "apply").stdout
         assert "created" not in again and again.count("exists   ") == len(plan.splitlines()) - 1

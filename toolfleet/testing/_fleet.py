@@ -172,6 +172,16 @@ class LocalFleet:
                 tail = "\n".join(self.logs(name).splitlines()[-15:])
                 raise RuntimeError(f"{name} exited with {proc.popen.returncode}:\n{tail}")
 
+    def metrics_port(self, name: str) -> int | None:
+        """The port a child serves /metrics, /livez and /readyz on, from its log (the last
+        one logged: a restarted child appends to its log); None until it has logged one."""
+        ports = [
+            int(json.loads(line)["port"])
+            for line in self.logs(name).splitlines()
+            if line.startswith("{") and '"serving metrics"' in line
+        ]
+        return ports[-1] if ports else None
+
     def logs(self, name: str) -> str:
         """What the child wrote so far."""
         return (self.log_dir / f"{name}.log").read_text(errors="replace")
