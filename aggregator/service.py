@@ -17,9 +17,10 @@ import os
 import socket
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from opentelemetry.trace import Span, SpanKind
 from redis.asyncio import Redis
 
 from aggregator._store import StoredTurn, TurnStore
@@ -34,6 +35,7 @@ from kernel.adapters.bus import (
 )
 from kernel.adapters.metrics import MESSAGES, TURN_LATENCY
 from kernel.adapters.redis import add_to_set, text
+from kernel.adapters.tracing import context_from_traceparent, headers_of, tracer
 from kernel.errors import InvalidMessageError
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.outcomes import ended
@@ -51,8 +53,14 @@ _PACE_FROM = 64
 _MAX_BATCH = 2_000
 
 
-Emission = tuple[TurnResult, float]
-"""A TurnResult to publish, with the time its plan was made (for the latency histogram)."""
+class Emission(NamedTuple):
+    """A TurnResult to publish, with what its plan says of it."""
+
+    result: TurnResult
+    planned_at: float
+    """When the plan was made (for the latency histogram)."""
+    traceparent: str | None
+    """The planner's span for the turn: the aggregation span's parent."""
 
 
 class Aggregator:
@@ -76,6 +84,9 @@ class Aggregator:
         self._uncommitted: dict[TopicPartition, int] = {}
         """Offsets of handled batches that emitted nothing, for the next transaction."""
         self._committed_at = time.monotonic()
+        self._tracer = tracer("aggregator")
+        self._batch_began_ns = time.time_ns()
+        """When the batch being handled was polled: aggregation spans start there."""
 
     def stop(self) -> None:
         """Finish the current batch and return from ``run``."""
@@ -120,6 +131,7 @@ class Aggregator:
         group: str,
         batches: dict[TopicPartition, list[Record]],
     ) -> None:
+        self._batch_began_ns = time.time_ns()
         try:
             # One run's records in order, different runs concurrently (all keyed by run_id).
             by_key: dict[bytes | None, list[Record]] = {}
@@ -146,8 +158,8 @@ class Aggregator:
             await asyncio.sleep(0.5)
             return
         self._unreachable_since = None
-        for result, planned_at in emitted:
-            TURN_LATENCY.labels(result.status).observe(time.time() - planned_at)
+        for emission in emitted:
+            TURN_LATENCY.labels(emission.result.status).observe(time.time() - emission.planned_at)
 
     async def _commit(
         self,
@@ -160,16 +172,49 @@ class Aggregator:
         """One transaction: the results of ``emitted`` and the offsets of what was handled
         (of the partitions still assigned: a revoked one's new owner reads it again)."""
         mine = consumer.assignment()
-        async with producer.transaction():
-            topic = self.settings.topic("turn-results")
-            for result, _ in emitted:
-                raw = _fit(result, self.settings.max_message_bytes)
-                await producer.send(topic, raw, key=result.run_id.encode())
-            owned = {tp: offset for tp, offset in offsets.items() if tp in mine}
-            if owned:
-                await producer.send_offsets_to_transaction(owned, group)
+        spans = [self._aggregation_span(e) for e in emitted]
+        try:
+            async with producer.transaction():
+                topic = self.settings.topic("turn-results")
+                for emission, span in zip(emitted, spans, strict=True):
+                    result = emission.result
+                    raw = _fit(result, self.settings.max_message_bytes)
+                    await producer.send(
+                        topic, raw, key=result.run_id.encode(), headers=headers_of(span) or None
+                    )
+                owned = {tp: offset for tp, offset in offsets.items() if tp in mine}
+                if owned:
+                    await producer.send_offsets_to_transaction(owned, group)
+        except BaseException as exc:
+            for span in spans:
+                span.record_exception(exc)
+                span.end()
+            raise
+        for span in spans:
+            span.end()
         self._uncommitted = {}
         self._committed_at = time.monotonic()
+
+    def _aggregation_span(self, emission: Emission) -> Span:
+        """The turn's aggregation span, child of its plan's: from the handling of the batch
+        that settled the turn to the commit of the transaction that carries its result."""
+        result = emission.result
+        return self._tracer.start_span(
+            "toolfleet aggregate",
+            context=context_from_traceparent(emission.traceparent),
+            kind=SpanKind.PRODUCER,
+            start_time=self._batch_began_ns,
+            attributes={
+                "messaging.system": "kafka",
+                "messaging.operation.type": "send",
+                "messaging.destination.name": "turn-results",
+                "toolfleet.tenant_id": result.tenant_id,
+                "toolfleet.run_id": result.run_id,
+                "toolfleet.turn_id": result.turn_id,
+                "toolfleet.status": result.status,
+                "toolfleet.calls": len(result.calls),
+            },
+        )
 
     async def _commit_quietly(
         self, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, group: str
@@ -444,7 +489,7 @@ def _maybe_emit(state: StoredTurn, turn: TurnState, triggers: list[str]) -> Emis
     if emitted is not None and emitted["epoch"] == epoch and not set(emitted["by"]) & set(triggers):
         return None
     state.emitted = {"epoch": epoch, "by": triggers, "at": time.time()}
-    return build_result(turn), turn.plan.planned_at
+    return Emission(build_result(turn), turn.plan.planned_at, turn.plan.traceparent)
 
 
 def _fit(result: TurnResult, limit: int) -> bytes:

@@ -17,11 +17,13 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
+from opentelemetry import trace
 from redis.asyncio import Redis
 
 from executors._after_publish import AfterPublish
@@ -35,10 +37,17 @@ from kernel.adapters.bus import (
 )
 from kernel.adapters.health import HEALTH
 from kernel.adapters.logs import log_context
-from kernel.adapters.metrics import CALL_LATENCY, COMMANDS, HUMAN_TASKS, IN_FLIGHT, OUTCOMES
+from kernel.adapters.metrics import (
+    CALL_LATENCY,
+    COMMANDS,
+    HUMAN_TASKS,
+    IN_FLIGHT,
+    OUTCOMES,
+    tool_label,
+)
 from kernel.adapters.offsets import OffsetTracker
-from kernel.adapters.spans import SpanBatcher
 from kernel.adapters.topics import command_topic
+from kernel.adapters.tracing import consuming, phase, tracer
 from kernel.errors import (
     CutOffError,
     InvalidMessageError,
@@ -130,7 +139,7 @@ class Worker:
         self._running: dict[_CallKey, tuple[asyncio.Task[None], asyncio.Future[None]]] = {}
         self._leases: dict[_CallKey, ExecutionCommand] = {}
         """Calls past the ledger gate, whose leases ``_renew_leases`` keeps alive."""
-        self._spans = SpanBatcher()
+        self._tracer = tracer("worker")
         self._cancelled_runs: set[tuple[str, str]] = set()
         """(tenant, run) of runs cancelled while this worker lives."""
         self._stopping = asyncio.Event()
@@ -139,6 +148,11 @@ class Worker:
     def stop(self) -> None:
         """Stop taking commands; in-flight calls finish before ``run`` returns."""
         self._stopping.set()
+
+    @property
+    def owned_partitions(self) -> frozenset[TopicPartition]:
+        """The partitions of the pool's topic this worker owns now (none: it runs nothing)."""
+        return frozenset(self._owned)
 
     async def run(self) -> None:
         """Publish the pool's tools, then consume commands and cancellations until stopped."""
@@ -174,7 +188,6 @@ class Worker:
             if self._handlers:
                 await asyncio.gather(*self._handlers, return_exceptions=True)
             renewer.cancel()
-            self._spans.flush()
             await self._commit(commands)
             await commands.stop()
             await cancels.stop()
@@ -274,11 +287,31 @@ class Worker:
     async def _process(self, record: Record, slot: _Slot) -> None:
         command = ExecutionCommand.decode(record.value or b"")
         COMMANDS.labels(self.service, self.pool, command.kind).inc()
-        with log_context(
-            tenant_id=command.tenant_id,
-            run_id=command.run_id,
-            call_id=command.call_id,
-            tool=command.tool_name,
+        attributes = {
+            "rpc.system": "toolfleet",
+            "rpc.service": self.pool,
+            "rpc.method": command.tool_name,
+            "toolfleet.tenant_id": command.tenant_id,
+            "toolfleet.run_id": command.run_id,
+            "toolfleet.call_id": command.call_id,
+            "toolfleet.kind": command.kind,
+            "toolfleet.attempt": command.attempt,
+            "toolfleet.worker_id": self.worker_id,
+        }
+        with (
+            log_context(
+                tenant_id=command.tenant_id,
+                run_id=command.run_id,
+                call_id=command.call_id,
+                tool=command.tool_name,
+            ),
+            consuming(
+                self._tracer,
+                f"toolfleet call {command.tool_name}",
+                record,
+                f"workers.{self.pool}",
+                attributes,
+            ),
         ):
             await self._process_command(command, slot)
 
@@ -312,12 +345,14 @@ class Worker:
         outcome = await self._execute(tool, command, slot)
         if outcome is None:
             return
-        await _persist(lambda: self.bus.publish_and_wait("outcomes", outcome.run_id, outcome))
+        _describe_span(outcome)
         ran = outcome.status != "pending_approval" and outcome.started_at is not None
         trial = ran and circuit.state == "trial"
-        opened = await _persist(
-            lambda: self._mark_published(outcome, counted_in=ref if ran and not trial else None)
-        )
+        with phase(self._tracer, "publish"):
+            await _persist(lambda: self.bus.publish_and_wait("outcomes", outcome.run_id, outcome))
+            opened = await _persist(
+                lambda: self._mark_published(outcome, counted_in=ref if ran and not trial else None)
+            )
         if trial:
             failed = counts_against_circuit(outcome.status)
             await _persist(lambda: self.circuits.trial_result(ref, failed))
@@ -357,7 +392,8 @@ class Worker:
         began = time.monotonic()
 
         async def gate() -> None:
-            verdict = await self._begin(command, tool.version)
+            with phase(self._tracer, "gate"):
+                verdict = await self._begin(command, tool.version)
             if verdict != "run":
                 raise _NotStarted(verdict)
             self._leases[key] = command
@@ -375,6 +411,7 @@ class Worker:
                 cancel_call=cancel_call,
                 record_upstream=record_upstream,
                 max_output_bytes=self.settings.max_output_bytes,
+                phase=self._phase,
             )
         except _NotStarted as refused:
             return await self._refused(command, refused.verdict)
@@ -390,9 +427,8 @@ class Worker:
             self._leases.pop(key, None)
             IN_FLIGHT.labels(self.pool).dec()
             self._running.pop(key, None)
-        CALL_LATENCY.labels(self.pool, command.tool_name).observe(time.monotonic() - began)
-        if outcome.started_at is not None:
-            self._spans.add(_span(command, outcome))
+        latency = CALL_LATENCY.labels(self.pool, tool_label(command.tool_name))
+        latency.observe(time.monotonic() - began)
         if outcome.status == "pending_approval":
             await _persist(
                 lambda: self.ledger.set_pending_approval(
@@ -522,8 +558,14 @@ class Worker:
         return None  # stale: a newer attempt of this call exists and will report
 
     async def _publish(self, outcome: CallOutcome) -> None:
-        await self.bus.publish_and_wait("outcomes", outcome.run_id, outcome)
-        await self._mark_published(outcome)
+        _describe_span(outcome)
+        with phase(self._tracer, "publish"):
+            await self.bus.publish_and_wait("outcomes", outcome.run_id, outcome)
+            await self._mark_published(outcome)
+
+    def _phase(self, name: str) -> AbstractContextManager[None]:
+        """A phase of a call inside the tool runner, as a child span of the call's."""
+        return phase(self._tracer, name)
 
     async def _mark_published(
         self, outcome: CallOutcome, counted_in: str | None = None
@@ -639,20 +681,15 @@ async def _persist(step: Callable[[], Awaitable[T]]) -> T:
             delay = min(delay * 2, 5.0)
 
 
-def _span(command: ExecutionCommand, outcome: CallOutcome) -> dict[str, Any]:
-    """One span per started call attempt (tracing backends ingest these from the logs; the
-    SDK likewise opens one function span per invoked tool)."""
-    return {
-        "span": "tool_call",
-        "trace_id": command.run_id,
-        "call_id": command.call_id,
-        "tool": command.tool_name,
-        "attempt": command.attempt,
-        "status": outcome.status,
-        "effect": outcome.effect,
-        "start": outcome.started_at,
-        "end": outcome.finished_at,
-    }
+def _describe_span(outcome: CallOutcome) -> None:
+    """What the call's span says of its outcome (the current span is the call's)."""
+    trace.get_current_span().set_attributes(
+        {
+            "toolfleet.status": outcome.status,
+            "toolfleet.effect": outcome.effect,
+            "toolfleet.started": outcome.started_at is not None,
+        }
+    )
 
 
 def _circuit_open(

@@ -149,8 +149,20 @@ class Settings(BaseSettings):
         "waits, naming it",
     )
     metrics_port: int = Field(default=0, ge=0, description="0 picks a free port")
+    metrics_tool_label: bool = Field(
+        default=True,
+        description="Histograms carry each call's tool in their tool label. Off for a fleet "
+        'with many tools: the label keeps one value, "*" (kernel.adapters.metrics.ALL_TOOLS), '
+        "so queries stay valid and a pool exports one histogram, not one per tool",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="The lowest level a service logs (JSON lines on stderr)"
+    )
+    traces: Literal["off", "otlp", "log"] = Field(
+        default="off",
+        description="OpenTelemetry spans: otlp exports them over OTLP/HTTP (endpoint, headers "
+        "and sampler from the standard OTEL_* variables), log writes them as JSON log lines; "
+        "off records none (trace context still travels)",
     )
     session_timeout_ms: int = Field(
         default=10_000,
@@ -278,6 +290,13 @@ class Settings(BaseSettings):
         description="How long the planner caches the tool registry: newly published "
         "versions and operators' pins (toolfleet tools rollback|pin|unpin) take effect "
         "within this long",
+    )
+
+    # The live console (toolfleet console).
+    trace_url_template: str | None = Field(
+        default=None,
+        description="Link to a call's trace: a URL with {trace_id} in it, e.g. "
+        "http://grafana/explore?traceId={trace_id} (unset: the console shows the id as text)",
     )
 
     # Local infrastructure (toolfleet infra up).

@@ -21,6 +21,7 @@ from kernel.adapters.bus import Bus, ConsumeLoop, Record
 from kernel.adapters.logs import log_context
 from kernel.adapters.metrics import PLAN_LATENCY
 from kernel.adapters.redis import HashFields, text
+from kernel.adapters.tracing import consuming, trace_id, traceparent, tracer
 from kernel.errors import InvalidMessageError
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.limits import json_depth_exceeds
@@ -74,6 +75,7 @@ class Planner:
         self.gate = Gate(self.redis, self.keys, ttl_s=settings.ledger_retention_s)
         self.admitter = Admitter(Admission.of(self.redis, self.keys, settings), self.bus)
         self.auth = DecisionAuth.of(settings)
+        self._tracer = tracer("planner")
         self._loop: ConsumeLoop | None = None
 
     def stop(self) -> None:
@@ -133,7 +135,14 @@ class Planner:
         raw = record.value or b""
         if topic == "model-responses":
             event = ModelResponseEvent.decode(raw)
-            with log_context(tenant_id=event.tenant_id, run_id=event.run_id):
+            ids = {"toolfleet.tenant_id": event.tenant_id, "toolfleet.run_id": event.run_id}
+            with (
+                log_context(tenant_id=event.tenant_id, run_id=event.run_id),
+                # The turn's span: every call's execution and the aggregation are its children.
+                consuming(self._tracer, "toolfleet plan", record, "planner", ids) as span,
+            ):
+                span.set_attribute("toolfleet.turn_id", event.turn_id)
+                span.set_attribute("toolfleet.calls", len(event.function_calls))
                 _check_limits(event, self.settings)
                 await self.on_response(event, record)
         elif topic == "approvals":
@@ -165,9 +174,11 @@ class Planner:
         # The ledger is written; plan and commands may now travel together (the aggregator
         # keeps outcomes that overtake their plan). All acks are awaited before the offset
         # of the response is committed.
-        plan_sent = await self.bus.publish("plans", event.run_id, result.plan)
+        # The aggregator keeps the plan until the turn settles; its span joins this one then.
+        plan = result.plan.model_copy(update={"traceparent": traceparent()})
+        plan_sent = await self.bus.publish("plans", event.run_id, plan)
         if capped:
-            release = await self.gate.open(result.plan, list(dispatches))
+            release = await self.gate.open(plan, list(dispatches))
             await self._send(event, [dispatches[cid] for cid in release])
         elif not result.failed:
             pairs = zip(dispatches.values(), issued, strict=True)
@@ -459,6 +470,7 @@ def _new_call(
         arguments=call.arguments,
         index=call.index,
         policy=CallPolicy.of(event.config),
+        trace_id=trace_id() or "",
     )
 
 

@@ -14,15 +14,23 @@ import json
 import logging
 import random
 import time
-from typing import Literal
+from typing import Literal, get_args
 
 from redis.asyncio import Redis
 
 from kernel.adapters.bus import Bus, ConsumeLoop, Record
 from kernel.adapters.logs import log_context
-from kernel.adapters.metrics import COMMANDS, HUMAN_TASKS, OUTCOMES
+from kernel.adapters.metrics import (
+    COMMANDS,
+    HUMAN_TASKS,
+    HUMAN_TASKS_OPEN,
+    OUTCOMES,
+    UNKNOWN_EFFECTS,
+    UNKNOWN_EFFECTS_AGE,
+)
 from kernel.adapters.redis import text
 from kernel.adapters.topics import command_topic
+from kernel.adapters.tracing import continuing
 from kernel.errors import InvalidMessageError, ToolfleetError
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.effects import probe_answer
@@ -35,6 +43,7 @@ from kernel.stores.keys import SLOT_GROUPS, Keys
 from kernel.stores.ledger import Ledger, LedgerEntry, NewCall, command_for, lease_member
 from kernel.stores.registry import ToolDirectory
 from kernel.stores.tasks import TaskStore, new_task_id
+from kernel.stores.unknowns import UnknownEffects
 from reconciler._policy import (
     Action,
     AskCompensationApproval,
@@ -64,6 +73,13 @@ log = logging.getLogger(__name__)
 
 COMPENSATION_SUFFIX = "#compensate"
 """A compensation is a call of its own in the ledger: ``<call_id>#compensate``."""
+
+REPORT_EVERY_S = 15.0
+"""How often the backlog gauges (open human tasks, unresolved unknown effects) are reported:
+each report reads every task and up to 1,024 ledger entries."""
+
+TASK_KINDS: tuple[str, ...] = get_args(HumanTask.model_fields["kind"].annotation)
+"""Every kind of human task: each gets a series, 0 when none is open."""
 
 # Pop every due action atomically, so two reconcilers never both run one.
 _POP_DUE = """
@@ -117,6 +133,7 @@ class Reconciler:
         self.admitter = Admitter(Admission.of(self.redis, self.keys, settings), self.bus)
         self.tools = ToolDirectory(self.redis, self.keys)
         self.tasks = TaskStore(self.redis, self.keys)
+        self.unknowns = UnknownEffects(self.redis, self.keys, self.ledger)
         self.auth = DecisionAuth.of(settings)
         self.tick_s = tick_s
         self._claim = self.redis.register_script(_CLAIM)
@@ -177,11 +194,14 @@ class Reconciler:
             await self.on_resolution(resolution)
         else:
             outcome = CallOutcome.decode(raw)
-            with log_context(
-                tenant_id=outcome.tenant_id,
-                run_id=outcome.run_id,
-                call_id=outcome.call_id,
-                tool=outcome.tool_name,
+            with (
+                log_context(
+                    tenant_id=outcome.tenant_id,
+                    run_id=outcome.run_id,
+                    call_id=outcome.call_id,
+                    tool=outcome.tool_name,
+                ),
+                continuing(record),  # probes and retries stay in the call's trace
             ):
                 await self.on_outcome(outcome)
 
@@ -206,6 +226,9 @@ class Reconciler:
                 outcome.tenant_id, outcome.run_id, outcome.call_id
             )
             if outcome.effect == "unknown":
+                await self.unknowns.add(
+                    outcome.tenant_id, outcome.run_id, outcome.call_id, time.time()
+                )
                 await self._act(outcome, decide_unknown(case, self.policy))
             elif outcome.effect == "wrong_effect":
                 await self._act(outcome, decide_wrong_effect(case, "an output guardrail"))
@@ -327,6 +350,7 @@ class Reconciler:
         is compensated, the run's later side-effecting calls wait for a human (planner)."""
         wrong = about.model_copy(update={"effect": "wrong_effect", "source": "reconciler"})
         await self.ledger.resolve(wrong, "wrong_effect", output=about.output)
+        await self.unknowns.discard(about.tenant_id, about.run_id, about.call_id)
         held = self.keys.held(about.tenant_id, about.run_id)
         await self.redis.sadd(held, about.call_id)
 
@@ -397,6 +421,7 @@ class Reconciler:
             }
         )  # fmt: skip
         await self.ledger.resolve(resolved, f"resolved_{effect}", reason=why, by=source)
+        await self.unknowns.discard(about.tenant_id, about.run_id, about.call_id)
         recon = self.keys.recon(about.tenant_id, about.run_id, about.call_id)
         await self.redis.hset(recon, "status", "resolved")
         await self.bus.publish_and_wait("outcomes", resolved.run_id, resolved)
@@ -447,12 +472,27 @@ class Reconciler:
 
     # --- background -------------------------------------------------------------------------
     async def _tick_forever(self) -> None:
+        reported_at = -REPORT_EVERY_S
         while not self._stopping.is_set():
             try:
                 await self.tick()
+                if time.monotonic() - reported_at >= REPORT_EVERY_S:
+                    reported_at = time.monotonic()
+                    await self.report()
             except Exception:
                 log.exception("reconciler tick failed; trying again")
             await asyncio.sleep(self.tick_s)
+
+    async def report(self) -> None:
+        """Set the backlog gauges: open human tasks by kind, and the unresolved unknown
+        effects (after dropping those a retry's outcome settled) with the oldest one's age."""
+        open_tasks = await self.tasks.open_by_kind()
+        for kind in {*TASK_KINDS, *open_tasks}:
+            HUMAN_TASKS_OPEN.labels(kind).set(open_tasks.get(kind, 0))
+        await self.unknowns.sweep()
+        count, oldest_s = await self.unknowns.backlog(time.time())
+        UNKNOWN_EFFECTS.set(count)
+        UNKNOWN_EFFECTS_AGE.set(oldest_s)
 
     async def tick(self) -> None:
         """Run due actions, and report calls whose worker died without any outcome."""

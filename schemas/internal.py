@@ -117,6 +117,11 @@ class TurnPlan(Message):
         default=None, description="Set when planning failed the turn before any side effect."
     )
     planned_at: float = Field(description="Unix time the plan was made.")
+    traceparent: str | None = Field(
+        default=None,
+        description="W3C trace context of the planner's span for the turn: the aggregation "
+        "span, made when the turn settles, is its child.",
+    )
 
 
 class ExecutionCommand(Message):

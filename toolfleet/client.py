@@ -100,10 +100,15 @@ class FleetClient:
             await self._consumer.stop()
         await self.bus.stop()
 
-    async def submit(self, event: ModelResponseEvent) -> None:
-        """Hand a model response to the planner; its result is kept for this client."""
+    async def submit(self, event: ModelResponseEvent, *, traceparent: str | None = None) -> None:
+        """Hand a model response to the planner; its result is kept for this client.
+
+        The turn's trace joins the caller's: ``traceparent`` (W3C) when given, else the
+        current OpenTelemetry span's context; without either the planner starts a trace.
+        """
         self._want((event.run_id, event.turn_id), self.settings.client_result_window_s)
-        await self.bus.publish_and_wait("model-responses", event.run_id, event)
+        headers = [("traceparent", traceparent.encode())] if traceparent else None
+        await (await self.bus.publish("model-responses", event.run_id, event, headers))
 
     async def decide(self, decision: ApprovalDecision) -> None:
         """Approve or reject a call that waits for approval (signed with the tenant's key)."""
@@ -135,9 +140,12 @@ class FleetClient:
         self._unwant(key)
         return self._results.pop(key)
 
-    async def run_turn(self, event: ModelResponseEvent, *, within: float = 60.0) -> TurnResult:
-        """Submit a model response and wait for its TurnResult."""
-        await self.submit(event)
+    async def run_turn(
+        self, event: ModelResponseEvent, *, within: float = 60.0, traceparent: str | None = None
+    ) -> TurnResult:
+        """Submit a model response and wait for its TurnResult (``traceparent``: see
+        ``submit``)."""
+        await self.submit(event, traceparent=traceparent)
         return await self.result(event.run_id, event.turn_id, within=within)
 
     def _want(self, key: TurnKey, for_s: float) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,9 +22,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from kernel.adapters.health import HEALTH
+from kernel.adapters.lag import LAG
 from kernel.adapters.metrics import DEAD_LETTERS, MESSAGES
 from kernel.adapters.offsets import OffsetTracker
 from kernel.adapters.security import kafka_options
+from kernel.adapters.tracing import Headers
+from kernel.adapters.tracing import headers as trace_headers
 from kernel.errors import CutOffError, InfrastructureError, InvalidMessageError
 from kernel.rules.limits import cut_text, digest
 from kernel.settings import Settings
@@ -54,6 +57,8 @@ class Record(Protocol):
     offset: int
     key: bytes | None
     value: bytes | None
+    headers: Sequence[tuple[str, bytes]]
+    """W3C trace context among them (``kernel.adapters.tracing``)."""
 
 
 Handler = Callable[[Record], Awaitable[None]]
@@ -94,9 +99,14 @@ class Bus(Protocol):
         """The full name of a logical topic."""
 
     async def publish(
-        self, topic: str, key: str | bytes | None, value: Message | bytes
+        self,
+        topic: str,
+        key: str | bytes | None,
+        value: Message | bytes,
+        headers: Headers | None = None,
     ) -> asyncio.Future[Any]:
-        """Queue one record; the returned future resolves when the broker has it."""
+        """Queue one record; the returned future resolves when the broker has it. Its headers
+        carry ``headers`` or, by default, the current trace context."""
 
     async def publish_and_wait(
         self, topic: str, key: str | bytes | None, value: Message | bytes
@@ -151,16 +161,26 @@ class KafkaBus:
         return self.settings.topic(name)
 
     async def publish(
-        self, topic: str, key: str | bytes | None, value: Message | bytes
+        self,
+        topic: str,
+        key: str | bytes | None,
+        value: Message | bytes,
+        headers: Headers | None = None,
     ) -> asyncio.Future[Any]:
         """Queue one record on logical ``topic``; await the returned future for the broker's ack.
 
         Returning the future lets a caller queue many records and await them together, which
-        keeps the producer's batches full while preserving per-key order.
+        keeps the producer's batches full while preserving per-key order. The record's headers
+        are ``headers`` or, by default, the current trace context.
         """
         raw_key = key.encode() if isinstance(key, str) else key
         raw = value.encode() if isinstance(value, Message) else value
-        future: asyncio.Future[Any] = await self.producer.send(self.topic(topic), raw, key=raw_key)
+        future: asyncio.Future[Any] = await self.producer.send(
+            self.topic(topic),
+            raw,
+            key=raw_key,
+            headers=(trace_headers() if headers is None else headers) or None,
+        )
         return future
 
     async def publish_and_wait(
@@ -248,6 +268,7 @@ class KafkaBus:
             "fetch_max_wait_ms": 50,
         }
         consumer = AIOKafkaConsumer(**(config | options))
+        LAG.track(consumer, config["group_id"])  # toolfleet_consumer_lag
         names = [self.topic(t) for t in topics]
         if names:
             consumer.subscribe(names, listener=_LogAssignments())

@@ -16,6 +16,8 @@ from contextvars import ContextVar
 from types import MappingProxyType
 from typing import Any
 
+from opentelemetry import trace
+
 _BOUND: ContextVar[Mapping[str, str]] = ContextVar(
     "toolfleet_log_context", default=MappingProxyType({})
 )
@@ -53,6 +55,10 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         entry.update(_BOUND.get())
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:  # the record belongs to a traced call or turn: say which
+            entry["trace_id"] = format(span.trace_id, "032x")
+            entry["span_id"] = format(span.span_id, "016x")
         entry.update((k, v) for k, v in record.__dict__.items() if k not in _STANDARD_FIELDS)
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)

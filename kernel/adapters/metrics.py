@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import json
 import logging
+import platform
 import threading
 from collections.abc import Iterable
+from importlib import metadata
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    make_wsgi_app,
+)
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from kernel.adapters.health import HEALTH
@@ -18,6 +29,13 @@ log = logging.getLogger(__name__)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 """The registry every toolfleet metric lives in; one process serves one service."""
+
+# The process's own health beside the fleet's: CPU and resident memory (process_*, from
+# /proc), the interpreter (python_info) and the garbage collector (python_gc_*; the services
+# tune it, see toolfleet.app.service.tune_gc). prometheus_client's default instances,
+# registered here too: this registry, not the default one, is what /metrics serves.
+for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    REGISTRY.register(_collector)
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -151,3 +169,70 @@ TENANT_CALLS = Gauge(
     ["tenant", "state"],
     registry=REGISTRY,
 )
+CONSUMER_LAG = Gauge(
+    "toolfleet_consumer_lag",
+    "Records of a partition this process owns that its consumer group has not committed yet "
+    "(the partition's last stable offset minus the group's committed offset), sampled every "
+    "few seconds by kernel.adapters.lag.",
+    ["group", "topic", "partition"],
+    registry=REGISTRY,
+)
+HUMAN_TASKS_OPEN = Gauge(
+    "toolfleet_human_tasks_open",
+    "Human tasks waiting for an operator, fleet-wide, by kind (every reconciler reports the same).",
+    ["kind"],
+    registry=REGISTRY,
+)
+UNKNOWN_EFFECTS = Gauge(
+    "toolfleet_unknown_effects_unresolved",
+    "Calls whose effect is unknown and not resolved yet (probing, waiting for a retry or for a "
+    "human), fleet-wide (every reconciler reports the same).",
+    registry=REGISTRY,
+)
+UNKNOWN_EFFECTS_AGE = Gauge(
+    "toolfleet_unknown_effects_oldest_age_seconds",
+    "How long the oldest unresolved unknown effect has been unknown (0 when there is none).",
+    registry=REGISTRY,
+)
+BUILD_INFO = Gauge(
+    "toolfleet_build_info",
+    "Always 1: the toolfleet version, the Python version and the service of this process.",
+    ["version", "python", "service"],
+    registry=REGISTRY,
+)
+
+ALL_TOOLS = "*"
+"""The ``tool`` label's value on histograms when ``metrics_tool_label`` is off.
+
+Prometheus fixes a metric's label names, so the label stays and carries this one constant:
+every query that groups or filters by ``tool`` keeps working (``tool=~".*"`` matches it), and
+a fleet with many tools exports one histogram per pool instead of one per tool."""
+
+
+class _Options:
+    """What ``configure_metrics`` set for this process (one service per process)."""
+
+    tool_label = True
+
+
+_OPTIONS = _Options()
+
+
+def configure_metrics(service: str, *, tool_label: bool = True) -> None:
+    """What this process's metrics say about it: ``toolfleet_build_info`` for ``service``,
+    and whether histograms carry each call's tool (``Settings.metrics_tool_label``)."""
+    _OPTIONS.tool_label = tool_label
+    BUILD_INFO.clear()
+    BUILD_INFO.labels(_version(), platform.python_version(), service).set(1)
+
+
+def tool_label(name: str) -> str:
+    """The ``tool`` label value of a histogram sample: the tool's name, or ``ALL_TOOLS``."""
+    return name if _OPTIONS.tool_label else ALL_TOOLS
+
+
+def _version() -> str:
+    try:
+        return metadata.version("toolfleet")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "0"

@@ -1,43 +1,50 @@
-"""Spans of tool calls, exported in batches as structured log records."""
+"""A span exporter that writes spans as JSON log lines (``TOOLFLEET_TRACES=log``).
+
+For deployments whose log pipeline is their tracing backend, and for looking at a fleet's
+traces without a collector. OpenTelemetry's batch processor hands it many spans at once; they
+are written as one record, ``{"msg": "spans", "spans": [...]}``, outside any one call's log
+context (a batch holds many calls' spans).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
+from collections.abc import Sequence
 from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 _log = logging.getLogger("kernel.adapters.spans")
 
 
-class SpanBatcher:
-    """Collects spans and logs them together: one record per ``interval_s`` or ``max_batch``.
+class LogSpanExporter(SpanExporter):
+    """Logs each batch of finished spans as one JSON record."""
 
-    As OpenTelemetry's batch span processor does: a record per call would cost a worker more
-    than the call itself. The record is ``{"msg": "spans", "spans": [...]}``; a process that
-    dies without ``flush`` loses at most the last interval's spans, never an outcome.
-    """
-
-    def __init__(self, interval_s: float = 0.1, max_batch: int = 256) -> None:
-        self.interval_s = interval_s
-        self.max_batch = max_batch
-        self._pending: list[dict[str, Any]] = []
-        self._timer: asyncio.TimerHandle | None = None
-
-    def add(self, span: dict[str, Any]) -> None:
-        """Queue one span (needs a running event loop for the timed flush)."""
-        self._pending.append(span)
-        if len(self._pending) >= self.max_batch:
-            self.flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.interval_s, self.flush)
-
-    def flush(self) -> None:
-        """Log the queued spans now."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._pending:
-            batch, self._pending = self._pending, []
-            # A batch holds many calls' spans: logged outside any one call's log context.
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Write ``spans`` as one log record."""
+        batch = [span_record(span) for span in spans]
+        if batch:
             contextvars.Context().run(_log.info, "spans", extra={"spans": batch})
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+
+def span_record(span: ReadableSpan) -> dict[str, Any]:
+    """One span as a JSON-ready dict: ids in hex, times in seconds, attributes as set."""
+    context = span.get_span_context()
+    parent = span.parent
+    return {
+        "name": span.name,
+        "trace_id": format(context.trace_id, "032x") if context else None,
+        "span_id": format(context.span_id, "016x") if context else None,
+        "parent_id": format(parent.span_id, "016x") if parent else None,
+        "service": span.resource.attributes.get("service.name"),
+        "start": (span.start_time or 0) / 1e9,
+        "end": (span.end_time or 0) / 1e9,
+        "status": span.status.status_code.name.lower(),
+        **dict(span.attributes or {}),
+    }

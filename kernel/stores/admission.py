@@ -574,15 +574,17 @@ class Waiting:
         return member_of(self.tenant_id, self.run_id, self.call_id, self.attempt)
 
 
-def waiting_command(command: ExecutionCommand) -> Waiting:
+def waiting_command(command: ExecutionCommand, traceparent: str | None = None) -> Waiting:
     """An admitted copy of ``command`` (its outcome will free its slots), queued for admission.
 
-    The payload is ``pool SEP command JSON``: whoever admits it publishes it to its pool's
-    topic as it is (``command_of`` reads it back)."""
+    The payload is ``pool SEP traceparent SEP command JSON``: whoever admits it publishes it
+    to its pool's topic as it is, in the trace of the turn that queued it (``command_of``
+    reads both back)."""
     admitted = command.model_copy(update={"admitted": True})
+    payload = SEP.join((command.pool, traceparent or "", admitted.encode().decode()))
     return Waiting(
         command.tenant_id, command.run_id, command.call_id, command.attempt, command.tool_name,
-        command.pool, f"{command.pool}{SEP}{admitted.encode().decode()}", command.deadline_at,
+        command.pool, payload, command.deadline_at,
     )  # fmt: skip
 
 
@@ -595,10 +597,13 @@ def _entries(calls: Sequence[Waiting]) -> list[Any]:
     return args
 
 
-def command_of(payload: str) -> tuple[str, str]:
-    """(pool, command JSON) of a queued call's payload."""
-    pool, raw = payload.split(SEP, 1)
-    return pool, raw
+def command_of(payload: str) -> tuple[str, str, str | None]:
+    """(pool, command JSON, traceparent or None) of a queued call's payload."""
+    pool, rest = payload.split(SEP, 1)
+    if rest.startswith("{"):  # queued by a planner that kept no trace context
+        return pool, rest, None
+    traceparent, raw = rest.split(SEP, 1)
+    return pool, raw, traceparent or None
 
 
 def member_of(tenant_id: str, run_id: str, call_id: str, attempt: int) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from kernel.adapters.bus import Bus
 from kernel.adapters.metrics import ADMISSION_WAIT, ADMITTED, COMMANDS, TENANT_CALLS, THROTTLED
 from kernel.adapters.topics import command_topic
+from kernel.adapters.tracing import traceparent
 from kernel.rules.outcomes import past_deadline
 from kernel.stores.admission import (
     SEP,
@@ -71,7 +72,11 @@ class Admitter:
         if not commands:
             return
         now = time.time()
-        self._queued += [waiting_command(c.model_copy(update={"issued_at": now})) for c in commands]
+        # In the trace of the caller's span (the planner's for its turn): kept with the payload.
+        parent = traceparent()
+        self._queued += [
+            waiting_command(c.model_copy(update={"issued_at": now}), parent) for c in commands
+        ]
         await self._in_next_pass()
 
     async def release(self, outcome: CallOutcome) -> None:
@@ -137,9 +142,10 @@ class Admitter:
             self._admit_at(admitted.refill_in_s)
         sent = []
         for member, payload in admitted.calls:
-            pool, raw = command_of(payload)
+            pool, raw, traceparent = command_of(payload)
             call_id = member.split(SEP)[2]
-            sent.append(await self.bus.publish(command_topic(pool), call_id, raw.encode()))
+            headers = [("traceparent", traceparent.encode())] if traceparent else []
+            sent.append(await self.bus.publish(command_topic(pool), call_id, raw.encode(), headers))
             command = ExecutionCommand.model_validate_json(raw)
             ADMITTED.labels(pool).inc()
             ADMISSION_WAIT.labels(pool).observe(max(0.0, time.time() - command.issued_at))

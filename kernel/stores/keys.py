@@ -92,6 +92,11 @@ class Keys:
         """Sorted set: started calls of one slot group by lease expiry."""
         return f"{self.namespace}:{{{GROUP_TAGS[group]}}}:leases"
 
+    def pending(self, group: int) -> str:
+        """Sorted set: calls of one slot group waiting for an approval decision, by when
+        they were asked (an index for operators: ``Ledger.pending_approvals``)."""
+        return f"{self.namespace}:{{{GROUP_TAGS[group]}}}:pending"
+
     # planner
     def approvals(self, tenant_id: str, run_id: str) -> str:
         """Hash: a run's approval decisions (per call and sticky per tool)."""
@@ -135,6 +140,11 @@ class Keys:
     def due(self, group: int) -> str:
         """Sorted set: the reconciler's delayed actions of one slot group, by due time."""
         return f"{self.namespace}:{{{GROUP_TAGS[group]}}}:recon:due"
+
+    def unknowns(self, group: int) -> str:
+        """Sorted set: one slot group's calls whose effect is unknown and unresolved, by when
+        the reconciler first saw them (``kernel/stores/unknowns.py``)."""
+        return f"{self.namespace}:{{{GROUP_TAGS[group]}}}:recon:unknown"
 
     def task_group(self, task_id: str) -> int:
         """The slot group of a human task's index, from its id alone."""

@@ -127,6 +127,8 @@ class NewCall:
     index: int = 0
     """Position among the response's function calls."""
     policy: CallPolicy = CallPolicy()
+    trace_id: str = ""
+    """The trace of the turn that planned it ('' when none is current)."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,8 @@ class LedgerEntry:
     tool_version: str | None = None
     """The tool version the latest attempt ran on."""
     policy: CallPolicy = CallPolicy()
+    trace_id: str | None = None
+    """The OpenTelemetry trace (32 hex digits) of the turn that planned the call."""
 
     @property
     def arguments_digest(self) -> str:
@@ -191,6 +195,7 @@ class LedgerEntry:
             upstream_ref=h.get("upstream_ref") or None,
             tool_version=h.get("tool_version") or None,
             policy=CallPolicy.decode(h.get("policy")),
+            trace_id=h.get("trace_id") or None,
         )
 
 
@@ -287,7 +292,8 @@ end
 local function plan(call, now, f)
   redis.call('HSET', call, 'fingerprint', f[1], 'idempotency_key', f[2], 'run_id', f[3],
     'turn_id', f[4], 'tool_name', f[5], 'pool', f[6], 'state', 'planned', 'attempts', 0,
-    'fencing_token', 0, 'created_at', now, 'arguments', f[7], 'index', f[8], 'policy', f[9])
+    'fencing_token', 0, 'created_at', now, 'arguments', f[7], 'index', f[8], 'policy', f[9],
+    'trace_id', f[10])
   return {'planned', '0', '0'}
 end
 """
@@ -295,15 +301,16 @@ end
 
 # Record a planned call unless it exists (an existing entry is left as it is); with
 # ARGV[10] = '1' also issue its attempt, as _DISPATCH does. ARGV: fingerprint, idem key,
-# run, turn, tool, pool, now, arguments, index, dispatch, policy. Returns {attempt, token}, {0, 0}
-# when not dispatching, or a negative attempt when no command should be sent.
+# run, turn, tool, pool, now, arguments, index, dispatch, policy, trace id. Returns
+# {attempt, token}, {0, 0} when not dispatching, or a negative attempt when no command should
+# be sent.
 _CREATE = (
     _ISSUE
     + """
 local h = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'fencing_token', 'keep')
 if not h[1] then
   h = plan(KEYS[1], ARGV[7], {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6],
-    ARGV[8], ARGV[9], ARGV[11]})
+    ARGV[8], ARGV[9], ARGV[11], ARGV[12]})
 end
 if ARGV[10] ~= '1' then return {0, 0} end
 return issue(KEYS[1], KEYS[2], h, false, tonumber(ARGV[7]), 'planned')
@@ -311,7 +318,7 @@ return issue(KEYS[1], KEYS[2], h, false, tonumber(ARGV[7]), 'planned')
 )
 
 # A turn whose calls are all new, in one script: KEYS are the run's approval state and its
-# wrong-effect hold, then each call's entry and audit chain; ARGV: now, then the 9 fields of
+# wrong-effect hold, then each call's entry and audit chain; ARGV: now, then the 10 fields of
 # each call. Records and dispatches every call (attempt 1, token 1 each) only if none of
 # those keys exists; returns the number of calls dispatched, 0 when it wrote nothing.
 _CREATE_FRESH = (
@@ -322,9 +329,9 @@ for i = 1, #KEYS, 1000 do  -- in chunks: Lua's unpack takes at most ~8,000 value
 end
 local now = tonumber(ARGV[1])
 for i = 3, #KEYS, 2 do
-  local a = (i - 3) / 2 * 9 + 1
+  local a = (i - 3) / 2 * 10 + 1
   local h = plan(KEYS[i], ARGV[1], {ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
-    ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9]})
+    ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10]})
   issue(KEYS[i], KEYS[i + 1], h, false, now, 'planned')
 end
 return (#KEYS - 2) / 2
@@ -552,6 +559,7 @@ class Ledger:
                         c.index,
                         "1" if c.call_id in now_too else "0",
                         c.policy.encode(),
+                        c.trace_id,
                     ],
                     client=pipe,
                 )
@@ -586,7 +594,7 @@ class Ledger:
                 self.keys.audit(tenant_id, run_id, c.call_id),
             ]
             args += [c.fingerprint, c.idempotency_key, c.run_id, c.turn_id, c.tool_name,
-                     c.pool or "", c.arguments, c.index, c.policy.encode()]  # fmt: skip
+                     c.pool or "", c.arguments, c.index, c.policy.encode(), c.trace_id]  # fmt: skip
         if int(await self._create_fresh(keys=keys, args=args)) != len(calls):
             return None
         return [(1, 1)] * len(calls)  # a new call's first attempt, as _ISSUE numbers it
@@ -780,10 +788,52 @@ class Ledger:
             ],
             args=[event, *(x for pair in fields.items() for x in pair)],
         )
+        member = lease_member(tenant_id, run_id, call_id)
+        await self.redis.zrem(self._pending_index(tenant_id, run_id), member)
 
     async def set_pending_approval(self, tenant_id: str, run_id: str, call_id: str) -> None:
-        """Remember that the call waits for a decision, so needs_approval is not asked again."""
-        await self.redis.hset(self.keys.call(tenant_id, run_id, call_id), "pending_approval", "1")
+        """Remember that the call waits for a decision, so needs_approval is not asked again;
+        it joins the index operators list (``pending_approvals``) until it is decided."""
+        async with self.redis.pipeline(transaction=False) as pipe:  # one slot: the run's group
+            pipe.hset(self.keys.call(tenant_id, run_id, call_id), "pending_approval", "1")
+            pipe.zadd(
+                self._pending_index(tenant_id, run_id),
+                {lease_member(tenant_id, run_id, call_id): time.time()},
+                nx=True,
+            )
+            await pipe.execute()
+
+    def _pending_index(self, tenant_id: str, run_id: str) -> str:
+        return self.keys.pending(self.keys.group(tenant_id, run_id))
+
+    async def pending_approvals(
+        self, tenant_id: str | None = None, limit: int = 500
+    ) -> list[LedgerEntry]:
+        """Calls waiting for an approval decision (of ``tenant_id`` only, when given), the
+        longest waiting first, at most ``limit``. Entries decided, or gone, since they were
+        indexed are dropped from the index on the way."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for group in range(SLOT_GROUPS):
+                pipe.zrange(self.keys.pending(group), 0, limit - 1, withscores=True)
+            replies = await pipe.execute()
+        asked: list[tuple[float, str, str, str]] = []
+        for members in replies:
+            for member, at in members:
+                tenant, run, call_id = text(member).split("\x1f", 2)
+                if tenant_id is None or tenant == tenant_id:
+                    asked.append((float(at), tenant, run, call_id))
+        asked.sort()
+        found: list[LedgerEntry] = []
+        for _at, tenant, run, call_id in asked:
+            if len(found) >= limit:
+                break
+            entry = (await self.read(tenant, run, [call_id])).get(call_id)
+            if entry is None or not entry.pending_approval or entry.approval is not None:
+                member = lease_member(tenant, run, call_id)
+                await self.redis.zrem(self._pending_index(tenant, run), member)
+                continue
+            found.append(entry)
+        return found
 
     async def audit(self, tenant_id: str, run_id: str, call_id: str) -> list[dict[str, Any]]:
         """The call's audit chain, oldest first; a plain run's events come from its entry."""

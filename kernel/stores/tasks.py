@@ -59,6 +59,22 @@ class TaskStore:
         tasks = (_decode(v) for raw in indexes for v in raw.values())
         return sorted(tasks, key=lambda t: t.task.created_at)
 
+    async def open_by_kind(self) -> dict[str, int]:
+        """How many tasks wait for an operator, per kind (every group's index, read at once).
+
+        Resolved tasks are kept, so this reads them too: tasks are filed at a human's pace,
+        and a reconciler asks every few seconds, not per call.
+        """
+        groups = [self.keys.tasks(g) for g in range(SLOT_GROUPS)]
+        indexes = await asyncio.gather(*(self.redis.hvals(key) for key in groups))
+        counts: dict[str, int] = {}
+        for raw in (value for values in indexes for value in values):
+            record = json.loads(text(raw))
+            if record["status"] == "open":
+                kind = str(record["task"]["kind"])
+                counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
     async def close(self, task_id: str, resolution: TaskResolution) -> bool:
         """Mark a task resolved; False when it was already resolved (a redelivery)."""
         stored = await self.get(task_id)

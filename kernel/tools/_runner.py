@@ -39,10 +39,12 @@ SDK, run_call does not wait for the tool's cleanup after a parent cancellation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +93,14 @@ def _run_error_message(tool: Tool, exc: Exception) -> str:
     return RUN_ERROR.format(name=tool.name, error=exc)
 
 
+Phase = Callable[[str], AbstractContextManager[None]]
+"""Wraps one named phase of a call (the worker makes each a span)."""
+
+
+def _no_phase(_name: str) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
 class _TurnFailed(Exception):
     """Internal: this call fails the whole turn; carries what the outcome must say."""
 
@@ -124,6 +134,7 @@ async def run_call(
     cancel_call: asyncio.Future[None] | None = None,
     record_upstream: UpstreamRecorder | None = None,
     max_output_bytes: int | None = None,
+    phase: Phase | None = None,
 ) -> CallOutcome:
     """Run one call of ``tool`` as ``command`` describes and return its outcome.
 
@@ -132,7 +143,8 @@ async def run_call(
     the tool body: a tool-local cancellation, which follows the failure policy like any tool
     failure. ``record_upstream`` writes what the tool passes to ``ctx.record_upstream_ref``.
     An output longer than ``max_output_bytes`` is not kept: the call ends ``failed`` with a
-    text that says so (its effect is what the body did).
+    text that says so (its effect is what the body did). ``phase(name)`` wraps each phase
+    of the call (``guardrails.input``, ``body``, ``guardrails.output``): the worker's spans.
     """
     loop = asyncio.get_running_loop()
     run = _CallRun(
@@ -144,6 +156,7 @@ async def run_call(
         cancel_call=cancel_call or loop.create_future(),
         record_upstream=record_upstream,
         max_output_bytes=max_output_bytes,
+        phase=phase or _no_phase,
     )
     return await run.run()
 
@@ -162,7 +175,9 @@ class _CallRun:
         cancel_call: asyncio.Future[None],
         record_upstream: UpstreamRecorder | None = None,
         max_output_bytes: int | None = None,
+        phase: Phase,
     ) -> None:
+        self.phase = phase
         self.tool = tool
         self.cancel_call = cancel_call
         self.command = command
@@ -222,13 +237,19 @@ class _CallRun:
         self.started_at = time.time()
         if self.on_started is not None:
             await self.on_started()
-        rejection = await self._input_guardrails()
-        if rejection is not None:
-            return self._outcome("rejected", "not_executed", rejection)
+        if tool.input_guardrails:
+            with self.phase("guardrails.input"):
+                rejection = await self._input_guardrails()
+            if rejection is not None:
+                return self._outcome("rejected", "not_executed", rejection)
         if self.hooks is not None:
             await self._user(self.hooks.on_tool_start, self.ctx, tool, effect="not_executed")
-        body = await self._invoke(args)
-        return await self._accept(body)
+        with self.phase("body"):
+            body = await self._invoke(args)
+        if not tool.output_guardrails:
+            return await self._accept(body)
+        with self.phase("guardrails.output"):
+            return await self._accept(body)
 
     async def _approval_required(self) -> bool:
         policy = self.tool.needs_approval

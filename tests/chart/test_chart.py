@@ -2,7 +2,8 @@
 ``helm template`` with the default values and with every optional part switched on
 (helm/toolfleet/ci/full-values.yaml), ``kubeconform -strict`` on the output against the
 Kubernetes JSON schemas of the ``kubernetes-validate`` package (offline), the values schema
-refusing what the API server would refuse, and what every Deployment must carry.
+refusing what the API server would refuse, and what every Deployment must carry. The alerts
+and the Grafana dashboard are checked in ``test_dashboards.py``.
 
 helm and kubeconform come from ``make chart-tools`` (``go install``), which ``make test`` runs.
 """
@@ -21,7 +22,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kernel.adapters.metrics import REGISTRY
 from kernel.settings import Settings
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "toolfleet"
@@ -152,6 +152,7 @@ def test_every_deployment_is_ready_for_production() -> None:
     kinds = [o["kind"] for o in _objects(rendered)]
     assert kinds.count("PodDisruptionBudget") == 4  # every component with more than one pod
     assert {"ServiceAccount", "Service", "ServiceMonitor", "PrometheusRule", "Job"} <= set(kinds)
+    assert "ConfigMap" in kinds  # the Grafana dashboard (tests/chart/test_dashboards.py)
 
 
 def test_worker_flags_autoscaling_and_topics_come_from_values() -> None:
@@ -184,16 +185,30 @@ def test_every_setting_the_chart_sets_exists() -> None:
             names.add(env["name"])
     known = {f"TOOLFLEET_{field.upper()}" for field in Settings.model_fields}
     known |= {"KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL", "HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME"}
+    # OpenTelemetry's own variables, read by its SDK and OTLP exporter.
+    known |= {"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"}
     assert names - known == set()
 
 
-def test_the_alerts_use_metrics_the_services_register() -> None:
-    (rule,) = [o for o in _objects(_render(FULL)) if o["kind"] == "PrometheusRule"]
-    registered = {metric.name for metric in REGISTRY.collect()}
-    registered |= {f"{name}_total" for name in registered}
-    for alert in rule["spec"]["groups"][0]["rules"]:
-        for metric in re.findall(r"\b(toolfleet_[a-z_]+)", alert["expr"]):
-            assert metric in registered, f"{alert['alert']} uses {metric}, which nothing serves"
+def test_tracing_and_the_log_level_come_from_values() -> None:
+    (planner,) = [d for name, d in _deployments(_render(FULL)).items() if name.endswith("planner")]
+    env = {
+        e["name"]: e.get("value")
+        for e in planner["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["TOOLFLEET_TRACES"] == "otlp"
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability:4318"
+    assert env["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio"
+    assert env["OTEL_TRACES_SAMPLER_ARG"] == "0.25"
+    assert env["TOOLFLEET_LOG_LEVEL"] == "WARNING"
+    defaults = _deployments(_render())["fleet-toolfleet-planner"]
+    default_env = {e["name"] for e in defaults["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in default_env  # tracing is off by default
+    done = _helm(
+        "template", "fleet", str(CHART), "--kube-version", KUBERNETES,
+        "--set", "tracing.exporter=otlp", check=False,
+    )  # fmt: skip
+    assert done.returncode != 0 and "tracing.otlpEndpoint is required" in done.stderr
 
 
 def test_the_chart_version_and_app_version() -> None:

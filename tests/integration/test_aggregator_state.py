@@ -63,7 +63,7 @@ async def test_a_plan_with_its_outcomes_in_one_update_emits_what_one_by_one_woul
     one_by_one = await aggregator.on_outcomes([(_outcome(apart, 1), "o:3")])
     one_by_one += await aggregator.on_outcomes([(_outcome(apart, 0), "o:2")])
     assert len(emitted) == len(one_by_one) == 1
-    result, expected = emitted[0][0], one_by_one[0][0]
+    result, expected = emitted[0].result, one_by_one[0].result
     assert result.status == expected.status == "completed"
     assert [o.output for o in result.outputs] == [o.output for o in expected.outputs]
     assert [o.output for o in result.outputs] == ["out-0", "out-1"]
@@ -75,7 +75,7 @@ async def test_a_plan_with_its_outcomes_in_one_update_emits_what_one_by_one_woul
     again = await aggregator.on_outcomes(
         [(_outcome(together, 0), "o:0")], plan=(_plan(together), "p:0")
     )
-    assert [r.status for r, _ in again] == ["completed"]
+    assert [e.result.status for e in again] == ["completed"]
     late = await aggregator.on_outcomes([(_outcome(together, 1), "o:9")])
     assert late == []
 

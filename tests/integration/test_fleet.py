@@ -13,8 +13,11 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 from redis.asyncio import Redis
 
+from kernel.adapters.topics import command_topic
 from kernel.settings import Settings
 from kernel.stores.admission import Admission, Limits
 from kernel.stores.keys import Keys
@@ -154,6 +157,62 @@ async def test_every_service_serves_metrics(fleet: LocalFleet, client: FleetClie
             assert any(re.search(rf"^{name}", t, re.MULTILINE) for t in texts), (
                 f"{service} lacks {name}"
             )
+
+
+async def test_every_service_reports_its_consumer_lag_and_build(
+    fleet: LocalFleet, client: FleetClient, settings: Settings
+) -> None:
+    prefix = settings.topic_prefix
+    groups = {
+        "planner": f"{prefix}planner",
+        "aggregator": f"{prefix}aggregator",
+        "reconciler": f"{prefix}reconciler",
+        "worker-0": f"{prefix}workers.{fleet.pool}",
+    }
+    for member, group in groups.items():
+        port = fleet.metrics_port(member)
+
+        async def lags(port: int | None = port, group: str = group) -> list[Sample]:
+            return [
+                s
+                for s in await _samples(port, "toolfleet_consumer_lag")
+                if s.labels["group"] == group
+            ]
+
+        # Sampled every few seconds, once the consumer has fetched each partition it owns.
+        for sample in await wait_for(lags, within=60, interval=1):
+            topic = sample.labels["topic"]
+            assert topic.startswith(prefix), (member, topic)
+            partitions = settings.partitions_of(topic.removeprefix(prefix))
+            assert 0 <= int(sample.labels["partition"]) < partitions
+            assert sample.value >= 0
+        (build,) = await _samples(port, "toolfleet_build_info")
+        service = f"worker-{fleet.pool}" if member.startswith("worker") else member
+        assert (build.labels["service"], build.value) == (service, 1)
+        assert await _samples(port, "process_resident_memory_bytes")
+
+    # The pool's workers together report every partition of its topic, each once.
+    pool_group = f"{prefix}workers.{fleet.pool}"
+    every = [str(p) for p in range(settings.partitions_of(command_topic(fleet.pool)))]
+
+    async def pool_reports_every_partition() -> bool:
+        owned = [
+            s.labels["partition"]
+            for n in range(WORKERS)
+            for s in await _samples(fleet.metrics_port(f"worker-{n}"), "toolfleet_consumer_lag")
+            if s.labels["group"] == pool_group
+        ]
+        return sorted(owned) == sorted(every)
+
+    await wait_for(pool_reports_every_partition, within=60, interval=1)
+
+
+async def _samples(port: int | None, name: str) -> list[Sample]:
+    """The samples called ``name`` a process serves on /metrics (none while it has no port)."""
+    if port is None:
+        return []
+    text = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
+    return [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
 
 
 def _get(url: str) -> str:

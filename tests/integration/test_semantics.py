@@ -62,7 +62,9 @@ NOT_COMMITTED = (
 def fleet(settings: Settings, topics: list[str]) -> Iterator[LocalFleet]:
     # Failing on purpose is what these tools are for: never let them open their circuit.
     never_open = {"TOOLFLEET_CIRCUIT_MIN_CALLS": str(10**9)}
-    with LocalFleet(settings, tools=TOOLS, workers=2, extra_env=never_open) as running:
+    # Spans as log lines, so a test can count them in the workers' logs.
+    env = {**never_open, "TOOLFLEET_TRACES": "log"}
+    with LocalFleet(settings, tools=TOOLS, workers=2, extra_env=env) as running:
         yield running
 
 
@@ -532,6 +534,8 @@ async def test_hooks_and_spans_run_exactly_once_per_call(
     assert await hooks("d") == (1, 1)  # once, after approval; none while pending
 
     def spans(suffix: str) -> int:
+        """The call spans of a started attempt of the call (a pending call's span says it
+        did not start)."""
         call_id = cid(event, suffix)
         return sum(
             1
@@ -539,10 +543,10 @@ async def test_hooks_and_spans_run_exactly_once_per_call(
             for line in fleet.logs(f"worker-{n}").splitlines()
             if '"msg": "spans"' in line
             for span in json.loads(line)["spans"]
-            if span["call_id"] == call_id
+            if span.get("toolfleet.call_id") == call_id and span.get("toolfleet.started")
         )
 
-    async def all_exported() -> bool:  # spans are exported in batches, every 0.1 s
+    async def all_exported() -> bool:  # spans are exported in batches, every 0.2 s
         return all(spans(s) for s in "abcd")
 
     await wait_for(all_exported)

@@ -20,7 +20,7 @@ def _run_keys(keys: Keys, tenant: str, run: str) -> list[str]:
         keys.approvals(tenant, run), keys.cancelled(tenant, run), keys.held(tenant, run),
         keys.gate(tenant, run, 0), keys.gates(tenant, run), keys.turn(tenant, run, 0),
         keys.turns(tenant, run), keys.leases(keys.group(tenant, run)),
-        keys.due(keys.group(tenant, run)),
+        keys.due(keys.group(tenant, run)), keys.pending(keys.group(tenant, run)),
     ]  # fmt: skip
 
 

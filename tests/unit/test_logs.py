@@ -6,8 +6,11 @@ import asyncio
 import json
 import logging
 
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
 from kernel.adapters.logs import JsonFormatter, configure_logging, log_context
-from kernel.adapters.spans import SpanBatcher
+from kernel.adapters.spans import LogSpanExporter
 
 
 class _Lines(logging.Handler):
@@ -50,22 +53,37 @@ async def test_records_inside_a_context_carry_its_ids_and_tasks_inherit_them() -
     ]
 
 
-async def test_a_batch_of_spans_is_not_tagged_with_one_calls_ids() -> None:
+def test_records_inside_a_span_carry_its_trace_and_span_ids() -> None:
+    logger, lines = _capture()
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("toolfleet call add") as span:
+        logger.info("in the call")
+    logger.info("after it")
+    context = span.get_span_context()
+    inside, after = lines.lines
+    assert inside["trace_id"] == format(context.trace_id, "032x")
+    assert inside["span_id"] == format(context.span_id, "016x")
+    assert "trace_id" not in after and "span_id" not in after
+
+
+def test_a_batch_of_spans_is_not_tagged_with_one_calls_ids() -> None:
     _, lines = _capture()
     spans = logging.getLogger("kernel.adapters.spans")
     spans.addHandler(lines)
     level, spans.level = spans.level, logging.INFO
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(LogSpanExporter()))
+    tracer = provider.get_tracer("test")
     try:
-        batcher = SpanBatcher(max_batch=2)
-        with log_context(call_id="c1"):
-            batcher.add({"name": "a"})
-        with log_context(call_id="c2"):
-            batcher.add({"name": "b"})  # the batch is full: logged here, inside c2's context
+        # The span ends, and is exported, inside c2's log context and its own trace.
+        with log_context(call_id="c2"), tracer.start_as_current_span("b"):
+            pass
     finally:
         spans.removeHandler(lines)
         spans.setLevel(level)
     (line,) = lines.lines
-    assert "call_id" not in line and len(line["spans"]) == 2  # type: ignore[arg-type]
+    assert line["msg"] == "spans" and len(line["spans"]) == 1  # type: ignore[arg-type]
+    assert "call_id" not in line and "trace_id" not in line
 
 
 def test_the_level_setting_applies_to_the_whole_process() -> None:

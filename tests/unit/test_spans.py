@@ -1,44 +1,40 @@
-"""Spans are exported in batches: one log record per interval or per full batch."""
+"""The log exporter (TOOLFLEET_TRACES=log): a batch of spans is one JSON log record."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from kernel.adapters.spans import SpanBatcher
+from kernel.adapters.spans import LogSpanExporter
 
 
-def _exported(caplog: pytest.LogCaptureFixture) -> list[list[int]]:
+def _exported(caplog: pytest.LogCaptureFixture) -> list[list[dict[str, object]]]:
     return [
-        [span["n"] for span in record.spans]  # type: ignore[attr-defined]
+        record.spans  # type: ignore[attr-defined]
         for record in caplog.records
         if record.name == "kernel.adapters.spans"
     ]
 
 
-async def test_a_full_batch_is_logged_at_once_the_rest_after_the_interval(
+def test_each_batch_is_one_record_with_ids_parents_and_attributes(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="kernel.adapters.spans")
-    batcher = SpanBatcher(interval_s=0.05, max_batch=3)
-    for n in range(4):
-        batcher.add({"n": n})
-    assert _exported(caplog) == [[0, 1, 2]]
-    for _ in range(100):  # the timer's flush, within a deadline
-        if len(_exported(caplog)) == 2:
-            break
-        await asyncio.sleep(0.01)  # wait-ok: polling interval of a deadline-bounded wait
-    assert _exported(caplog) == [[0, 1, 2], [3]]
-
-
-async def test_flush_logs_what_is_queued_and_nothing_twice(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    caplog.set_level(logging.INFO, logger="kernel.adapters.spans")
-    batcher = SpanBatcher(interval_s=60)
-    batcher.add({"n": 1})
-    batcher.flush()
-    batcher.flush()
-    assert _exported(caplog) == [[1]]
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(LogSpanExporter()))
+    tracer = provider.get_tracer("test")
+    call_attributes = {"toolfleet.call_id": "c1"}
+    with (
+        tracer.start_as_current_span("toolfleet call add", attributes=call_attributes),
+        tracer.start_as_current_span("body"),
+    ):
+        pass
+    [body], [call] = _exported(caplog)
+    assert call["name"] == "toolfleet call add" and call["toolfleet.call_id"] == "c1"
+    assert body["name"] == "body" and body["parent_id"] == call["span_id"]
+    assert body["trace_id"] == call["trace_id"] and len(str(call["trace_id"])) == 32
+    assert call["parent_id"] is None
+    assert float(str(call["end"])) >= float(str(call["start"])) > 0

@@ -20,11 +20,13 @@ from redis.asyncio import Redis
 
 from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, KafkaBus
 from kernel.adapters.health import HEALTH, watch
+from kernel.adapters.lag import LAG
 from kernel.adapters.logs import configure_logging
-from kernel.adapters.metrics import serve_metrics
+from kernel.adapters.metrics import configure_metrics, serve_metrics
 from kernel.adapters.redis import connect_redis
 from kernel.adapters.security import explain_connection_error, kafka_options, refused
 from kernel.adapters.topics import TopicsMissingError, ensure_topics
+from kernel.adapters.tracing import configure_tracing
 from kernel.errors import CutOffError, InfrastructureError
 from kernel.settings import Settings
 
@@ -59,6 +61,8 @@ def run_service(
     an outage at start it is built again over fresh ones.
     """
     configure_logging(name, settings.log_level)
+    tracing = configure_tracing(name, settings)
+    configure_metrics(name, tool_label=settings.metrics_tool_label)
     serve_metrics(settings.metrics_port)
     # uvloop: the services spend their time in the event loop's own machinery (tasks,
     # futures, socket writes), which it runs several times faster than asyncio's.
@@ -68,6 +72,9 @@ def run_service(
         except InfrastructureError as exc:
             log.error("cannot start: %s", exc)
             raise SystemExit(f"toolfleet {name}: {exc}") from None
+        finally:
+            if tracing is not None:
+                tracing.shutdown()  # exports the spans still queued
 
 
 async def _main(
@@ -88,10 +95,12 @@ async def _main(
         loop.add_signal_handler(sig, stop)
     probes = _Probes(settings)
     watcher = asyncio.create_task(watch({"kafka": probes.kafka, "redis": probes.redis}))
+    lag = asyncio.create_task(LAG.run())  # toolfleet_consumer_lag of every consumer made
     try:
         await _serve(name, settings, make, pools=pools, stopping=stopping, current=current)
     finally:
         watcher.cancel()
+        lag.cancel()
         await probes.close()
 
 

@@ -9,11 +9,13 @@ A service takes its bus in its constructor; give it an ``InMemoryBus`` and call 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from kernel.adapters.bus import Record
+from kernel.adapters.tracing import Headers
+from kernel.adapters.tracing import headers as trace_headers
 from kernel.errors import UsageError
 from kernel.settings import Settings
 from schemas import Message
@@ -29,6 +31,7 @@ class ConsumedRecord:
     key: bytes | None = None
     partition: int = 0
     offset: int = 0
+    headers: Sequence[tuple[str, bytes]] = ()
 
     @classmethod
     def of(
@@ -45,6 +48,7 @@ class Published:
     topic: str
     key: bytes | None
     value: bytes
+    headers: Headers = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -78,12 +82,18 @@ class InMemoryBus:
         return self.settings.topic(name)
 
     async def publish(
-        self, topic: str, key: str | bytes | None, value: Message | bytes
+        self,
+        topic: str,
+        key: str | bytes | None,
+        value: Message | bytes,
+        headers: Headers | None = None,
     ) -> asyncio.Future[Any]:
-        """Record one message; the returned future is already resolved."""
+        """Record one message (with ``headers``, or the current trace context's); the returned
+        future is already resolved."""
         raw_key = key.encode() if isinstance(key, str) else key
         raw = value.encode() if isinstance(value, Message) else value
-        self.published.append(Published(topic, raw_key, raw))
+        kept = trace_headers() if headers is None else headers
+        self.published.append(Published(topic, raw_key, raw, kept))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         future.set_result(None)
         return future

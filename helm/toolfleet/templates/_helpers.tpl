@@ -101,6 +101,20 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ .Values.ledgerRetentionSeconds | quote }}
 - name: TOOLFLEET_METRICS_PORT
   value: {{ .Values.metrics.port | quote }}
+- name: TOOLFLEET_METRICS_TOOL_LABEL
+  value: {{ .Values.metrics.toolLabel | quote }}
+- name: TOOLFLEET_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: TOOLFLEET_TRACES
+  value: {{ .Values.tracing.exporter | quote }}
+{{- if eq .Values.tracing.exporter "otlp" }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ required "tracing.otlpEndpoint is required with tracing.exporter=otlp" .Values.tracing.otlpEndpoint | quote }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ .Values.tracing.sampler | quote }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ .Values.tracing.samplerArg | quote }}
+{{- end }}
 # The root filesystem is read-only: state (dead-letter overflow files) goes to /tmp.
 - name: HOME
   value: /tmp
@@ -240,4 +254,12 @@ volumes:
 {{/* A pool's Kubernetes name part (the schema allows only lowercase DNS labels). */}}
 {{- define "toolfleet.poolName" -}}
 {{- printf "worker-%s" . }}
+{{- end }}
+
+{{/* The label matchers of the alerts: this release's scrape targets (the chart's
+     ServiceMonitor names its job after the metrics Service), unless prometheusRule.selector
+     says how they are scraped. */}}
+{{- define "toolfleet.alertSelector" -}}
+{{- $default := printf "job=%q, namespace=%q" (printf "%s-metrics" (include "toolfleet.fullname" .)) .Release.Namespace -}}
+{{- .Values.prometheusRule.selector | default $default -}}
 {{- end }}
