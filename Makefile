@@ -5,7 +5,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test lint unit demo bench fuzz chaos infra-up infra-down clean chart-tools image-check
+.PHONY: setup test lint unit demo bench fuzz chaos infra-up infra-down clean chart-tools image-check \
+	console-screenshot
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -13,9 +14,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-## setup: virtualenv, Python packages, redis-server, Kafka jars; then start Kafka and Redis
+## setup: virtualenv, Python packages, redis-server, chromium (the console's browser tests),
+## Kafka jars; then start Kafka and Redis
 setup: $(STAMP)
 	bash scripts/install-redis.sh
+	bash scripts/install-chromium.sh
 	$(BIN)/toolfleet infra up
 
 ## chart-tools: helm and kubeconform (go install), for the chart checks in the tests
@@ -70,6 +73,11 @@ fuzz: setup
 ## chaos: 3,000 charges while workers are SIGKILLed; prints the figures
 chaos: setup
 	TOOLFLEET_CHAOS_TURNS=600 TOOLFLEET_CHAOS_INFRA_KILLS=1 $(BIN)/pytest -q -s tests/integration/test_chaos.py
+
+## console-screenshot: the console's browser tests, writing the live page's screenshot to
+## docs/console.png (the README's)
+console-screenshot: setup
+	TOOLFLEET_CONSOLE_SCREENSHOT=docs/console.png $(BIN)/pytest -q tests/integration/test_console_browser.py
 
 infra-up: setup
 

@@ -6,7 +6,13 @@ Catch the branch that says what you can do about it::
     ├── UsageError                       used wrongly: fix the call, flag or declaration
     │   ├── ConfigurationError           a setting, flag or tool declaration is invalid
     │   │   └── TopicsMissingError       (kernel.adapters.topics) topics to create on purpose
-    │   └── ToolNotFoundError            a call names a tool that no worker pool publishes
+    │   ├── ToolNotFoundError            a call names a tool that no worker pool publishes
+    │   ├── NotFoundError                (toolfleet.app.operations) no such task, call, tool
+    │   ├── AlreadyDecidedError          (toolfleet.app.operations) decided already, or ran
+    │   └── NotAllowedError              (toolfleet.app.operations) another tenant's data, or
+    │       │                            fleet-wide, for an operator scoped to one tenant
+    │       ├── NoOperatorError          (toolfleet.app.console) a decision with no operator
+    │       └── CrossSiteRequestError    (toolfleet.app.console) not sent by the console's page
     ├── UnavailableError                 a dependency is away: retry, nothing is wrong with you
     │   ├── InfrastructureError          Kafka or Redis could not be started, reached or stopped
     │   │   ├── CutOffError              this instance lost Kafka or Redis past the cut-off bound

@@ -9,8 +9,9 @@ import click
 from executors.worker import WorkerLimits
 from kernel.errors import ConfigurationError
 from kernel.settings import Settings
+from toolfleet.app.console import console
 from toolfleet.app.infra.cli import infra
-from toolfleet.app.ops_cli import inspect, smoke, tasks, tenants, tools, topics
+from toolfleet.app.ops_cli import approvals, inspect, smoke, tasks, tenants, tools, topics
 from toolfleet.app.service import run_service
 
 
@@ -26,6 +27,8 @@ main.add_command(tools)
 main.add_command(tenants)
 main.add_command(topics)
 main.add_command(smoke)
+main.add_command(approvals)
+main.add_command(console)
 
 
 @main.command()

@@ -7,7 +7,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 from redis.asyncio import Redis
@@ -15,28 +15,23 @@ from redis.asyncio import Redis
 from kernel.adapters.bus import KafkaBus
 from kernel.adapters.redis import connect_redis
 from kernel.adapters.topics import apply_topics, plan_topics, strimzi_topics
-from kernel.rules.auth import DecisionAuth
+from kernel.errors import UsageError
 from kernel.rules.effects import Budgets, attendance, needs_review, review_rows
-from kernel.rules.versions import version_order, version_ref
+from kernel.rules.versions import version_ref
 from kernel.settings import Settings
 from kernel.stores.admission import Admission, Limits
-from kernel.stores.circuit import CircuitBreaker
 from kernel.stores.keys import Keys
-from kernel.stores.ledger import Ledger
-from kernel.stores.registry import (
-    ToolDirectory,
-    live_versions,
-    pin_version,
-    pinned_version,
-    unpin_version,
-)
-from kernel.stores.tasks import TaskStore
-from schemas import AgentRef, ModelResponseEvent, TaskResolution, ToolfleetError, ToolSpec
+from kernel.stores.registry import ToolDirectory
+from schemas import AgentRef, ModelResponseEvent, ToolfleetError, ToolSpec
+from toolfleet.app import operations
 
 T = TypeVar("T")
 
 
 def _with_redis(work: Callable[[Redis, Settings], Awaitable[T]]) -> T:
+    """Run ``work`` with a Redis connection; an operation's refusal becomes the command's
+    error message (``toolfleet.app.operations`` raises UsageErrors that say what to fix)."""
+
     async def main() -> T:
         settings = Settings()
         redis = connect_redis(settings)
@@ -45,7 +40,10 @@ def _with_redis(work: Callable[[Redis, Settings], Awaitable[T]]) -> T:
         finally:
             await redis.aclose()
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    except UsageError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @click.group()
@@ -58,10 +56,8 @@ def tasks() -> None:
 def list_tasks(show_all: bool) -> None:
     """List open (or all) human tasks, oldest first."""
 
-    async def work(redis: Redis, _settings: Settings) -> None:
-        for stored in await TaskStore(redis, Keys.of(_settings)).all():
-            if stored.status == "resolved" and not show_all:
-                continue
+    async def work(redis: Redis, settings: Settings) -> None:
+        for stored in await operations.list_tasks(redis, settings, include_resolved=show_all):
             t = stored.task
             age = time.time() - t.created_at
             subject = t.call_id or f"{t.tool_name}@{t.tool_version}"
@@ -79,9 +75,7 @@ def list_tasks(show_all: bool) -> None:
     "--as",
     "resolution",
     required=True,
-    type=click.Choice(
-        ["applied", "not_applied", "wrong_effect", "approve_compensation", "reject_compensation"]
-    ),
+    type=click.Choice(operations.RESOLUTIONS),
     help="What the operator found or decided.",
 )
 @click.option("--output", default=None, help="For applied: the output the model should see.")
@@ -93,22 +87,14 @@ def resolve_task(
     """Answer a human task; the reconciler carries the answer out."""
 
     async def work(redis: Redis, settings: Settings) -> None:
-        stored = await TaskStore(redis, Keys.of(settings)).get(task_id)
-        if stored is None:
-            raise click.ClickException(f"no task {task_id}; see `toolfleet tasks list`")
-        message = TaskResolution(
-            tenant_id=stored.task.tenant_id,
-            task_id=task_id,
-            resolution=resolution,
-            output=output,
-            note=note,
-            decided_by=decided_by,
-        )
-        signed = DecisionAuth.of(settings).sign(message)
         bus = KafkaBus(settings, service="cli")
         await bus.start()
         try:
-            await bus.publish_and_wait("task-resolutions", stored.task.run_id or task_id, signed)
+            answer = cast(operations.Resolution, resolution)  # one of click's choices
+            await operations.resolve_task(
+                redis, bus, settings, task_id, answer, decided_by=decided_by, output=output,
+                note=note,
+            )  # fmt: skip
         finally:
             await bus.stop()
         click.echo(f"sent: {task_id} -> {resolution}")
@@ -130,24 +116,86 @@ def inspect() -> None:
 def inspect_call(call_id: str, tenant: str, run_id: str) -> None:
     """Print a call's ledger entry and its audit chain."""
 
-    async def work(redis: Redis, _settings: Settings) -> None:
-        ledger = Ledger(redis, Keys.of(_settings), _settings.ledger_retention_s)
-        entry = (await ledger.read(tenant, run_id, [call_id])).get(call_id)
-        if entry is None:
-            raise click.ClickException(f"no call {call_id} for tenant {tenant}")
-        fields: dict[str, Any] = {
-            k: v for k, v in vars(entry).items() if k not in ("outcome", "arguments")
-        }
-        fields["arguments_digest"] = entry.arguments_digest
-        click.echo(json.dumps(fields, indent=2, default=str))
-        if entry.outcome is not None:
-            click.echo("outcome: " + entry.outcome.model_dump_json(exclude_none=True))
+    async def work(redis: Redis, settings: Settings) -> None:
+        view = await operations.read_call(redis, settings, tenant, run_id, call_id)
+        click.echo(json.dumps(view.fields, indent=2, default=str))
+        if view.entry.outcome is not None:
+            click.echo("outcome: " + view.entry.outcome.model_dump_json(exclude_none=True))
         click.echo("audit chain:")
-        for event in await ledger.audit(tenant, run_id, call_id):
+        for event in view.audit:
             at = time.strftime("%H:%M:%S", time.localtime(event.pop("at", 0)))
             click.echo(f"  {at}  {event.pop('event')}  {json.dumps(event, default=str)}")
 
     _with_redis(work)
+
+
+@click.group()
+def approvals() -> None:
+    """Calls waiting for an operator's approval, and the decisions on them."""
+
+
+@approvals.command("list")
+@click.option("--tenant", default=None, help="Only this tenant's calls.")
+def list_approvals(tenant: str | None) -> None:
+    """Calls waiting for approval, the longest waiting first (arguments as their digest)."""
+
+    async def work(redis: Redis, settings: Settings) -> None:
+        for pending in await operations.pending_approvals(redis, settings, tenant=tenant):
+            e, decision = pending.entry, pending.decision
+            click.echo(f"{e.call_id}  {e.tool_name}  tenant={e.tenant_id}  run={e.run_id}")
+            click.echo(f"    arguments sha256: {e.arguments_digest}")
+            if decision is not None:
+                verdict = "approved" if decision.get("approve") else "rejected"
+                click.echo(f"    {verdict} by {decision.get('by')}; waiting for the turn's resume")
+
+    _with_redis(work)
+
+
+def _decision_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(
+        [
+            click.argument("call_id"),
+            click.option("--tenant", required=True, help="The call's tenant."),
+            click.option("--run", "run_id", required=True, help="The call's run."),
+            click.option("--by", "decided_by", required=True,
+                         help="Who decides (kept in the audit chain)."),
+        ]
+    ):  # fmt: skip
+        func = option(func)
+    return func
+
+
+def _decide(call_id: str, tenant: str, run_id: str, decided_by: str, **decision: Any) -> None:
+    async def work(redis: Redis, settings: Settings) -> None:
+        bus = KafkaBus(settings, service="cli")
+        await bus.start()
+        try:
+            await operations.decide_approval(
+                redis, bus, settings, tenant_id=tenant, run_id=run_id, call_id=call_id,
+                decided_by=decided_by, **decision,
+            )  # fmt: skip
+        finally:
+            await bus.stop()
+        click.echo(f"sent: {call_id} -> {'approved' if decision['approve'] else 'rejected'}")
+
+    _with_redis(work)
+
+
+@approvals.command("approve")
+@_decision_options
+def approve_call(call_id: str, tenant: str, run_id: str, decided_by: str) -> None:
+    """Approve a call waiting for approval; the agent runtime's resumed turn then runs it."""
+    _decide(call_id, tenant, run_id, decided_by, approve=True)
+
+
+@approvals.command("reject")
+@_decision_options
+@click.option("--message", default=None, help="What the model sees instead of an output.")
+def reject_call(
+    call_id: str, tenant: str, run_id: str, decided_by: str, message: str | None
+) -> None:
+    """Reject a call waiting for approval; the resumed turn tells the model it was rejected."""
+    _decide(call_id, tenant, run_id, decided_by, approve=False, message=message)
 
 
 @click.group()
@@ -233,7 +281,7 @@ def resume_tool(ref: str) -> None:
     """Close an open circuit (after reconciling the calls its task lists)."""
 
     async def work(redis: Redis, settings: Settings) -> None:
-        closed = await CircuitBreaker(redis, settings).close(ref)
+        closed = await operations.resume_circuit(redis, settings, ref)
         click.echo(f"{ref}: {'closed' if closed else 'was not open'}")
 
     _with_redis(work)
@@ -244,7 +292,7 @@ def list_circuits() -> None:
     """List open circuits."""
 
     async def work(redis: Redis, settings: Settings) -> None:
-        for ref, state in (await CircuitBreaker(redis, settings).open_circuits()).items():
+        for ref, state in (await operations.open_circuits(redis, settings)).items():
             click.echo(f"{ref}: open since {time.ctime(state['opened_at'])}, "
                        f"{state['failed']:.0f} of {state['calls']:.0f} calls failed")  # fmt: skip
 
@@ -257,19 +305,12 @@ def list_versions(name: str) -> None:
     """A tool's live versions, which one new calls go to and why, its pin and circuits."""
 
     async def work(redis: Redis, settings: Settings) -> None:
-        from kernel.rules.versions import choose_version
-
-        keys = Keys.of(settings)
-        live = await _live_or_fail(redis, keys, name)
-        pin = await pinned_version(redis, keys, name)
-        circuits = await _circuit_states(redis, keys, [version_ref(name, v) for v in live])
-        opened = {ref for ref, state in circuits.items() if state is not None}
-        auto = settings.auto_rollback
-        choice = choose_version(name, live, opened, pin=pin, auto_rollback=auto)
+        view = await operations.tool_versions(redis, settings, name)
+        choice, auto = view.choice, view.auto_rollback
         click.echo(f"new calls: {choice.describe()}")
-        click.echo(f"pin: {pin or 'none'}  automatic rollback: {'on' if auto else 'off'}")
-        for version in reversed(version_order(live)):
-            spec, state = live[version], circuits[version_ref(name, version)]
+        click.echo(f"pin: {view.pin or 'none'}  automatic rollback: {'on' if auto else 'off'}")
+        for version_view in view.versions:
+            version, spec, state = version_view.version, version_view.spec, version_view.circuit
             circuit = (
                 f"open ({state['failed']:.0f} of {state['calls']:.0f} calls failed)"
                 if state is not None
@@ -309,7 +350,7 @@ def unpin_tool(name: str) -> None:
     """Drop NAME's pin: new calls go to the newest healthy live version again."""
 
     async def work(redis: Redis, settings: Settings) -> None:
-        unpinned = await unpin_version(redis, Keys.of(settings), name)
+        unpinned = await operations.unpin_tool(redis, settings, name)
         click.echo(f"{name}: {'unpinned' if unpinned else 'was not pinned'}")
 
     _with_redis(work)
@@ -317,38 +358,7 @@ def unpin_tool(name: str) -> None:
 
 async def _pin(redis: Redis, settings: Settings, name: str, version: str) -> None:
     """Pin ``name`` to a live ``version``; the ledger and human tasks are left as they are."""
-    keys = Keys.of(settings)
-    live = await _live_or_fail(redis, keys, name)
-    if version not in live:
-        versions = ", ".join(version_order(live))
-        raise click.ClickException(
-            f"{version_ref(name, version)} is not live; live versions of {name}: {versions}"
-        )
-    await pin_version(redis, keys, name, version)
-    click.echo(
-        f"{name}: new calls go to {version_ref(name, version)} (pinned; planners pick it up "
-        f"within {settings.registry_cache_s:g} s). Open circuit tasks stay open until their "
-        "calls are reconciled."
-    )
-
-
-async def _live_or_fail(redis: Redis, keys: Keys, name: str) -> dict[str, ToolSpec]:
-    live = await live_versions(redis, keys, name)
-    if not live:
-        raise click.ClickException(f"no tool {name} in the registry; is its pool running?")
-    return live
-
-
-async def _circuit_states(
-    redis: Redis, keys: Keys, refs: list[str]
-) -> dict[str, dict[str, float] | None]:
-    """Each ref's circuit state (None: closed), read without touching half-open trials
-    (``CircuitBreaker.check`` may claim one)."""
-    async with redis.pipeline(transaction=False) as pipe:  # one slot per ref: no MGET
-        for ref in refs:
-            pipe.get(keys.circuit("state", ref))
-        raw = await pipe.execute()
-    return {ref: json.loads(state) if state else None for ref, state in zip(refs, raw, strict=True)}
+    click.echo(await operations.pin_tool(redis, settings, name, version))
 
 
 # --- quotas, weights and rate limits (admission) ----------------------------------------------

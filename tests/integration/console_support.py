@@ -1,0 +1,186 @@
+"""What the console's tests share: the fleet they run, the turns they submit, and the console
+served for real (uvicorn on a free port, in this process or as ``toolfleet console``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import uvicorn
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from kernel.settings import Settings
+from schemas import ModelResponseEvent
+from tests.conftest import wait_for
+from toolfleet.app.console import ConsoleOptions, create_app
+from toolfleet.testing import LocalFleet
+
+TOOLS = "tests.integration.console_tools:tools"
+FLEET_ENV = {
+    "TOOLFLEET_RECOVERY_PROBE_BACKOFF_S": "0.1",
+    "TOOLFLEET_RECOVERY_REPORT_AFTER_S": "120",  # turns wait for the operator's answer
+    "TOOLFLEET_CIRCUIT_MIN_CALLS": "3",
+    "TOOLFLEET_CIRCUIT_ERROR_RATE": "0.5",
+    "TOOLFLEET_CIRCUIT_CACHE_S": "0",
+}
+TRACE_TEMPLATE = "http://traces.example/trace/{trace_id}"
+DECIDE = {"X-Toolfleet-Console": "1"}
+"""The header the console's page sends with every decision."""
+
+
+def console_fleet(settings: Settings) -> LocalFleet:
+    """The fleet behind the console's tests: planner, aggregator, reconciler, one worker."""
+    return LocalFleet(settings, tools=TOOLS, workers=1, extra_env=FLEET_ENV)
+
+
+def turn(
+    tenant: str,
+    *calls: tuple[str, str, dict[str, Any]],
+    run_id: str | None = None,
+    turn_id: int = 0,
+    **kw: Any,
+) -> ModelResponseEvent:
+    """A model response of ``tenant`` with one function call per (suffix, tool, arguments)."""
+    run = run_id or f"run-{uuid.uuid4().hex[:10]}"
+    return ModelResponseEvent.model_validate(
+        {
+            "tenant_id": tenant,
+            "run_id": run,
+            "turn_id": turn_id,
+            "agent": {"name": "assistant"},
+            "response_id": f"resp-{uuid.uuid4().hex[:8]}",
+            "items": [
+                {
+                    "type": "function_call",
+                    "call_id": f"{run}-{suffix}",
+                    "name": name,
+                    "arguments": json.dumps(args),
+                }
+                for suffix, name, args in calls
+            ],
+            **kw,
+        }
+    )
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its signal handlers: the test process keeps its own."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _free_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@asynccontextmanager
+async def served_console(
+    settings: Settings, options: ConsoleOptions | None = None
+) -> AsyncIterator[str]:
+    """A console served by uvicorn in this event loop on a free port; its base URL, once its
+    feed reads the topics."""
+    sock = _free_socket()
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(settings, options),
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=1,
+    )
+    server = _QuietServer(config)
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await console_live(url)
+        yield url
+    finally:
+        server.should_exit = True
+        await serving
+
+
+async def console_live(url: str, within: float = 30.0) -> None:
+    """Wait until the console at ``url`` answers and its feed is live (it sees every record
+    published from now on)."""
+
+    async def live() -> bool:
+        try:
+            async with httpx.AsyncClient(base_url=url, timeout=2) as http:
+                return (await http.get("/healthz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    await wait_for(live, within=within, interval=0.1)
+
+
+class ConsoleProcess:
+    """``toolfleet console`` as a child process of the fleet's settings."""
+
+    def __init__(self, fleet: LocalFleet, *args: str, env: dict[str, str] | None = None) -> None:
+        self.argv = [sys.executable, "-m", "toolfleet", "console", "--port", "0", *args]
+        self.env = {**fleet.env(), **(env or {})}
+        self.log = (fleet.log_dir / "console.log").open("ab")
+        self.popen: subprocess.Popen[str] | None = None
+        self.url = ""
+
+    def _spawn(self) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.argv, env=self.env, stdout=subprocess.PIPE, stderr=self.log, text=True
+        )
+
+    async def start(self, within: float = 30.0) -> str:
+        """Start it, and return its URL once its feed is live."""
+        self.popen = self._spawn()
+        assert self.popen.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(self.popen.stdout.readline), within)
+        assert line.startswith("console: "), f"console did not start: {line!r}"
+        self.url = line.removeprefix("console: ").strip().rstrip("/")
+        await console_live(self.url, within)
+        return self.url
+
+    def stop(self) -> None:
+        """SIGTERM it and wait."""
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self.log.close()
+
+
+async def records(settings: Settings, topic: str) -> list[bytes]:
+    """Every record's value on a logical topic, from the beginning to its end now."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_servers(),
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
+    await consumer.start()
+    try:
+        name = settings.topic(topic)
+        partitions = [TopicPartition(name, p) for p in range(settings.partitions_of(topic))]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        found: list[bytes] = []
+        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+            batches = await consumer.getmany(timeout_ms=500)
+            found += [r.value for batch in batches.values() for r in batch if r.value]
+        return found
+    finally:
+        await consumer.stop()

@@ -1,0 +1,43 @@
+"""The live console: a small web application for operators (``toolfleet console``).
+
+It shows turns and outcomes as they happen (its own Kafka consumer of ``turn-results`` and
+``outcomes``, pushed to the browser as server-sent events, filtered by tenant, run or tool), a
+call's ledger entry, audit chain, upstream reference and trace link, the human task queue and
+the calls waiting for approval, and circuits and tool versions. Its decisions (resolve a task,
+approve or reject a call, resume a circuit, roll a tool back) are the operator commands' own
+(``toolfleet.app.operations``), taken for the operator named by the auth proxy's header (or
+``--operator``) and sent only by the console's page.
+
+- ``create_app(settings, options)``: the ASGI application;
+- ``ConsoleOptions``: tenant scope, operator identity, buffer sizes;
+- ``serve``: run it with uvicorn; ``console``: the click command.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from toolfleet.app.console._access import CSRF_HEADER, CrossSiteRequestError, NoOperatorError
+from toolfleet.app.console._command import console, serve
+
+if TYPE_CHECKING:
+    from toolfleet.app.console._app import ConsoleOptions, create_app
+
+
+def __getattr__(name: str) -> Any:
+    """The application, imported on first use: every ``toolfleet`` command (a service
+    process too) imports this package for its ``console`` command, Starlette need not."""
+    if name in ("ConsoleOptions", "create_app"):
+        from toolfleet.app.console import _app
+
+        return getattr(_app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "CSRF_HEADER",
+    "ConsoleOptions",
+    "CrossSiteRequestError",
+    "NoOperatorError",
+    "console",
+    "create_app",
+    "serve",
+]

@@ -1,0 +1,630 @@
+// toolfleet console: plain DOM, no framework, no build step. Every value from the API is
+// put in the page as text (textContent), never as HTML.
+"use strict";
+
+(() => {
+  const MAX_ROWS = 500;
+  const $ = (sel, root = document) => root.querySelector(sel);
+  const $$ = (sel, root = document) => Array.from(root.querySelectorAll(sel));
+  const main = $("#main");
+
+  const state = { config: null, selected: null, view: null, gPending: false, timer: null };
+
+  // --- helpers -------------------------------------------------------------------------------
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === "class") el.className = value;
+      else if (key === "dataset") Object.assign(el.dataset, value);
+      else if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+      else if (value === true) el.setAttribute(key, "");
+      else el.setAttribute(key, String(value));
+    }
+    for (const child of children.flat(Infinity)) {
+      if (child === null || child === undefined || child === false) continue;
+      el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return el;
+  }
+
+  async function api(path, options = {}) {
+    const init = { method: options.method || "GET", headers: { Accept: "application/json" } };
+    if (options.body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.headers["X-Toolfleet-Console"] = "1"; // decisions: only this page can send it
+      init.body = JSON.stringify(options.body);
+    }
+    const response = await fetch(path, init);
+    let data = null;
+    try { data = await response.json(); } catch (_) { data = null; }
+    if (!response.ok) {
+      throw new Error((data && data.error) || `${response.status} ${response.statusText}`);
+    }
+    return data;
+  }
+  const post = (path, body) => api(path, { method: "POST", body: body || {} });
+
+  const pad = (n) => String(n).padStart(2, "0");
+  function clock(unix) {
+    if (!unix) return "";
+    const d = new Date(unix * 1000);
+    return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  }
+  function age(seconds) {
+    if (seconds < 90) return `${Math.round(seconds)} s`;
+    if (seconds < 5400) return `${Math.round(seconds / 60)} min`;
+    if (seconds < 172800) return `${Math.round(seconds / 3600)} h`;
+    return `${Math.round(seconds / 86400)} d`;
+  }
+  const short = (digest) => (digest ? `${digest.slice(0, 12)}…` : "");
+  function callHref(tenant, callId, runId) {
+    const run = runId ? `?run=${encodeURIComponent(runId)}` : "";
+    return `/calls/${encodeURIComponent(tenant)}/${encodeURIComponent(callId)}${run}`;
+  }
+  const badge = (cls, text) => h("span", { class: `status ${cls}` }, text);
+
+  function banner(text, kind = "ok") {
+    const el = $("#banner");
+    el.textContent = text;
+    el.className = kind;
+    el.hidden = !text;
+  }
+
+  function setFeed(feed) {
+    const el = $("#feed");
+    el.className = `pill ${feed.state}`;
+    el.textContent = `feed: ${feed.state}` + (feed.error && feed.state !== "live" ? ` (${feed.error})` : "");
+    el.title = feed.error || "";
+  }
+
+  const canDecide = () => Boolean(state.config && state.config.operator);
+  function decisionButton(label, onclick, extra = {}) {
+    const title = canDecide() ? extra.title : "decisions are off: the console knows no operator";
+    return h("button", { type: "button", onclick, disabled: !canDecide(), ...extra, title }, label);
+  }
+
+  // --- selection and keys --------------------------------------------------------------------
+  const rows = () => $$("tr.row", main).filter((r) => !r.hidden);
+  function select(row) {
+    if (state.selected) state.selected.classList.remove("selected");
+    state.selected = row || null;
+    if (row) {
+      row.classList.add("selected");
+      row.scrollIntoView({ block: "nearest" });
+    }
+  }
+  function move(step) {
+    const all = rows();
+    if (!all.length) return;
+    const at = all.indexOf(state.selected);
+    const next = at < 0 ? (step > 0 ? 0 : all.length - 1) : Math.min(all.length - 1, Math.max(0, at + step));
+    select(all[next]);
+  }
+  function openSelected() {
+    const href = state.selected && state.selected.dataset.href;
+    if (href) location.href = href;
+  }
+  function typing(target) {
+    return target && (target.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(target.tagName));
+  }
+
+  document.addEventListener("keydown", (event) => {
+    const help = $("#help");
+    if (event.key === "Escape") {
+      if (help.open) return; // the dialog closes itself
+      const form = document.activeElement && document.activeElement.closest("form.decision");
+      if (form) { event.preventDefault(); form.dispatchEvent(new Event("cancel")); return; }
+      if (typing(event.target)) { event.target.blur(); return; }
+      select(null);
+      return;
+    }
+    if (typing(event.target) || event.ctrlKey || event.metaKey || event.altKey) return;
+    if (state.gPending) {
+      state.gPending = false;
+      const to = { l: "/", h: "/", t: "/tasks", c: "/circuits" }[event.key];
+      if (to) { event.preventDefault(); location.href = to; }
+      return;
+    }
+    switch (event.key) {
+      case "/": {
+        const filter = $("[data-filter]", main);
+        if (filter) { event.preventDefault(); filter.focus(); filter.select(); }
+        return;
+      }
+      case "j": event.preventDefault(); move(1); return;
+      case "k": event.preventDefault(); move(-1); return;
+      case "Enter":
+        if (event.target.closest("a, button, form, dialog")) return; // theirs, not the row's
+        if (state.selected) { event.preventDefault(); openSelected(); }
+        return;
+      case "g":
+        state.gPending = true;
+        setTimeout(() => { state.gPending = false; }, 1500);
+        return;
+      case "?": event.preventDefault(); help.showModal(); return;
+      default:
+        if (state.view && state.view.key) state.view.key(event);
+    }
+  });
+  $("#help-button").addEventListener("click", () => $("#help").showModal());
+  main.addEventListener("click", (event) => {
+    const row = event.target.closest("tr.row");
+    if (row && !event.target.closest("a, button, input, select, form")) select(row);
+  });
+
+  // A decision form under a row: confirm with Enter (submit), cancel with Esc or the button.
+  function decisionForm(row, colspan, build, send) {
+    closeForms();
+    const fields = build();
+    const form = h("form", { class: "decision" }, fields,
+      h("button", { type: "submit", class: "primary" }, fields.confirm || "Confirm"),
+      h("button", { type: "button", onclick: () => form.dispatchEvent(new Event("cancel")) }, "Cancel"));
+    const formRow = h("tr", { class: "form-row" }, h("td", { colspan }, form));
+    form.addEventListener("cancel", () => { formRow.remove(); row.focus && select(row); });
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      $$("button", form).forEach((b) => { b.disabled = true; });
+      try {
+        const said = await send(new FormData(form));
+        banner(said, "ok");
+        formRow.remove();
+        if (state.view && state.view.refresh) await state.view.refresh();
+      } catch (error) {
+        banner(`Not sent: ${error.message}`, "bad");
+        $$("button", form).forEach((b) => { b.disabled = false; });
+      }
+    });
+    row.after(formRow);
+    const first = $("input, select, button", form);
+    if (first) first.focus();
+    return form;
+  }
+  function closeForms() { $$("tr.form-row", main).forEach((r) => r.remove()); }
+  const formOpen = () => Boolean($("tr.form-row", main));
+  function withLabel(fields, confirm) { fields.confirm = confirm; return fields; }
+
+  function autoRefresh(refresh) {
+    const every = ((state.config && state.config.refresh_s) || 2) * 1000;
+    state.timer = setInterval(() => {
+      if (document.hidden || formOpen() || typing(document.activeElement)) return;
+      refresh().catch((error) => banner(`Refresh failed: ${error.message}`, "bad"));
+    }, every);
+  }
+
+  // --- live: turns and outcomes --------------------------------------------------------------
+  function live() {
+    const params = new URLSearchParams(location.search);
+    const scoped = state.config.tenant;
+    const filters = {
+      tenant: scoped || params.get("tenant") || "",
+      run: params.get("run") || "",
+      tool: params.get("tool") || "",
+    };
+    let outcomes = params.get("outcomes") !== "0";
+    let source = null;
+
+    const input = (name, label, extra = {}) => h("label", {}, label,
+      h("input", { name, value: filters[name], size: 18, autocomplete: "off", spellcheck: "false", ...extra }));
+    const outcomesBox = h("input", { type: "checkbox", name: "outcomes", checked: outcomes });
+    const form = h("form", { class: "filters", role: "search" },
+      input("tenant", "tenant", { "data-filter": true, disabled: Boolean(scoped), title: scoped ? "this console shows one tenant" : null }),
+      input("run", "run"), input("tool", "tool"),
+      h("label", {}, outcomesBox, "outcomes ", h("kbd", {}, "o")),
+      h("button", { type: "submit" }, "Apply"),
+      h("button", { type: "button", onclick: () => { for (const k of ["run", "tool"]) form.elements[k].value = ""; if (!scoped) form.elements.tenant.value = ""; apply(); } }, "Clear"));
+    if (scoped) { // the tenant is fixed: "/" goes to the run filter
+      form.elements.tenant.removeAttribute("data-filter");
+      form.elements.run.setAttribute("data-filter", "");
+    }
+
+    const turnsBody = h("tbody", {});
+    const outcomesBody = h("tbody", {});
+    const turnsCount = h("span", { class: "count" });
+    const outcomesCount = h("span", { class: "count" });
+    const outcomesSection = h("section", { id: "outcomes-section" },
+      h("h2", {}, "Outcomes ", outcomesCount),
+      h("table", { id: "outcomes" },
+        h("thead", {}, h("tr", {}, ["time", "tenant", "run", "call", "tool", "status", "effect", "attempt", "source"].map((t) => h("th", {}, t)))),
+        outcomesBody));
+    main.replaceChildren(form, h("div", { class: "columns" },
+      h("section", {},
+        h("h2", {}, "Turns ", turnsCount),
+        h("table", { id: "turns" },
+          h("thead", {}, h("tr", {}, ["time", "tenant", "run", "turn", "status", "calls"].map((t) => h("th", {}, t)))),
+          turnsBody)),
+      outcomesSection));
+
+    function empty(body, text) {
+      if (!body.querySelector("tr.row")) body.replaceChildren(h("tr", { class: "empty" }, h("td", { colspan: 9 }, text)));
+    }
+    function counts() {
+      turnsCount.textContent = `(${turnsBody.querySelectorAll("tr.row").length})`;
+      outcomesCount.textContent = `(${outcomesBody.querySelectorAll("tr.row").length})`;
+    }
+    function add(body, row) {
+      const placeholder = body.querySelector("tr.empty");
+      if (placeholder) placeholder.remove();
+      body.prepend(row);
+      while (body.children.length > MAX_ROWS) body.lastElementChild.remove();
+      counts();
+    }
+
+    function turnRow(t) {
+      const first = t.calls[0] || t.interruptions[0];
+      const asked = new Set(t.interruptions.map((i) => i.call_id)); // shown as waiting instead
+      const chips = t.calls.filter((c) => !asked.has(c.call_id)).map((c) => h("a", { class: "chip mono", href: callHref(t.tenant_id, c.call_id, t.run_id), title: `${c.call_id}: ${c.status}, ${c.effect}, ${c.attempts} attempt(s)` },
+        `${c.tool_name} `, badge(`s-${c.status}`, c.status), " · ", badge(`e-${c.effect}`, c.effect)));
+      const waiting = t.interruptions.map((i) => h("a", { class: "chip mono", href: "/tasks", title: i.reason || "waits for approval" },
+        `${i.tool_name} `, badge("s-pending_approval", i.reason ? "held" : "awaiting approval")));
+      const more = t.calls_total > t.calls.length ? h("span", { class: "muted" }, `+${t.calls_total - t.calls.length} more`) : null;
+      const error = t.error ? h("div", { class: "error" }, `${t.error.type}: ${t.error.message}`) : null;
+      return h("tr", {
+        class: "row fresh",
+        dataset: { kind: "turn", tenant: t.tenant_id, run: t.run_id, turn: String(t.turn_id), status: t.status, href: first ? callHref(t.tenant_id, first.call_id, t.run_id) : "" },
+      },
+      h("td", { class: "when" }, clock(t.received_at)),
+      h("td", {}, t.tenant_id),
+      h("td", { class: "mono" }, t.run_id),
+      h("td", {}, String(t.turn_id)),
+      h("td", {}, badge(`s-${t.status}`, t.status)),
+      h("td", {}, chips, waiting, more, t.calls_total || t.interruptions.length ? null : h("span", { class: "muted" }, "no calls"), error));
+    }
+
+    function outcomeRow(o) {
+      const href = callHref(o.tenant_id, o.call_id, o.run_id);
+      return h("tr", { class: "row fresh", dataset: { kind: "outcome", tenant: o.tenant_id, run: o.run_id, call: o.call_id, href } },
+        h("td", { class: "when" }, clock(o.received_at)),
+        h("td", {}, o.tenant_id),
+        h("td", { class: "mono" }, o.run_id),
+        h("td", { class: "mono" }, h("a", { href }, o.call_id)),
+        h("td", {}, o.action === "execute" ? o.tool_name : `${o.tool_name} (${o.action})`),
+        h("td", {}, badge(`s-${o.status}`, o.status), o.error ? h("div", { class: "error" }, `${o.error.type}: ${o.error.message}`) : null),
+        h("td", {}, badge(`e-${o.effect}`, o.effect)),
+        h("td", {}, String(o.attempt)),
+        h("td", {}, o.source));
+    }
+
+    function connect() {
+      if (source) source.close();
+      document.body.dataset.stream = "connecting";
+      turnsBody.replaceChildren();
+      outcomesBody.replaceChildren();
+      empty(turnsBody, "Waiting for turns: the console shows what happens from its start on.");
+      empty(outcomesBody, "Waiting for outcomes.");
+      counts();
+      outcomesSection.hidden = !outcomes;
+      const query = new URLSearchParams();
+      for (const [k, v] of Object.entries(filters)) if (v && !(k === "tenant" && scoped)) query.set(k, v);
+      if (!outcomes) query.set("outcomes", "0");
+      const shown = query.toString();
+      history.replaceState(null, "", shown ? `/?${shown}` : "/");
+      source = new EventSource(`/events${shown ? `?${shown}` : ""}`);
+      source.addEventListener("status", (e) => setFeed(JSON.parse(e.data)));
+      source.addEventListener("turn", (e) => add(turnsBody, turnRow(JSON.parse(e.data))));
+      source.addEventListener("outcome", (e) => add(outcomesBody, outcomeRow(JSON.parse(e.data))));
+      source.addEventListener("dropped", (e) => {
+        const n = JSON.parse(e.data).count;
+        banner(`${n} event(s) were dropped: this page fell behind the feed. Reload to see everything again.`, "warn");
+      });
+      source.onopen = () => { document.body.dataset.stream = "open"; };
+      source.onerror = () => {
+        document.body.dataset.stream = "closed";
+        setFeed({ state: "connecting", error: "lost the console; reconnecting" });
+      };
+    }
+    function apply() {
+      for (const k of Object.keys(filters)) filters[k] = scoped && k === "tenant" ? scoped : form.elements[k].value.trim();
+      outcomes = outcomesBox.checked;
+      select(null);
+      connect();
+    }
+    form.addEventListener("submit", (event) => { event.preventDefault(); apply(); document.activeElement.blur(); });
+    outcomesBox.addEventListener("change", apply);
+    connect();
+    return {
+      key(event) {
+        if (event.key === "o") { outcomesBox.checked = !outcomesBox.checked; apply(); }
+      },
+    };
+  }
+
+  // --- tasks and approvals -------------------------------------------------------------------
+  const RESOLUTIONS = {
+    applied: "applied: it happened (give the output the model sees)",
+    not_applied: "not applied: it did not happen",
+    wrong_effect: "wrong effect: it happened wrongly (ask to compensate)",
+    approve_compensation: "approve the compensation",
+    reject_compensation: "reject the compensation",
+  };
+  const FIRST_CHOICE = { unknown_effect: "applied", compensation_approval: "approve_compensation" };
+
+  function tasks() {
+    const filter = h("input", { "data-filter": true, placeholder: "filter: tenant, run, call, tool…", size: 32, autocomplete: "off" });
+    const showResolved = h("input", { type: "checkbox" });
+    const approvalsBody = h("tbody", {});
+    const tasksBody = h("tbody", {});
+    const approvalsCount = h("span", { class: "count" });
+    const tasksCount = h("span", { class: "count" });
+    main.replaceChildren(
+      h("div", { class: "filters" }, h("label", {}, "filter ", filter), h("label", {}, showResolved, "resolved tasks too")),
+      h("h2", {}, "Waiting for approval ", approvalsCount),
+      h("table", { id: "approvals" },
+        h("thead", {}, h("tr", {}, ["tenant", "run", "call", "tool", "arguments (sha256)", "decision", ""].map((t) => h("th", {}, t)))),
+        approvalsBody),
+      h("h2", {}, "Human tasks ", tasksCount),
+      h("table", { id: "tasks" },
+        h("thead", {}, h("tr", {}, ["task", "kind", "tenant", "subject", "why", "age", "status", ""].map((t) => h("th", {}, t)))),
+        tasksBody));
+
+    function matches(row) {
+      const needle = filter.value.trim().toLowerCase();
+      return !needle || row.textContent.toLowerCase().includes(needle);
+    }
+    function applyFilter() { for (const row of rows().concat($$("tr.row[hidden]", main))) row.hidden = !matches(row); }
+    filter.addEventListener("input", applyFilter);
+    showResolved.addEventListener("change", () => refresh());
+
+    function approve(row, a) {
+      decisionForm(row, 7, () => withLabel([
+        h("span", {}, "Approve ", h("b", {}, a.tool_name), ` call ${a.call_id} of run ${a.run_id} (tenant ${a.tenant_id}) as ${state.config.operator}?`),
+      ], "Confirm approve"), async () => {
+        await post("/api/approvals/decide", { tenant_id: a.tenant_id, run_id: a.run_id, call_id: a.call_id, approve: true });
+        return `Approved ${a.call_id} as ${state.config.operator}: the agent runtime's resumed turn runs it.`;
+      });
+    }
+    function reject(row, a) {
+      decisionForm(row, 7, () => withLabel([
+        h("span", {}, "Reject ", h("b", {}, a.tool_name), ` call ${a.call_id}?`),
+        h("label", {}, "message to the model", h("input", { name: "message", size: 40, placeholder: "(default rejection text)" })),
+      ], "Confirm reject"), async (data) => {
+        await post("/api/approvals/decide", { tenant_id: a.tenant_id, run_id: a.run_id, call_id: a.call_id, approve: false, message: data.get("message") || null });
+        return `Rejected ${a.call_id} as ${state.config.operator}.`;
+      });
+    }
+    function resolve(row, t) {
+      const choice = FIRST_CHOICE[t.kind] || "applied";
+      decisionForm(row, 8, () => {
+        const select = h("select", { name: "resolution" },
+          Object.entries(RESOLUTIONS).map(([value, label]) => h("option", { value, selected: value === choice }, label)));
+        const output = h("label", {}, "output", h("input", { name: "output", size: 30, placeholder: "what the model sees" }));
+        const sync = () => { output.hidden = select.value !== "applied"; };
+        select.addEventListener("change", sync);
+        sync();
+        return withLabel([h("span", {}, `Resolve ${t.task_id} as`), select, output,
+          h("label", {}, "note", h("input", { name: "note", size: 24, placeholder: "kept in the audit chain" }))], "Confirm resolve");
+      }, async (data) => {
+        const resolution = data.get("resolution");
+        await post(`/api/tasks/${encodeURIComponent(t.task_id)}/resolve`, {
+          resolution, output: resolution === "applied" ? data.get("output") || "" : null, note: data.get("note") || null,
+        });
+        return `Sent: ${t.task_id} → ${resolution} (by ${state.config.operator}); the reconciler carries it out.`;
+      });
+    }
+
+    function approvalRow(a) {
+      const decided = a.decision
+        ? h("span", {}, badge(a.decision.approve ? "s-completed" : "s-rejected", a.decision.approve ? "approved" : "rejected"),
+          ` by ${a.decision.by} at ${clock(a.decision.at)}; waiting for the turn's resume`)
+        : h("span", { class: "muted" }, a.held ? "held after a wrong effect in the run" : "undecided");
+      const row = h("tr", { class: "row", id: `approval-${a.tenant_id}-${a.call_id}`, dataset: { kind: "approval", tenant: a.tenant_id, run: a.run_id, call: a.call_id, href: callHref(a.tenant_id, a.call_id, a.run_id) } },
+        h("td", {}, a.tenant_id), h("td", { class: "mono" }, a.run_id),
+        h("td", { class: "mono" }, h("a", { href: callHref(a.tenant_id, a.call_id, a.run_id) }, a.call_id)),
+        h("td", {}, a.tool_version ? `${a.tool_name}@${a.tool_version}` : a.tool_name),
+        h("td", { class: "mono", title: a.arguments_digest }, `${short(a.arguments_digest)} (${a.arguments_bytes} B)`),
+        h("td", {}, decided),
+        h("td", { class: "actions" }, a.decision ? null : [
+          decisionButton("Approve", () => approve(row, a)),
+          decisionButton("Reject", () => reject(row, a), { class: "danger" }),
+        ]));
+      row._approve = a.decision ? null : () => approve(row, a);
+      row._reject = a.decision ? null : () => reject(row, a);
+      return row;
+    }
+    function taskRow(t) {
+      const subject = t.call_id
+        ? h("a", { class: "mono", href: callHref(t.tenant_id, t.call_id, t.run_id) }, t.call_id)
+        : h("a", { class: "mono", href: "/circuits" }, `${t.tool_name}@${t.tool_version}`);
+      const open = t.status === "open";
+      const actions = !open ? (t.resolution ? `${t.resolution.resolution} by ${t.resolution.decided_by}` : "")
+        : t.call_id ? decisionButton("Resolve…", () => resolve(row, t))
+          : h("a", { href: "/circuits" }, "resume the circuit…");
+      const row = h("tr", { class: "row", id: `task-${t.task_id}`, dataset: { kind: "task", task: t.task_id, tenant: t.tenant_id, href: t.call_id ? callHref(t.tenant_id, t.call_id, t.run_id) : "/circuits" } },
+        h("td", { class: "mono" }, t.task_id), h("td", {}, t.kind.replace(/_/g, " ")), h("td", {}, t.tenant_id),
+        h("td", {}, subject, t.calls && t.calls.length ? h("div", { class: "muted" }, `${t.calls.length} call(s) ran while it failed`) : null),
+        h("td", {}, t.reason), h("td", { class: "when" }, age(t.age_s)),
+        h("td", {}, badge(`s-${t.status}`, t.status)), h("td", { class: "actions" }, actions));
+      row._resolve = open && t.call_id && canDecide() ? () => resolve(row, t) : null;
+      return row;
+    }
+
+    async function refresh() {
+      const [approvals, found] = await Promise.all([
+        api("/api/approvals"), api(`/api/tasks${showResolved.checked ? "?all=1" : ""}`),
+      ]);
+      if (formOpen()) return; // an operator is deciding: leave the rows as they are
+      const keep = state.selected && state.selected.id;
+      approvalsBody.replaceChildren(...approvals.approvals.map(approvalRow));
+      tasksBody.replaceChildren(...found.tasks.map(taskRow));
+      if (!approvals.approvals.length) approvalsBody.append(h("tr", { class: "empty" }, h("td", { colspan: 7 }, "No call waits for approval.")));
+      if (!found.tasks.length) tasksBody.append(h("tr", { class: "empty" }, h("td", { colspan: 8 }, "No open human task.")));
+      approvalsCount.textContent = `(${approvals.approvals.length})`;
+      tasksCount.textContent = `(${found.tasks.length})`;
+      applyFilter();
+      select(keep ? document.getElementById(keep) : null);
+    }
+    refresh().catch((error) => banner(`Could not load: ${error.message}`, "bad"));
+    autoRefresh(refresh);
+    return {
+      refresh,
+      key(event) {
+        const row = state.selected;
+        if (!row || !canDecide()) return;
+        const act = { a: row._approve, x: row._reject, r: row._resolve }[event.key];
+        if (act) { event.preventDefault(); act(); }
+      },
+    };
+  }
+
+  // --- circuits and versions -----------------------------------------------------------------
+  function circuits() {
+    const filter = h("input", { "data-filter": true, placeholder: "filter: tool, version…", size: 28, autocomplete: "off" });
+    const circuitsBody = h("tbody", {});
+    const toolsBody = h("tbody", {});
+    const circuitsCount = h("span", { class: "count" });
+    main.replaceChildren(
+      h("div", { class: "filters" }, h("label", {}, "filter ", filter)),
+      h("h2", {}, "Open circuits ", circuitsCount),
+      h("table", { id: "circuits" }, h("thead", {}, h("tr", {}, ["tool version", "open since", "failed", ""].map((t) => h("th", {}, t)))), circuitsBody),
+      h("h2", {}, "Tool versions"),
+      h("table", { id: "tools" }, h("thead", {}, h("tr", {}, ["tool", "version", "pool", "effect class", "circuit", "new calls", ""].map((t) => h("th", {}, t)))), toolsBody));
+    let actions = true;
+    filter.addEventListener("input", () => { for (const row of $$("tr.row", main)) row.hidden = !row.textContent.toLowerCase().includes(filter.value.trim().toLowerCase()); });
+    const fleetWide = (label, onclick, extra = {}) => actions ? decisionButton(label, onclick, extra)
+      : h("button", { type: "button", disabled: true, title: "fleet-wide: not on a console for one tenant" }, label);
+
+    function resume(row, c) {
+      decisionForm(row, 4, () => withLabel([h("span", {}, `Close the circuit of ${c.ref}? Reconcile the calls its task lists first.`)], "Confirm resume"), async () => {
+        const done = await post(`/api/circuits/${encodeURIComponent(c.ref)}/resume`);
+        return `${c.ref}: ${done.closed ? "closed" : "was not open"}.`;
+      });
+    }
+    function rollback(row, tool, v) {
+      decisionForm(row, 7, () => withLabel([h("span", {}, `Send new calls of ${tool.name} to ${v.ref} (a pin, until unpinned)?`)], "Confirm rollback"), async () => {
+        const done = await post(`/api/tools/${encodeURIComponent(tool.name)}/rollback`, { version: v.version });
+        return done.message;
+      });
+    }
+    function unpin(row, tool) {
+      decisionForm(row, 7, () => withLabel([h("span", {}, `Drop the pin of ${tool.name} (new calls go to the newest healthy version)?`)], "Confirm unpin"), async () => {
+        const done = await post(`/api/tools/${encodeURIComponent(tool.name)}/unpin`);
+        return `${tool.name}: ${done.unpinned ? "unpinned" : "was not pinned"}.`;
+      });
+    }
+
+    async function refresh() {
+      const data = await api("/api/circuits");
+      if (formOpen()) return; // an operator is deciding: leave the rows as they are
+      actions = data.actions;
+      const keep = state.selected && state.selected.id;
+      circuitsBody.replaceChildren(...data.circuits.map((c) => {
+        const row = h("tr", { class: "row", id: `circuit-${c.ref}`, dataset: { kind: "circuit", ref: c.ref } },
+          h("td", { class: "mono" }, c.ref), h("td", { class: "when" }, clock(c.opened_at)),
+          h("td", {}, `${c.failed} of ${c.calls} calls`),
+          h("td", { class: "actions" }, fleetWide("Resume…", () => resume(row, c))));
+        return row;
+      }));
+      if (!data.circuits.length) circuitsBody.append(h("tr", { class: "empty" }, h("td", { colspan: 4 }, "No circuit is open.")));
+      circuitsCount.textContent = `(${data.circuits.length})`;
+      toolsBody.replaceChildren(...data.tools.flatMap((tool) => tool.versions.map((v, i, all) => {
+        const chosen = all.findIndex((x) => x.new_calls);
+        const circuit = v.circuit ? badge("c-open", `open: ${v.circuit.failed} of ${v.circuit.calls} failed`) : badge("c-closed", "closed");
+        const routing = v.new_calls ? h("span", {}, "◀ ", tool.new_calls.why) : null;
+        const row = h("tr", { class: "row", id: `version-${v.ref}`, dataset: { kind: "version", ref: v.ref } },
+          h("td", {}, i === 0 ? tool.name : ""), h("td", { class: "mono" }, v.version), h("td", {}, v.pool), h("td", {}, v.effect_class),
+          h("td", {}, circuit), h("td", {}, routing),
+          h("td", { class: "actions" },
+            v.new_calls ? null : fleetWide(i > chosen ? "Roll back here…" : "Pin here…", () => rollback(row, tool, v)),
+            tool.pin === v.version ? fleetWide("Unpin…", () => unpin(row, tool)) : null));
+        return row;
+      })));
+      if (!data.tools.length) toolsBody.append(h("tr", { class: "empty" }, h("td", { colspan: 7 }, "No tool is published.")));
+      select(keep ? document.getElementById(keep) : null);
+    }
+    refresh().catch((error) => banner(`Could not load: ${error.message}`, "bad"));
+    autoRefresh(refresh);
+    return { refresh };
+  }
+
+  // --- one call ------------------------------------------------------------------------------
+  function callPage() {
+    const [, , tenantRaw, ...rest] = location.pathname.split("/");
+    const tenant = decodeURIComponent(tenantRaw || "");
+    const callId = decodeURIComponent(rest.join("/"));
+    const run = new URLSearchParams(location.search).get("run") || "";
+
+    async function refresh() {
+      const view = await api(`/api/calls/${encodeURIComponent(tenant)}/${encodeURIComponent(callId)}?run=${encodeURIComponent(run)}`);
+      const e = view.entry;
+      const fact = (label, ...value) => [h("dt", {}, label), h("dd", {}, ...value)];
+      const trace = view.trace
+        ? (view.trace.url ? h("a", { href: view.trace.url, target: "_blank", rel: "noopener noreferrer", class: "mono", id: "trace-link" }, view.trace.id) : h("span", { class: "mono", id: "trace-id" }, view.trace.id))
+        : h("span", { class: "muted" }, "none recorded");
+      const facts = h("dl", { class: "facts", id: "entry" },
+        fact("tenant", e.tenant_id), fact("run", h("span", { class: "mono" }, e.run_id)), fact("turn", String(e.turn_id)),
+        fact("tool", e.tool_version ? `${e.tool_name}@${e.tool_version}` : e.tool_name), fact("pool", e.pool || ""),
+        fact("state", badge(`s-${e.state}`, e.state)), fact("attempts", String(e.attempts)), fact("fencing token", String(e.fencing_token)),
+        fact("idempotency key", h("span", { class: "mono" }, e.idempotency_key)),
+        fact("arguments sha256", h("span", { class: "mono", id: "arguments-digest" }, e.arguments_digest), h("span", { class: "muted" }, ` (${e.arguments_bytes} bytes; values are not shown)`)),
+        fact("upstream reference", view.upstream_ref ? h("span", { class: "mono", id: "upstream-ref" }, view.upstream_ref) : h("span", { class: "muted" }, "none recorded")),
+        fact("approval", e.approval || (e.pending_approval ? "pending" : "not asked")),
+        fact("worker", e.worker_id || ""), fact("lease until", e.lease_until ? clock(e.lease_until) : ""),
+        fact("trace", trace));
+      const o = view.outcome;
+      const outcome = o ? h("dl", { class: "facts", id: "outcome" },
+        fact("status", badge(`s-${o.status}`, o.status)), fact("effect", badge(`e-${o.effect}`, o.effect)),
+        fact("source", o.source || ""), fact("attempt", String(o.attempt)),
+        o.output !== undefined ? fact("output (what the model sees)", h("pre", {}, o.output)) : [],
+        o.error ? fact("error", h("span", { class: "error" }, `${o.error.type}: ${o.error.message}`)) : [])
+        : h("p", { class: "muted" }, "No outcome yet.");
+      const audit = h("table", { id: "audit" },
+        h("thead", {}, h("tr", {}, ["time", "event", "details"].map((t) => h("th", {}, t)))),
+        h("tbody", {}, view.audit.map((ev) => {
+          const { event, at, ...details } = ev;
+          return h("tr", { class: "row", dataset: { event } }, h("td", { class: "when" }, clock(at)), h("td", {}, event),
+            h("td", { class: "mono" }, Object.keys(details).length ? JSON.stringify(details) : ""));
+        })));
+      const waiting = e.pending_approval && !e.approval
+        ? h("p", { class: "s-pending_approval" }, "This call waits for approval: ", h("a", { href: `/tasks#approval-${e.tenant_id}-${e.call_id}` }, "decide it on the tasks page"), ".")
+        : null;
+      main.replaceChildren(...[
+        h("p", {}, h("a", { href: "/" }, "← live"), " · ", h("a", { href: "/tasks" }, "tasks & approvals")),
+        h("h1", {}, "call ", h("span", { class: "mono" }, e.call_id)),
+        waiting, facts, h("h2", {}, "Outcome"), outcome, h("h2", {}, "Audit chain"), audit,
+      ].filter(Boolean));
+    }
+    refresh().catch((error) => { main.replaceChildren(h("h1", {}, "call ", callId), h("p", { class: "error" }, error.message)); });
+    return { refresh };
+  }
+
+  // --- start ---------------------------------------------------------------------------------
+  async function start() {
+    try {
+      state.config = await api("/api/config");
+    } catch (error) {
+      banner(`The console does not answer: ${error.message}`, "bad");
+      return;
+    }
+    const c = state.config;
+    setFeed(c.feed);
+    const op = $("#operator");
+    if (c.operator) {
+      op.textContent = `operator: ${c.operator}`;
+      op.title = `from ${c.operator_source}`;
+    } else {
+      op.textContent = "no operator: decisions off";
+      op.className = "pill down";
+      const how = c.operator_header ? `the ${c.operator_header} header from the auth proxy` : "an identity header (--operator-header)";
+      op.title = `Decisions need an operator: ${how}, or --operator NAME on your own machine.`;
+    }
+    if (c.tenant) {
+      const scope = $("#scope");
+      scope.textContent = `tenant: ${c.tenant} only`;
+      scope.hidden = false;
+    }
+    const path = location.pathname;
+    const page = path === "/" ? "live" : path === "/tasks" ? "tasks" : path === "/circuits" ? "circuits" : path.startsWith("/calls/") ? "call" : null;
+    for (const link of $$("nav a")) if (link.dataset.nav === page) link.setAttribute("aria-current", "page");
+    if (page === "live") state.view = live();
+    else if (page === "tasks") state.view = tasks();
+    else if (page === "circuits") state.view = circuits();
+    else if (page === "call") state.view = callPage();
+    else main.replaceChildren(h("p", {}, "No such page. ", h("a", { href: "/" }, "Live")));
+    document.body.dataset.ready = page || "none";
+    if (page !== "live") {
+      // Only the live page holds a stream; the others show the feed's state as of loading.
+      setFeed(c.feed);
+    }
+  }
+  start();
+})();

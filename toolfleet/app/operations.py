@@ -1,0 +1,388 @@
+"""What an operator may do, in one place: the ``toolfleet`` operator commands and the live
+console (``toolfleet.app.console``) both call these functions.
+
+Each function takes what it touches (a Redis connection, a started ``Bus``, the ``Settings``)
+and raises a ``UsageError`` that says what to fix when it cannot act:
+
+- decisions (a task resolution, an approval decision) are signed with the tenant's decision
+  key (``DecisionAuth.of(settings).sign``, ``kernel/rules/auth.py``) and published; the
+  reconciler or the planner verifies the signature and carries them out;
+- circuits and tool pins are written to Redis directly, as they always were;
+- ``tenant`` scopes an operator to one tenant (a console started with ``--tenant``): another
+  tenant's task, call or approval is refused (``NotAllowedError``) and never listed, and so
+  are fleet-wide actions (circuits, pins), which touch every tenant;
+- a call is shown with its arguments' digest, never their values (``call_fields``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from redis.asyncio import Redis
+
+from kernel.adapters.bus import Bus
+from kernel.errors import UsageError
+from kernel.rules.auth import DecisionAuth
+from kernel.rules.versions import VersionChoice, choose_version, version_order, version_ref
+from kernel.settings import Settings
+from kernel.stores.circuit import CircuitBreaker
+from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger, LedgerEntry
+from kernel.stores.registry import (
+    ToolDirectory,
+    live_versions,
+    pin_version,
+    pinned_version,
+    unpin_version,
+)
+from kernel.stores.tasks import StoredTask, TaskStore
+from schemas import ApprovalDecision, TaskResolution, ToolSpec
+
+__all__ = [
+    "RESOLUTIONS",
+    "AlreadyDecidedError",
+    "CallView",
+    "NotAllowedError",
+    "NotFoundError",
+    "PendingApproval",
+    "Resolution",
+    "ToolVersions",
+    "VersionView",
+    "call_fields",
+    "decide_approval",
+    "list_tasks",
+    "list_tools",
+    "open_circuits",
+    "pending_approvals",
+    "pin_tool",
+    "read_call",
+    "resolve_task",
+    "resume_circuit",
+    "tool_versions",
+    "unpin_tool",
+]
+
+Resolution = Literal[
+    "applied", "not_applied", "wrong_effect", "approve_compensation", "reject_compensation"
+]
+"""An operator's answer to a human task."""
+RESOLUTIONS: tuple[Resolution, ...] = (
+    "applied",
+    "not_applied",
+    "wrong_effect",
+    "approve_compensation",
+    "reject_compensation",
+)
+"""What an operator may answer to a human task (``TaskResolution.resolution``)."""
+
+
+class NotFoundError(UsageError):
+    """No such task, call or tool version: check the id (the message says where to look)."""
+
+
+class NotAllowedError(UsageError):
+    """This operator may not do that here: another tenant's data on an operator scoped to one
+    tenant, or a fleet-wide action there (the message says which)."""
+
+
+class AlreadyDecidedError(UsageError):
+    """The call was decided already, or has run: a second decision would change nothing."""
+
+
+def _check_tenant(tenant: str | None, owner: str, what: str) -> None:
+    if tenant is not None and owner != tenant:
+        raise NotAllowedError(f"{what} belongs to another tenant; this operator acts for {tenant}")
+
+
+def _fleet_wide(tenant: str | None, what: str) -> None:
+    if tenant is not None:
+        raise NotAllowedError(
+            f"{what} touches every tenant; an operator scoped to tenant {tenant} may not"
+        )
+
+
+# --- human tasks ------------------------------------------------------------------------------
+def _visible(stored: StoredTask, tenant: str | None) -> bool:
+    """A circuit's task lists calls of every tenant: only an unscoped operator sees it."""
+    if tenant is None:
+        return True
+    return stored.task.tenant_id == tenant and stored.task.kind != "circuit_open"
+
+
+async def list_tasks(
+    redis: Redis, settings: Settings, *, include_resolved: bool = False, tenant: str | None = None
+) -> list[StoredTask]:
+    """Open (or all) human tasks, oldest first; of ``tenant`` only, when given."""
+    found = await TaskStore(redis, Keys.of(settings)).all()
+    return [
+        t for t in found if (include_resolved or t.status != "resolved") and _visible(t, tenant)
+    ]
+
+
+async def resolve_task(
+    redis: Redis,
+    bus: Bus,
+    settings: Settings,
+    task_id: str,
+    resolution: Resolution,
+    *,
+    decided_by: str,
+    output: str | None = None,
+    note: str | None = None,
+    tenant: str | None = None,
+) -> TaskResolution:
+    """Answer a human task: a TaskResolution signed with the task's tenant's key, published
+    on ``task-resolutions`` for the reconciler to carry out. Returns what was sent."""
+    stored = await TaskStore(redis, Keys.of(settings)).get(task_id)
+    if stored is None:
+        raise NotFoundError(f"no task {task_id}; see `toolfleet tasks list`")
+    _check_tenant(tenant, stored.task.tenant_id, f"task {task_id}")
+    if stored.task.kind == "circuit_open":
+        _fleet_wide(tenant, f"task {task_id} (an open circuit's)")
+    message = TaskResolution(
+        tenant_id=stored.task.tenant_id,
+        task_id=task_id,
+        resolution=resolution,
+        output=output,
+        note=note,
+        decided_by=decided_by,
+    )
+    signed = DecisionAuth.of(settings).sign(message)
+    await bus.publish_and_wait("task-resolutions", stored.task.run_id or task_id, signed)
+    return signed
+
+
+# --- calls ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CallView:
+    """A call as an operator sees it: its ledger entry and its audit chain, oldest first."""
+
+    entry: LedgerEntry
+    audit: list[dict[str, Any]]
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The entry's fields without argument values (``call_fields``)."""
+        return call_fields(self.entry)
+
+
+def call_fields(entry: LedgerEntry) -> dict[str, Any]:
+    """A ledger entry's fields for operators: everything but the outcome (shown on its own)
+    and the arguments, whose sha256 digest names what was asked without printing it."""
+    fields: dict[str, Any] = {
+        k: v for k, v in vars(entry).items() if k not in ("outcome", "arguments")
+    }
+    fields["arguments_digest"] = entry.arguments_digest
+    return fields
+
+
+async def read_call(
+    redis: Redis,
+    settings: Settings,
+    tenant_id: str,
+    run_id: str,
+    call_id: str,
+    *,
+    tenant: str | None = None,
+) -> CallView:
+    """A call's ledger entry and audit chain (``run_id`` may be '' with tenant identity
+    scope)."""
+    _check_tenant(tenant, tenant_id, f"call {call_id}")
+    ledger = Ledger(redis, Keys.of(settings), settings.ledger_retention_s)
+    entry = (await ledger.read(tenant_id, run_id, [call_id])).get(call_id)
+    if entry is None:
+        raise NotFoundError(f"no call {call_id} for tenant {tenant_id}")
+    return CallView(entry, await ledger.audit(tenant_id, run_id, call_id))
+
+
+# --- approvals --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PendingApproval:
+    """A call waiting for an approval decision, and the decision received for it, if any
+    (the planner records it; the agent runtime then resumes the turn, which runs or rejects
+    the call)."""
+
+    entry: LedgerEntry
+    decision: dict[str, Any] | None
+    """The latest ``approval_decision`` event of the call's audit chain (approve, by, at)."""
+
+
+def _undecided(entry: LedgerEntry) -> bool:
+    return entry.approval is None and entry.state in ("planned", "dispatched")
+
+
+async def pending_approvals(
+    redis: Redis,
+    settings: Settings,
+    *,
+    tenant: str | None = None,
+    also: Iterable[tuple[str, str, str]] = (),
+    limit: int = 500,
+) -> list[PendingApproval]:
+    """Calls waiting for an approval decision, the longest waiting first: those the planner
+    or a worker asked about (the ledger's index), then any of ``also`` (tenant, run, call:
+    interruptions seen in turn results, such as calls held after a wrong effect) that is
+    still undecided."""
+    ledger = Ledger(redis, Keys.of(settings), settings.ledger_retention_s)
+    entries = await ledger.pending_approvals(tenant, limit=limit)
+    seen = {(e.tenant_id, e.run_id, e.call_id) for e in entries}
+    for tenant_id, run_id, call_id in also:
+        if (tenant is not None and tenant_id != tenant) or (tenant_id, run_id, call_id) in seen:
+            continue
+        seen.add((tenant_id, run_id, call_id))
+        entry = (await ledger.read(tenant_id, run_id, [call_id])).get(call_id)
+        if entry is not None and _undecided(entry):
+            entries.append(entry)
+    found = []
+    for entry in entries[:limit]:
+        chain = await ledger.audit(entry.tenant_id, entry.run_id, entry.call_id)
+        decisions = [e for e in chain if e.get("event") == "approval_decision"]
+        found.append(PendingApproval(entry, decisions[-1] if decisions else None))
+    return found
+
+
+async def decide_approval(
+    redis: Redis,
+    bus: Bus,
+    settings: Settings,
+    *,
+    tenant_id: str,
+    run_id: str,
+    call_id: str,
+    approve: bool,
+    decided_by: str,
+    message: str | None = None,
+    tenant: str | None = None,
+) -> ApprovalDecision:
+    """Approve or reject a call that waits for approval: an ApprovalDecision signed with the
+    tenant's key, published on ``approvals`` (as ``FleetClient.decide`` does). The planner
+    records it; the agent runtime's resumed turn then runs the call, or tells the model it
+    was rejected. Returns what was sent."""
+    _check_tenant(tenant, tenant_id, f"call {call_id}")
+    ledger = Ledger(redis, Keys.of(settings), settings.ledger_retention_s)
+    entry = (await ledger.read(tenant_id, run_id, [call_id])).get(call_id)
+    if entry is None:
+        raise NotFoundError(f"no call {call_id} in run {run_id} of tenant {tenant_id}")
+    if not _undecided(entry):
+        done = entry.approval or entry.state
+        raise AlreadyDecidedError(f"call {call_id} is {done} already: nothing to decide")
+    decision = ApprovalDecision(
+        tenant_id=tenant_id,
+        run_id=entry.run_id or run_id,
+        call_id=call_id,
+        tool_name=entry.tool_name,
+        approve=approve,
+        message=message,
+        decided_by=decided_by,
+    )
+    signed = DecisionAuth.of(settings).sign(decision)
+    await bus.publish_and_wait("approvals", decision.run_id, signed)
+    return signed
+
+
+# --- circuits and versions --------------------------------------------------------------------
+async def open_circuits(redis: Redis, settings: Settings) -> dict[str, dict[str, float]]:
+    """Every open circuit (``NAME@VERSION``) and its state: opened_at, failed, calls."""
+    return await CircuitBreaker(redis, settings).open_circuits()
+
+
+async def resume_circuit(
+    redis: Redis, settings: Settings, ref: str, *, tenant: str | None = None
+) -> bool:
+    """Close an open circuit (after reconciling the calls its task lists); False when it was
+    not open."""
+    _fleet_wide(tenant, f"resuming {ref}")
+    return await CircuitBreaker(redis, settings).close(ref)
+
+
+@dataclass(frozen=True)
+class VersionView:
+    """One live version of a tool: its spec and its circuit (None: closed)."""
+
+    version: str
+    spec: ToolSpec
+    circuit: dict[str, float] | None
+
+
+@dataclass(frozen=True)
+class ToolVersions:
+    """A tool's live versions (newest first), where new calls go and why, and its pin."""
+
+    name: str
+    choice: VersionChoice
+    pin: str | None
+    auto_rollback: bool
+    versions: list[VersionView]
+
+
+async def list_tools(redis: Redis, settings: Settings) -> list[str]:
+    """The lookup keys of every published tool, sorted."""
+    return sorted(await ToolDirectory(redis, Keys.of(settings)).specs())
+
+
+async def _live_or_fail(redis: Redis, keys: Keys, name: str) -> dict[str, ToolSpec]:
+    live = await live_versions(redis, keys, name)
+    if not live:
+        raise NotFoundError(f"no tool {name} in the registry; is its pool running?")
+    return live
+
+
+async def tool_versions(redis: Redis, settings: Settings, name: str) -> ToolVersions:
+    """A tool's live versions, which one new calls go to and why, its pin and circuits."""
+    keys = Keys.of(settings)
+    live = await _live_or_fail(redis, keys, name)
+    pin = await pinned_version(redis, keys, name)
+    circuits = await _circuit_states(redis, keys, [version_ref(name, v) for v in live])
+    opened = {ref for ref, state in circuits.items() if state is not None}
+    auto = settings.auto_rollback
+    choice = choose_version(name, live, opened, pin=pin, auto_rollback=auto)
+    versions = [
+        VersionView(v, live[v], circuits[version_ref(name, v)])
+        for v in reversed(version_order(live))
+    ]
+    return ToolVersions(name, choice, pin, auto, versions)
+
+
+async def pin_tool(
+    redis: Redis, settings: Settings, name: str, version: str, *, tenant: str | None = None
+) -> str:
+    """Send new calls of ``name`` to a live ``version`` (a rollback, or a pin); the ledger and
+    human tasks are left as they are. Returns what happened, for the operator."""
+    _fleet_wide(tenant, f"pinning {name}")
+    keys = Keys.of(settings)
+    live = await _live_or_fail(redis, keys, name)
+    if version not in live:
+        versions = ", ".join(version_order(live))
+        raise UsageError(
+            f"{version_ref(name, version)} is not live; live versions of {name}: {versions}"
+        )
+    await pin_version(redis, keys, name, version)
+    return (
+        f"{name}: new calls go to {version_ref(name, version)} (pinned; planners pick it up "
+        f"within {settings.registry_cache_s:g} s). Open circuit tasks stay open until their "
+        "calls are reconciled."
+    )
+
+
+async def unpin_tool(
+    redis: Redis, settings: Settings, name: str, *, tenant: str | None = None
+) -> bool:
+    """Drop ``name``'s pin: new calls go to the newest healthy live version again. False: it
+    was not pinned."""
+    _fleet_wide(tenant, f"unpinning {name}")
+    return await unpin_version(redis, Keys.of(settings), name)
+
+
+async def _circuit_states(
+    redis: Redis, keys: Keys, refs: list[str]
+) -> dict[str, dict[str, float] | None]:
+    """Each ref's circuit state (None: closed), read without touching half-open trials
+    (``CircuitBreaker.check`` may claim one)."""
+    async with redis.pipeline(transaction=False) as pipe:  # one slot per ref: no MGET
+        for ref in refs:
+            pipe.get(keys.circuit("state", ref))
+        raw = await pipe.execute()
+    return {ref: json.loads(state) if state else None for ref, state in zip(refs, raw, strict=True)}
