@@ -12,7 +12,7 @@ from aiokafka import TopicPartition
 from kernel.adapters.bus import ConsumeLoop, KafkaBus, Record
 from tests.conftest import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
 
 
 async def test_a_slow_record_holds_back_its_key_only_and_the_commit_stays_below_it(

@@ -11,7 +11,7 @@ from kernel.adapters.bus import ConsumeLoop, KafkaBus, Record
 from kernel.settings import Settings
 from schemas import DeadLetter, ModelResponseEvent
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
 
 GOOD = ModelResponseEvent(
     tenant_id="t1", run_id="run-dl", turn_id=0, agent={"name": "a"}, response_id="resp"

@@ -11,7 +11,7 @@ import pytest
 
 from kernel.settings import Settings
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
 
 
 def test_the_demo_completes_its_turn_on_fresh_topics_without_error_lines(
