@@ -21,7 +21,7 @@ from kernel.adapters.bus import Bus, ConsumeLoop, Record
 from kernel.adapters.logs import log_context
 from kernel.adapters.metrics import PLAN_LATENCY
 from kernel.adapters.redis import HashFields, text
-from kernel.adapters.tracing import consuming, trace_id, traceparent, tracer
+from kernel.adapters.tracing import consuming, phase, trace_id, traceparent, tracer
 from kernel.errors import InvalidMessageError
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.limits import json_depth_exceeds
@@ -168,8 +168,9 @@ class Planner:
         items = event.function_calls
         tools, routes = await self._routed([_lookup(c.namespace, c.name) for c in items])
         capped = event.config.max_concurrency is not None
-        fresh = None if event.resume or capped else await self._plan_fresh(event, tools, routes)
-        result, issued = fresh or await self._plan_from_ledger(event, record, tools, routes)
+        with phase(self._tracer, "ledger"):
+            fresh = None if event.resume or capped else await self._plan_fresh(event, tools, routes)
+            result, issued = fresh or await self._plan_from_ledger(event, record, tools, routes)
         dispatches = {d.call.call_id: d for d in result.dispatch}
         # The ledger is written; plan and commands may now travel together (the aggregator
         # keeps outcomes that overtake their plan). All acks are awaited before the offset

@@ -219,6 +219,7 @@ def _check_turn_shape(trace: Trace, event: ModelResponseEvent) -> ReadableSpan:
     both workers) with its phases, and the aggregation: returns the planner's span."""
     plan = trace.one("toolfleet plan")
     assert _scope(plan) == "toolfleet.planner"
+    assert "ledger" in {s.name for s in trace.children(plan)}  # the plan's own phase
     assert {_trace_id(s) for s in trace.all} == {_trace_id(plan)}
     calls = trace.named("toolfleet call")
     assert len(calls) == len(event.function_calls)
