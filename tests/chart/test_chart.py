@@ -131,10 +131,21 @@ def test_the_values_schema_rejects_a_pool_name_a_deployment_cannot_carry(
 def test_every_deployment_is_ready_for_production() -> None:
     rendered = _render(FULL)
     deployments = _deployments(rendered)
+    console = deployments.pop("fleet-toolfleet-console")
     assert set(deployments) == {
         "fleet-toolfleet-planner", "fleet-toolfleet-aggregator", "fleet-toolfleet-reconciler",
         "fleet-toolfleet-worker-default", "fleet-toolfleet-worker-payments-eu",
     }  # fmt: skip
+    (container,) = console["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == [
+        "console", "--host", "0.0.0.0", "--port", "8080",
+        "--operator-header", "X-Forwarded-User", "--tenant", "acme",
+    ]  # fmt: skip
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TOOLFLEET_TRACE_URL_TEMPLATE"].endswith("traceId={trace_id}")
+    assert "fleet-toolfleet-console" not in _deployments(_render())  # off by default
     for name, deployment in deployments.items():
         labels = deployment["spec"]["template"]["metadata"]["labels"]
         assert labels["app.kubernetes.io/instance"] == "fleet", name
