@@ -20,9 +20,10 @@ from typing import Literal
 from redis.asyncio import Redis
 
 from kernel.adapters.metrics import CIRCUIT_OPEN
-from kernel.adapters.redis import text
+from kernel.rules.versions import version_ref
 from kernel.settings import Settings
 from kernel.stores.keys import Keys
+from kernel.stores.registry import ToolDirectory
 
 COUNT_FUNCTION = """
 local function count_calls(window, state, recent, now, ids, failed, window_s, min_calls, rate, nb)
@@ -171,11 +172,20 @@ class CircuitBreaker:
         return {ref for ref in wanted if self._cache[ref][1] is not None}
 
     async def open_circuits(self) -> dict[str, dict[str, float]]:
-        """Every open circuit and its state."""
-        found = {}
-        head, tail = self.keys.circuit("state", "\x00").split("\x00")
-        async for key in self.redis.scan_iter(f"{head}*{tail}"):
-            raw = await self.redis.get(key)
-            if raw:
-                found[text(key).removeprefix(head).removesuffix(tail)] = json.loads(raw)
-        return found
+        """Every open circuit and its state. A circuit opens only for a version that ran,
+        which its workers published: the circuits of every version the tool registry knows
+        are read in one round trip (never a scan of the keyspace, which holds every call)."""
+        catalog = await ToolDirectory(self.redis, self.keys, max_age_s=0).catalog()
+        refs = [
+            version_ref(name, v) for name, versions in catalog.versions.items() for v in versions
+        ]
+        return {ref: state for ref, state in (await self.states(refs)).items() if state}
+
+    async def states(self, refs: list[str]) -> dict[str, dict[str, float] | None]:
+        """Each ref's circuit state now (None: closed), in one round trip, without touching
+        half-open trials (``check`` may claim one)."""
+        async with self.redis.pipeline(transaction=False) as pipe:  # one slot per ref: no MGET
+            for ref in refs:
+                pipe.get(self.keys.circuit("state", ref))
+            raw = await pipe.execute()
+        return {ref: json.loads(s) if s else None for ref, s in zip(refs, raw, strict=True)}

@@ -16,7 +16,6 @@ and raises a ``UsageError`` that says what to fix when it cannot act:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -335,7 +334,7 @@ async def tool_versions(redis: Redis, settings: Settings, name: str) -> ToolVers
     keys = Keys.of(settings)
     live = await _live_or_fail(redis, keys, name)
     pin = await pinned_version(redis, keys, name)
-    circuits = await _circuit_states(redis, keys, [version_ref(name, v) for v in live])
+    circuits = await CircuitBreaker(redis, settings).states([version_ref(name, v) for v in live])
     opened = {ref for ref, state in circuits.items() if state is not None}
     auto = settings.auto_rollback
     choice = choose_version(name, live, opened, pin=pin, auto_rollback=auto)
@@ -374,15 +373,3 @@ async def unpin_tool(
     was not pinned."""
     _fleet_wide(tenant, f"unpinning {name}")
     return await unpin_version(redis, Keys.of(settings), name)
-
-
-async def _circuit_states(
-    redis: Redis, keys: Keys, refs: list[str]
-) -> dict[str, dict[str, float] | None]:
-    """Each ref's circuit state (None: closed), read without touching half-open trials
-    (``CircuitBreaker.check`` may claim one)."""
-    async with redis.pipeline(transaction=False) as pipe:  # one slot per ref: no MGET
-        for ref in refs:
-            pipe.get(keys.circuit("state", ref))
-        raw = await pipe.execute()
-    return {ref: json.loads(state) if state else None for ref, state in zip(refs, raw, strict=True)}
