@@ -27,8 +27,8 @@ from kernel.settings import Settings
 from toolfleet.app import infra
 
 RESULTS = REPO / "bench" / "results"
-SCENARIOS = ("a", "b", "c", "d", "profile")
-SYSTEMS = ("toolfleet", "relay", "celery", "inprocess")
+SCENARIOS = ("a", "b", "c", "d", "e", "profile")
+SYSTEMS = ("toolfleet", "relay", "durable", "celery", "inprocess")
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -39,12 +39,12 @@ def _args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         default=",".join(SCENARIOS),
-        help="comma-separated scenarios among a,b,c,d,profile (default: all)",
+        help="comma-separated scenarios among " + ",".join(SCENARIOS) + " (default: all)",
     )
     parser.add_argument(
         "--systems",
         default=",".join(SYSTEMS),
-        help="comma-separated systems among toolfleet,relay,celery,inprocess (default: all)",
+        help="comma-separated systems among " + ",".join(SYSTEMS) + " (default: all)",
     )
     parser.add_argument(
         "--profile",
@@ -92,6 +92,7 @@ async def _run(bench: Bench, scenarios: set[str], systems: set[str]) -> None:
     sections = [
         ("toolfleet", bench.run_toolfleet),
         ("relay", bench.run_relay),
+        ("durable", bench.run_durable),
         ("celery", bench.run_celery),
         ("inprocess", bench.run_inprocess),
     ]

@@ -14,6 +14,14 @@ toolfleet sends, encoded the same way, and every consumed message is decoded onc
 What it leaves out is everything toolfleet adds on top of moving bytes: no Redis (no ledger,
 no dedupe, no approvals, no admission, no turn state outside memory), no Kafka transactions,
 and whole batches are handled at a time (one ack wait and one commit per poll).
+
+Baseline 1b, the durable relay (``BENCH_RELAY_DURABLE=1``): the same processes, plus what
+any executor that runs a call at most once must do on its worker hop, against the same Redis
+with the same persistence (``appendfsync always``): one script before the body that marks the
+call started unless it already was (compare-and-set, fsynced before the body runs) and one
+after it that stores the outcome. A batch's calls run concurrently, as toolfleet's do, over
+toolfleet's own pipelining Redis client. It is the floor of this job: what toolfleet adds
+beyond it is its own cost.
 """
 
 from __future__ import annotations
@@ -29,10 +37,13 @@ from typing import Any
 
 import uvloop
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from redis.asyncio import Redis
 
 from bench.tools import noop_body
 from kernel.adapters.bus import PRODUCER_BATCH_BYTES
+from kernel.adapters.redis import connect_redis
 from kernel.settings import Settings
+from kernel.stores.keys import Keys
 from planner import fingerprint, idempotency_key
 from schemas import (
     CallOutcome,
@@ -47,6 +58,22 @@ from schemas import (
 from toolfleet.app.service import tune_gc
 
 ROLES = ("planner", "worker", "aggregator")
+DURABLE = os.environ.get("BENCH_RELAY_DURABLE") == "1"
+"""The durable relay: started and finished are written to Redis around the body."""
+
+_START = """
+if redis.call('HSETNX', KEYS[1], 'state', 'started') == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'token', ARGV[1], 'started_at', ARGV[2])
+redis.call('EXPIRE', KEYS[1], 3600)
+return 1
+"""
+"""Mark the call started unless it already was (then it must not run again)."""
+
+_FINISH = """
+redis.call('HSET', KEYS[1], 'state', 'finished', 'outcome', ARGV[1])
+return 1
+"""
+"""Store the outcome."""
 TOPICS = {
     "planner": ("model-responses", "outcomes"),
     "worker": ("commands.default",),
@@ -82,6 +109,8 @@ class Relay:
         self.turns: dict[tuple[str, int], _Turn] = {}
         self._stopping = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
+        self._redis: Redis | None = None
+        self._namespace = Keys.of(settings).namespace
 
     def stop(self) -> None:
         self._stopping.set()
@@ -108,22 +137,35 @@ class Relay:
         await producer.start()
         await consumer.start()
         self._producer = producer
+        if DURABLE and self.role == "worker":
+            self._redis = connect_redis(s)
+            self._start = self._redis.register_script(_START)
+            self._finish = self._redis.register_script(_FINISH)
         try:
             while not self._stopping.is_set():
                 batches = await consumer.getmany(timeout_ms=100, max_records=500)
                 if not batches:
                     continue
+                records = [r for rs in batches.values() for r in rs]
                 acks: list[asyncio.Future[Any]] = []
-                for records in batches.values():
+                if self._redis is not None:  # the durable worker: a batch's calls at once
+                    handled = await asyncio.gather(*(self._record(r) for r in records))
+                    acks = [ack for some in handled for ack in some]
+                else:
                     for record in records:
-                        topic = record.topic.removeprefix(s.topic_prefix)
-                        acks += await self.handle(topic, record.value or b"")
+                        acks += await self._record(record)
                 if acks:
                     await asyncio.gather(*acks)
                 await consumer.commit({tp: rs[-1].offset + 1 for tp, rs in batches.items()})
         finally:
             await consumer.stop()
             await producer.stop()
+            if self._redis is not None:
+                await self._redis.aclose()
+
+    async def _record(self, record: Any) -> list[asyncio.Future[Any]]:
+        topic = record.topic.removeprefix(self.settings.topic_prefix)
+        return await self.handle(topic, record.value or b"")
 
     async def _send(self, topic: str, key: str, value: bytes) -> asyncio.Future[Any]:
         assert self._producer is not None
@@ -200,6 +242,11 @@ class Relay:
 
     async def execute(self, command: ExecutionCommand) -> list[asyncio.Future[Any]]:
         started = time.time()
+        key = f"{self._namespace}:durable:{command.run_id}:{command.call_id}"
+        if self._redis is not None:
+            first = await self._start(keys=[key], args=[command.fencing_token, started])
+            if not int(first):
+                return []  # started before: running it again could apply it twice
         output = await noop_body()
         outcome = CallOutcome(
             tenant_id=command.tenant_id,
@@ -217,7 +264,10 @@ class Relay:
             started_at=started,
             finished_at=time.time(),
         )
-        return [await self._send("outcomes", command.run_id, outcome.encode())]
+        raw = outcome.encode()
+        if self._redis is not None:
+            await self._finish(keys=[key], args=[raw])
+        return [await self._send("outcomes", command.run_id, raw)]
 
     async def maybe_emit(self, turn: _Turn) -> list[asyncio.Future[Any]]:
         plan = turn.plan

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SYSTEMS = ("toolfleet", "relay", "celery", "inprocess")
+SYSTEMS = ("toolfleet", "relay", "durable", "celery", "inprocess")
 LABELS = {
     "toolfleet": "toolfleet",
     "relay": "raw relay",
+    "durable": "durable relay",
     "celery": "Celery chord",
     "inprocess": "in-process",
 }
@@ -68,6 +69,18 @@ class Latency:
     p99_ms: float
     note: str = ""
     phases_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Idle:
+    """Scenario (e): one turn outstanding at a time, closed loop."""
+
+    system: str
+    calls_per_turn: int
+    turns: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
 
 
 @dataclass
@@ -146,6 +159,7 @@ class Results:
     meta: dict[str, str] = field(default_factory=dict)
     throughput: list[Throughput] = field(default_factory=list)
     latency: list[Latency] = field(default_factory=list)
+    idle: list[Idle] = field(default_factory=list)
     io: list[IoBound] = field(default_factory=list)
     scale: Scale | None = None
     profiles: list[Profile] = field(default_factory=list)
@@ -188,6 +202,18 @@ def _ratios(results: Results, other: str) -> list[tuple[str, float]]:
 def targets(results: Results) -> list[Target]:
     """The issue's four targets, each held, missed, or not measured (None)."""
     out = []
+    durable = _ratios(results, "durable")
+    if durable:
+        worst = min(durable, key=lambda r: r[1])
+        out.append(
+            Target(
+                "calls/s ≥ 70% of the durable relay's (every turn size and worker count)",
+                worst[1] >= 0.7,
+                f"lowest {worst[1]:.1%} at {worst[0]}",
+            )
+        )
+    else:
+        out.append(Target("calls/s ≥ 70% of the durable relay's", None, "not measured"))
     relay = _ratios(results, "relay")
     if relay:
         worst = min(relay, key=lambda r: r[1])
@@ -242,6 +268,19 @@ def targets(results: Results) -> list[Target]:
         )
     else:
         out.append(Target("I/O-bound throughput linear until the CPU saturates", None, "-"))
+    idle = next(
+        (x for x in results.idle if x.system == "toolfleet" and x.calls_per_turn == 1), None
+    )
+    if idle is not None:
+        out.append(
+            Target(
+                "idle one-call turn: p50 ≤ 15 ms, p99 ≤ 40 ms",
+                idle.p50_ms <= 15 and idle.p99_ms <= 40,
+                f"p50 {idle.p50_ms:.1f} ms, p99 {idle.p99_ms:.1f} ms ({idle.turns} turns)",
+            )
+        )
+    else:
+        out.append(Target("idle one-call turn: p50 ≤ 15 ms, p99 ≤ 40 ms", None, "not measured"))
     return out
 
 
@@ -284,6 +323,7 @@ def render(results: Results) -> str:
     _render_targets(results, add)
     _render_throughput(results, add)
     _render_latency(results, add)
+    _render_idle(results, add)
     _render_io(results, add)
     _render_scale(results, add)
     _render_cpu(results, add)
@@ -320,22 +360,25 @@ def _render_throughput(results: Results, add: Any) -> None:
     add("")
     add(
         "| calls/turn | workers | toolfleet calls/s | toolfleet turns/s | raw relay calls/s "
-        "| Celery calls/s | in-process calls/s | toolfleet / relay | toolfleet / Celery "
-        "| toolfleet / in-process |"
+        "| durable relay calls/s | Celery calls/s | in-process calls/s | toolfleet / relay "
+        "| toolfleet / durable relay | toolfleet / Celery | toolfleet / in-process |"
     )
-    add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     keys = sorted({(t.calls_per_turn, t.workers) for t in results.throughput if t.workers})
     for calls, workers in keys:
         tf = results.tp("toolfleet", calls, workers)
         rl = results.tp("relay", calls, workers)
+        du = results.tp("durable", calls, workers)
         ce = results.tp("celery", calls, workers)
         ip = results.tp("inprocess", calls, 0)
-        found = zip(SYSTEMS, (tf, rl, ce, ip), strict=True)
+        found = zip(SYSTEMS, (tf, rl, du, ce, ip), strict=True)
         v = {k: (x.calls_per_s if x else None) for k, x in found}
         add(
             f"| {calls} | {workers} | {_f(v['toolfleet'])} | "
-            f"{_f(tf.turns_per_s if tf else None, 1)} | {_f(v['relay'])} | {_f(v['celery'])} | "
-            f"{_f(v['inprocess'])} | {_ratio(v['toolfleet'], v['relay'], 3)} | "
+            f"{_f(tf.turns_per_s if tf else None, 1)} | {_f(v['relay'])} | {_f(v['durable'])} | "
+            f"{_f(v['celery'])} | {_f(v['inprocess'])} | "
+            f"{_ratio(v['toolfleet'], v['relay'], 3)} | "
+            f"{_ratio(v['toolfleet'], v['durable'], 3)} | "
             f"{_ratio(v['toolfleet'], v['celery'])} | {_ratio(v['toolfleet'], v['inprocess'], 4)} |"
         )
     failed = sum(t.failed for t in results.throughput)
@@ -399,6 +442,21 @@ def _render_latency(results: Results, add: Any) -> None:
                 f"{_f(p.get('last call end to result'), 1)} ms |"
             )
         add("")
+
+
+def _render_idle(results: Results, add: Any) -> None:
+    if not results.idle:
+        return
+    add("## (e) Idle latency: one turn outstanding at a time (closed loop)")
+    add("")
+    add("| system | calls/turn | turns | p50 ms | p95 ms | p99 ms |")
+    add("|---|---:|---:|---:|---:|---:|")
+    for x in results.idle:
+        add(
+            f"| {LABELS[x.system]} | {x.calls_per_turn} | {x.turns} | {_f(x.p50_ms, 1)} | "
+            f"{_f(x.p95_ms, 1)} | {_f(x.p99_ms, 1)} |"
+        )
+    add("")
 
 
 def _render_io(results: Results, add: Any) -> None:

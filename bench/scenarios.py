@@ -22,7 +22,16 @@ from redis.asyncio import Redis
 
 from bench import tools as bench_tools
 from bench.procs import REPO, CpuMeter, infra_pids, peak_rss_bytes, progress, rss_bytes
-from bench.report import IoBound, Latency, Profile, Results, Scale, Throughput, tree_excerpt
+from bench.report import (
+    Idle,
+    IoBound,
+    Latency,
+    Profile,
+    Results,
+    Scale,
+    Throughput,
+    tree_excerpt,
+)
 from bench.systems import RunContext, Toolfleet, celery, relay, toolfleet
 from bench.targets import InProcessTarget
 from bench.workload import (
@@ -41,6 +50,8 @@ TURN_SIZES = (1, 5, 20)
 WORKERS = (1, 2)
 LATENCY_CALLS = 5
 LATENCY_WORKERS = 2
+IDLE_TURN_SIZES = (1, 5)
+"""(e): turns of these sizes, one outstanding at a time."""
 IO_CONCURRENCY = (10, 100, 1000)
 WINDOW_CALLS = 1600
 """Calls (a) keeps outstanding: enough that every system's maximum, not its latency, sets the
@@ -173,6 +184,29 @@ class Bench:
         )
         return row
 
+    async def idle(self, system: str, target: Target, check: Callable[[], None] | None) -> None:
+        """(e): one turn outstanding at a time, for each of ``IDLE_TURN_SIZES``."""
+        for calls in IDLE_TURN_SIZES:
+            factory = TurnFactory(self.ctx.tenant, "bench_noop", calls, query_args)
+            result = await closed_loop(
+                target,
+                factory,
+                window=1,
+                warmup_s=self.d.warmup,
+                measure_s=self.d.latency,
+                check=check,
+                keep_latency=True,
+            )
+            row = Idle(
+                system, calls, len(result.latencies_s), result.percentile_ms(50),
+                result.percentile_ms(95), result.percentile_ms(99),
+            )  # fmt: skip
+            self.results.idle.append(row)
+            progress(
+                f"(e) {system:<9} {calls:>2} calls/turn, one at a time: p50 {row.p50_ms:.1f} ms, "
+                f"p95 {row.p95_ms:.1f} ms, p99 {row.p99_ms:.1f} ms ({row.turns} turns)"
+            )
+
     # ------------------------------------------------------------------------- toolfleet
 
     async def run_toolfleet(self, scenarios: set[str]) -> None:
@@ -199,6 +233,9 @@ class Bench:
                     await self.latency("toolfleet", tf.target, top.turns_per_s / 2, tf.check)
             if "c" in scenarios:
                 await self.io_bound(tf)
+            if "e" in scenarios:
+                await tf.set_workers(LATENCY_WORKERS)
+                await self.idle("toolfleet", tf.target, tf.check)
         if "profile" in scenarios and self.tf_busiest is not None:
             await self.profile()
 
@@ -316,19 +353,27 @@ class Bench:
 
     # ----------------------------------------------------------------------------- relay
 
-    async def run_relay(self, scenarios: set[str]) -> None:
-        async with relay(self.ctx, workers=1) as rl:
+    async def run_relay(self, scenarios: set[str], *, durable: bool = False) -> None:
+        system = "durable" if durable else "relay"
+        async with relay(self.ctx, workers=1, durable=durable) as rl:
             if "a" in scenarios:
                 for workers in WORKERS:
                     await rl.set_workers(workers)
                     for calls in TURN_SIZES:
                         await self.throughput(
-                            "relay", rl.target, rl.pids(), calls, workers, rl.check
+                            system, rl.target, rl.pids(), calls, workers, rl.check
                         )
             rate = self._latency_rate()
             if "b" in scenarios and rate:
                 await rl.set_workers(LATENCY_WORKERS)
-                await self.latency("relay", rl.target, rate, rl.check)
+                await self.latency(system, rl.target, rate, rl.check)
+            if "e" in scenarios:
+                await rl.set_workers(LATENCY_WORKERS)
+                await self.idle(system, rl.target, rl.check)
+
+    async def run_durable(self, scenarios: set[str]) -> None:
+        """The durable relay: the raw relay plus started / finished in Redis per call."""
+        await self.run_relay(scenarios, durable=True)
 
     def _latency_rate(self) -> float | None:
         tf = self.results.lat("toolfleet")
@@ -354,6 +399,9 @@ class Bench:
                 if top is not None and top.turns_per_s < rate * 1.1:
                     rate, note = top.turns_per_s / 2, "above Celery's maximum: at half of Celery's"
                 await self.latency("celery", ce.target, rate, ce.check, note)
+            if "e" in scenarios:
+                await ce.set_workers(LATENCY_WORKERS)
+                await self.idle("celery", ce.target, ce.check)
 
     # ------------------------------------------------------------------------ in-process
 
@@ -372,6 +420,8 @@ class Bench:
         rate = self._latency_rate()
         if "b" in scenarios and rate:
             await self.latency("inprocess", target, rate, None)
+        if "e" in scenarios:
+            await self.idle("inprocess", target, None)
         if "c" in scenarios:
             for concurrency in IO_CONCURRENCY:
                 target.limit = asyncio.Semaphore(concurrency)

@@ -216,6 +216,8 @@ class Relay:
     settings: Settings
     log_dir: Path
     target: KafkaTarget
+    durable: bool = False
+    """The durable relay: started and finished written to Redis around each call's body."""
     procs: dict[str, tuple[subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=dict)
 
     def start(self, name: str, role: str) -> None:
@@ -224,7 +226,8 @@ class Relay:
             path.rename(self.log_dir / f"{name}.{time.monotonic_ns()}.log")
         log = path.open("ab")
         argv = [sys.executable, "-m", "bench.relay", role]
-        self.procs[name] = (spawn(argv, child_env(self.settings), log), log)
+        env = child_env(self.settings, BENCH_RELAY_DURABLE="1" if self.durable else "0")
+        self.procs[name] = (spawn(argv, env, log), log)
 
     def stop(self, name: str) -> None:
         popen, log = self.procs.pop(name)
@@ -271,13 +274,16 @@ class Relay:
 
 
 @asynccontextmanager
-async def relay(ctx: RunContext, workers: int) -> AsyncIterator[Relay]:
-    """The raw aiokafka relay over the same hops, in separate processes."""
-    settings = ctx.settings("relay")
+async def relay(ctx: RunContext, workers: int, *, durable: bool = False) -> AsyncIterator[Relay]:
+    """The raw aiokafka relay over the same hops, in separate processes (``durable``: the
+    durable relay, with its two Redis writes per call on the worker hop)."""
+    name = "durable" if durable else "relay"
+    settings = ctx.settings(name)
     await ensure_topics(settings)
-    log_dir = ctx.log_root / "relay"
+    log_dir = ctx.log_root / name
     log_dir.mkdir(parents=True, exist_ok=True)
-    system = Relay(settings, log_dir, KafkaTarget(settings, "raw relay"))
+    label = "durable relay" if durable else "raw relay"
+    system = Relay(settings, log_dir, KafkaTarget(settings, label), durable=durable)
     try:
         system.start("planner", "planner")
         system.start("aggregator", "aggregator")

@@ -244,8 +244,10 @@ async def closed_loop(
     drain_s: float = 60.0,
     check: Callable[[], None] | None = None,
     meter: Window | None = None,
+    keep_latency: bool = False,
 ) -> LoadResult:
-    """Keep ``window`` turns outstanding; throughput counted over ``measure_s`` after warm-up.
+    """Keep ``window`` turns outstanding; throughput counted over ``measure_s`` after warm-up
+    (with ``keep_latency``, each turn's latency too: ``window=1`` is the idle latency).
 
     ``meter`` is started when the measurement window opens and stopped when it closes.
     """
@@ -284,7 +286,7 @@ async def closed_loop(
         task.cancel()
         tracker.on_done = None
     await tracker.drain(drain_s, check)
-    return tracker.window(t0, t1, keep_latency=False)
+    return tracker.window(t0, t1, keep_latency=keep_latency)
 
 
 async def open_loop(
