@@ -2,10 +2,11 @@
 
 ``python -m bench.relay planner|worker|aggregator`` runs one relay process. Together they
 carry a turn over exactly the hops toolfleet uses, with the same topics, keys, partition
-counts, producer settings (idempotent, acks=all, linger 2 ms, batches up to 256 KiB),
-read_committed consumers and manual offset commits, the same event loop (uvloop) and
-garbage-collector tuning, and the same bytes: every message is the same pydantic model
-toolfleet sends, encoded the same way, and every consumed message is decoded once.
+counts, producer settings (idempotent, acks=all, the same linger, ``kafka_linger_ms``,
+batches up to 256 KiB), read_committed consumers and manual offset commits, the same event
+loop (uvloop) and garbage-collector tuning, and the same bytes: every message is the same
+pydantic model toolfleet sends, encoded the same way, and every consumed message is decoded
+once.
 
     model-responses -> planner -> commands.default + plans
     commands.default -> worker -> outcomes
@@ -122,7 +123,7 @@ class Relay:
             client_id=f"bench-relay-{self.role}",
             enable_idempotence=True,
             acks="all",
-            linger_ms=2,
+            linger_ms=s.kafka_linger_ms,
             max_batch_size=PRODUCER_BATCH_BYTES,
         )
         consumer = AIOKafkaConsumer(

@@ -675,7 +675,7 @@ METHOD = [
     "prefix per run, 6 partitions per topic; every service on uvloop, Redis through an "
     "auto-pipelining client (commands issued in one loop turn share a round trip).",
     "- **raw relay** (`bench/relay.py`): the same hops, topics, keys, partitions, producer "
-    "settings (idempotent, acks=all, linger 2 ms, batches up to 256 KiB), read_committed "
+    "settings (idempotent, acks=all, the same linger, batches up to 256 KiB), read_committed "
     "consumers, manual commits, the same event loop (uvloop) and the same pydantic messages, "
     "in separate planner / worker / aggregator processes — but no Redis, no Kafka "
     "transactions, and one ack wait and one commit per polled batch.",

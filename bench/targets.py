@@ -59,7 +59,7 @@ class KafkaTarget:
             client_id="bench-driver",
             enable_idempotence=True,
             acks="all",
-            linger_ms=2,
+            linger_ms=s.kafka_linger_ms,
         )
         await self._producer.start()
         consumer = AIOKafkaConsumer(

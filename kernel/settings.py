@@ -164,6 +164,12 @@ class Settings(BaseSettings):
         "and sampler from the standard OTEL_* variables), log writes them as JSON log lines; "
         "off records none (trace context still travels)",
     )
+    kafka_linger_ms: int = Field(
+        default=2,
+        ge=0,
+        description="How long a producer holds a record to batch it with the next ones (every "
+        "producer of the fleet and of its clients)",
+    )
     session_timeout_ms: int = Field(
         default=10_000,
         ge=6_000,

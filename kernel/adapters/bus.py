@@ -138,7 +138,7 @@ class KafkaBus:
             client_id=f"toolfleet-{self.service}",
             enable_idempotence=True,
             acks="all",
-            linger_ms=2,
+            linger_ms=self.settings.kafka_linger_ms,
             max_batch_size=PRODUCER_BATCH_BYTES,
         )
         await self._producer.start()
@@ -240,7 +240,7 @@ class KafkaBus:
             transactional_id=transactional_id,
             enable_idempotence=True,
             acks="all",
-            linger_ms=2,
+            linger_ms=self.settings.kafka_linger_ms,
             max_batch_size=PRODUCER_BATCH_BYTES,
             # A killed instance's open transaction blocks read_committed readers of
             # turn-results until it times out; its successor has a new transactional id.
