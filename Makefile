@@ -42,10 +42,10 @@ lint: $(STAMP)
 
 ## test: everything CI runs: lint, unit tests, integration tests against real Kafka and a
 ## single Redis, then the integration tests again with a 3-master Redis Cluster as the state
-## (tests about one server's client, that bring their own cluster, long fleet scenarios, the
-## multi-agent SDK applications and tests that do not depend on the state's layout (local
-## infrastructure, topics, the consume loop, the demo, the console, traces) run in the first
-## pass only)
+## (tests about one server's client, that bring their own cluster, long fleet scenarios,
+## Agents SDK applications on FleetRunner and tests that do not depend on the state's layout
+## (local infrastructure, topics, the consume loop, the demo, the console, traces) run in the
+## first pass only)
 test: setup lint chart-tools
 	$(BIN)/pytest -q --durations=25
 	TOOLFLEET_TEST_REDIS=cluster $(BIN)/pytest -q --durations=15 tests/integration \

@@ -39,6 +39,10 @@ def fleet(settings: Settings, topics: list[str], proxy: tuple[Proxy, int]) -> It
         running.start("planner-cut", ["planner"])
         running.extra_env.pop("REDIS_URL")
         yield running
+        # Not stopped with the others: once rejoined, its Redis calls through the proxy time
+        # out and it does not finish a SIGTERM within the stop's 20 s (not what this test is
+        # about; see the notes of the observability issue). Killed, as its pod would be.
+        running.kill("planner-cut")
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ from toolfleet.agents import FleetRunner, fleet_turn_id
 from toolfleet.client import FleetClient
 from toolfleet.testing import LocalFleet, connected_client
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.agent_runtime]
 
 set_tracing_disabled(True)
 
