@@ -199,45 +199,29 @@ def _ratios(results: Results, other: str) -> list[tuple[str, float]]:
     return rows
 
 
+def _throughput_target(
+    results: Results, other: str, at_least: float, what: str, shown: str
+) -> Target:
+    """toolfleet's calls/s against ``other``'s, at least ``at_least`` times in every row."""
+    ratios = _ratios(results, other)
+    if not ratios:
+        return Target(f"calls/s ≥ {what}", None, "not measured")
+    row, worst = min(ratios, key=lambda r: r[1])
+    value = f"{worst:{shown}}" + ("x" if shown.endswith("f") else "")
+    return Target(
+        f"calls/s ≥ {what} (every turn size and worker count)",
+        worst >= at_least,
+        f"lowest {value} at {row}",
+    )
+
+
 def targets(results: Results) -> list[Target]:
     """The issue's four targets, each held, missed, or not measured (None)."""
-    out = []
-    durable = _ratios(results, "durable")
-    if durable:
-        worst = min(durable, key=lambda r: r[1])
-        out.append(
-            Target(
-                "calls/s ≥ 70% of the durable relay's (every turn size and worker count)",
-                worst[1] >= 0.7,
-                f"lowest {worst[1]:.1%} at {worst[0]}",
-            )
-        )
-    else:
-        out.append(Target("calls/s ≥ 70% of the durable relay's", None, "not measured"))
-    relay = _ratios(results, "relay")
-    if relay:
-        worst = min(relay, key=lambda r: r[1])
-        out.append(
-            Target(
-                "calls/s ≥ 50% of the raw relay's (every turn size and worker count)",
-                worst[1] >= 0.5,
-                f"lowest {worst[1]:.1%} at {worst[0]}",
-            )
-        )
-    else:
-        out.append(Target("calls/s ≥ 50% of the raw relay's", None, "not measured"))
-    celery = _ratios(results, "celery")
-    if celery:
-        worst = min(celery, key=lambda r: r[1])
-        out.append(
-            Target(
-                "calls/s ≥ 3x Celery's (every turn size and worker count)",
-                worst[1] >= 3.0,
-                f"lowest {worst[1]:.2f}x at {worst[0]}",
-            )
-        )
-    else:
-        out.append(Target("calls/s ≥ 3x Celery's", None, "not measured"))
+    out = [
+        _throughput_target(results, "durable", 0.7, "70% of the durable relay's", ".1%"),
+        _throughput_target(results, "relay", 0.5, "50% of the raw relay's", ".1%"),
+        _throughput_target(results, "celery", 3.0, "3x Celery's", ".2f"),
+    ]
     tf, rl = results.lat("toolfleet"), results.lat("relay")
     if tf and rl and rl.p99_ms > 0:
         ratio = tf.p99_ms / rl.p99_ms

@@ -287,17 +287,6 @@ class Worker:
     async def _process(self, record: Record, slot: _Slot) -> None:
         command = ExecutionCommand.decode(record.value or b"")
         COMMANDS.labels(self.service, self.pool, command.kind).inc()
-        attributes = {
-            "rpc.system": "toolfleet",
-            "rpc.service": self.pool,
-            "rpc.method": command.tool_name,
-            "toolfleet.tenant_id": command.tenant_id,
-            "toolfleet.run_id": command.run_id,
-            "toolfleet.call_id": command.call_id,
-            "toolfleet.kind": command.kind,
-            "toolfleet.attempt": command.attempt,
-            "toolfleet.worker_id": self.worker_id,
-        }
         with (
             log_context(
                 tenant_id=command.tenant_id,
@@ -306,13 +295,23 @@ class Worker:
                 tool=command.tool_name,
             ),
             consuming(
-                self._tracer,
-                f"toolfleet call {command.tool_name}",
-                record,
-                f"workers.{self.pool}",
-                attributes,
-            ),
+                self._tracer, f"toolfleet call {command.tool_name}", record, f"workers.{self.pool}"
+            ) as span,
         ):
+            if span.is_recording():
+                span.set_attributes(
+                    {
+                        "rpc.system": "toolfleet",
+                        "rpc.service": self.pool,
+                        "rpc.method": command.tool_name,
+                        "toolfleet.tenant_id": command.tenant_id,
+                        "toolfleet.run_id": command.run_id,
+                        "toolfleet.call_id": command.call_id,
+                        "toolfleet.kind": command.kind,
+                        "toolfleet.attempt": command.attempt,
+                        "toolfleet.worker_id": self.worker_id,
+                    }
+                )
             await self._process_command(command, slot)
 
     async def _process_command(self, command: ExecutionCommand, slot: _Slot) -> None:
@@ -683,7 +682,10 @@ async def _persist(step: Callable[[], Awaitable[T]]) -> T:
 
 def _describe_span(outcome: CallOutcome) -> None:
     """What the call's span says of its outcome (the current span is the call's)."""
-    trace.get_current_span().set_attributes(
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    span.set_attributes(
         {
             "toolfleet.status": outcome.status,
             "toolfleet.effect": outcome.effect,

@@ -135,14 +135,20 @@ class Planner:
         raw = record.value or b""
         if topic == "model-responses":
             event = ModelResponseEvent.decode(raw)
-            ids = {"toolfleet.tenant_id": event.tenant_id, "toolfleet.run_id": event.run_id}
             with (
                 log_context(tenant_id=event.tenant_id, run_id=event.run_id),
                 # The turn's span: every call's execution and the aggregation are its children.
-                consuming(self._tracer, "toolfleet plan", record, "planner", ids) as span,
+                consuming(self._tracer, "toolfleet plan", record, "planner") as span,
             ):
-                span.set_attribute("toolfleet.turn_id", event.turn_id)
-                span.set_attribute("toolfleet.calls", len(event.function_calls))
+                if span.is_recording():
+                    span.set_attributes(
+                        {
+                            "toolfleet.tenant_id": event.tenant_id,
+                            "toolfleet.run_id": event.run_id,
+                            "toolfleet.turn_id": event.turn_id,
+                            "toolfleet.calls": len(event.function_calls),
+                        }
+                    )
                 _check_limits(event, self.settings)
                 await self.on_response(event, record)
         elif topic == "approvals":

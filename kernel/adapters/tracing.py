@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
@@ -62,13 +62,13 @@ def tracer(service: str) -> Tracer:
 
 def headers() -> Headers:
     """The current span's context as Kafka headers (none when no trace is current)."""
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier)
-    return [(name, value.encode()) for name, value in carrier.items()]
+    return headers_of(trace.get_current_span())
 
 
 def headers_of(span: Span) -> Headers:
     """``span``'s context as Kafka headers (none when it has no valid context)."""
+    if not span.get_span_context().is_valid:  # the usual case with tracing off: no work
+        return []
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
     return [(name, value.encode()) for name, value in carrier.items()]
@@ -116,23 +116,17 @@ def messaging(topic: str, partition: int, offset: int, group: str) -> dict[str, 
 
 
 @contextlib.contextmanager
-def consuming(
-    service_tracer: Tracer,
-    name: str,
-    record: Any,
-    group: str,
-    attributes: Mapping[str, Any] | None = None,
-) -> Iterator[Span]:
-    """A consumer span around handling ``record``, child of the context in its headers."""
+def consuming(service_tracer: Tracer, name: str, record: Any, group: str) -> Iterator[Span]:
+    """A consumer span around handling ``record``, child of the context in its headers. Its
+    attributes are set only when it is recorded (the caller adds its own the same way): with
+    tracing off, handling a record builds none."""
     with service_tracer.start_as_current_span(
         name,
         context=context_from_headers(getattr(record, "headers", None)),
         kind=SpanKind.CONSUMER,
-        attributes={
-            **messaging(record.topic, record.partition, record.offset, group),
-            **(attributes or {}),
-        },
     ) as span:
+        if span.is_recording():
+            span.set_attributes(messaging(record.topic, record.partition, record.offset, group))
         yield span
 
 

@@ -55,13 +55,12 @@ class FakeConsumer:
         return self.offsets[tp][0]
 
     async def committed(self, tp: TopicPartition) -> int | None:
-        await asyncio.sleep(0)
         return self.offsets[tp][1]
 
     async def position(self, tp: TopicPartition) -> int:
         position = self.offsets[tp][2]
-        if position is None:
-            await asyncio.sleep(3600)  # aiokafka waits for a reset position
+        if position is None:  # aiokafka waits for a reset position: one that never comes
+            await asyncio.get_running_loop().create_future()
         assert position is not None
         return position
 
