@@ -55,8 +55,8 @@ async def client(fleet: LocalFleet, settings: Settings) -> AsyncIterator[FleetCl
         yield fleet_client
 
 
-def _turn(tenant: str, calls: int, tool: str = "work") -> ModelResponseEvent:
-    event = turn(*((f"c{i}", tool, {"ms": TOOL_MS}) for i in range(calls)))
+def _turn(tenant: str, calls: int, tool: str = "work", ms: int = TOOL_MS) -> ModelResponseEvent:
+    event = turn(*((f"c{i}", tool, {"ms": ms}) for i in range(calls)))
     return event.model_copy(update={"tenant_id": tenant})
 
 

@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.long_scenario]
 TOOLS = "tests.integration.fair_tools:tools"
 RATE = 50
 QUOTA = 10
+QUOTA_BODY_MS = 500
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,11 @@ async def test_a_tenant_quota_is_never_exceeded(
     tenant = f"quota-{uuid.uuid4().hex[:6]}"
     admission = Admission(redis, keys)
     await admission.set_limits("tenants", tenant, Limits(max_concurrency=QUOTA))
-    events = [_turn(tenant, 10) for _ in range(12)]  # 120 calls against 60 slots
+    # Bodies long against the hops around them (dispatch, a worker's fetch, the outcome's
+    # way back): a quota's slots are held from admission to release, so with short bodies
+    # the slots are full while fewer bodies than the quota overlap, and "reached" would
+    # measure scheduling jitter instead of the quota.
+    events = [_turn(tenant, 10, ms=QUOTA_BODY_MS) for _ in range(6)]  # 60 calls, 10 slots
     await asyncio.gather(*(client.submit(e) for e in events))
     results = [await result_of(fleet, client, e.run_id, within=120) for e in events]
     assert {r.status for r in results} == {"completed"}
