@@ -61,10 +61,14 @@ demo: setup
 	$(BIN)/toolfleet demo
 
 ## bench: the benchmarks (prints a table, writes bench/results/latest.md; BENCH_ARGS=--readme
-## also refreshes the README's numbers, BENCH_ARGS=--quick is a 3-minute smoke run)
+## also refreshes the README's numbers, BENCH_ARGS=--quick is a 3-minute smoke run). The peers'
+## servers are installed first: the Temporal CLI (go install, about 5 minutes the first time)
+## and Debian's postgresql for DBOS.
 bench: setup
 	test $(VENV)/.bench-installed -nt pyproject.toml || \
 	  { $(BIN)/python -m pip install -q -e '.[dev,bench]' && touch $(VENV)/.bench-installed; }
+	sh scripts/install-temporal.sh
+	sh scripts/install-postgres.sh
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 ## fuzz: 5,000 hostile messages on every inbound topic; prints the figures

@@ -1,7 +1,8 @@
 """``python -m bench`` (``make bench``): every scenario, every baseline, one markdown report.
 
 Starts the local Kafka and Redis (``toolfleet infra up``, idempotent), runs toolfleet, the raw
-relay, Celery and the in-process baseline one after another, prints the report on stdout,
+and the durable relay, Celery, the in-process baseline and the peers (Temporal with activities
+and with local activities, DBOS on Postgres) one after another, prints the report on stdout,
 writes it to ``bench/results/latest.md``, and with ``--readme`` refreshes the summary in the
 README. Progress goes to stderr. Every process it starts is stopped on the way out.
 """
@@ -28,7 +29,9 @@ from toolfleet.app import infra
 
 RESULTS = REPO / "bench" / "results"
 SCENARIOS = ("a", "b", "c", "d", "e", "profile")
-SYSTEMS = ("toolfleet", "relay", "durable", "celery", "inprocess")
+SYSTEMS = (
+    "toolfleet", "relay", "durable", "celery", "inprocess", "temporal", "temporal_local", "dbos",
+)  # fmt: skip
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -95,6 +98,9 @@ async def _run(bench: Bench, scenarios: set[str], systems: set[str]) -> None:
         ("durable", bench.run_durable),
         ("celery", bench.run_celery),
         ("inprocess", bench.run_inprocess),
+        ("temporal", bench.run_temporal),
+        ("temporal_local", bench.run_temporal_local),
+        ("dbos", bench.run_dbos),
     ]
     try:
         for system, run in sections:

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from aiokafka.admin import AIOKafkaAdminClient
@@ -33,6 +33,7 @@ from bench.procs import (
     wait_until,
 )
 from bench.targets import CeleryTarget, KafkaTarget
+from bench.workload import Target
 from kernel.adapters.topics import ensure_topics
 from kernel.settings import Settings
 from kernel.stores.keys import Keys
@@ -123,6 +124,23 @@ async def delete_keys(redis: Redis, pattern: str) -> int:
     if batch:
         deleted += await redis.unlink(*batch)
     return deleted
+
+
+class Peer(Protocol):
+    """A peer system under test (Temporal, DBOS): its load target and its processes."""
+
+    @property
+    def target(self) -> Target:
+        """Where turns are sent and results come back."""
+
+    def check(self) -> None:
+        """Raise (with a log's tail) if one of its processes died."""
+
+    def pids(self) -> dict[str, int]:
+        """Its processes by name, for the CPU meter."""
+
+    async def set_workers(self, count: int) -> None:
+        """Run ``count`` worker processes; return once they take work."""
 
 
 # --------------------------------------------------------------------------------- toolfleet
