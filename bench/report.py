@@ -86,6 +86,8 @@ class Idle:
     p50_ms: float
     p95_ms: float
     p99_ms: float
+    phases_ms: dict[str, float] = field(default_factory=dict)
+    """Medians of the hops, as in (b) (systems whose results carry call times)."""
 
 
 @dataclass
@@ -496,13 +498,23 @@ def _render_idle(results: Results, add: Any) -> None:
         return
     add("## (e) Idle latency: one turn outstanding at a time (closed loop)")
     add("")
-    add("| system | calls/turn | turns | p50 ms | p95 ms | p99 ms |")
-    add("|---|---:|---:|---:|---:|---:|")
+    add(
+        "| system | calls/turn | turns | p50 ms | p95 ms | p99 ms | model response → first "
+        "call started | calls running | last call finished → turn result read |"
+    )
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for x in results.idle:
+        p = x.phases_ms
         add(
             f"| {LABELS[x.system]} | {x.calls_per_turn} | {x.turns} | {_f(x.p50_ms, 1)} | "
-            f"{_f(x.p95_ms, 1)} | {_f(x.p99_ms, 1)} |"
+            f"{_f(x.p95_ms, 1)} | {_f(x.p99_ms, 1)} | {_f(p.get('to first call start'), 1)} | "
+            f"{_f(p.get('calls running'), 1)} | {_f(p.get('last call end to result'), 1)} |"
         )
+    add("")
+    add(
+        "The hops are medians from the calls' started / finished times in the turn results "
+        "(toolfleet and the relays; wall clocks of one machine)."
+    )
     add("")
 
 

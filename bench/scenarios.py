@@ -201,7 +201,7 @@ class Bench:
             )
             row = Idle(
                 system, calls, len(result.latencies_s), result.percentile_ms(50),
-                result.percentile_ms(95), result.percentile_ms(99),
+                result.percentile_ms(95), result.percentile_ms(99), result.phases_ms,
             )  # fmt: skip
             self.results.idle.append(row)
             progress(

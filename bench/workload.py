@@ -252,6 +252,7 @@ async def closed_loop(
     ``meter`` is started when the measurement window opens and stopped when it closes.
     """
     tracker = _Tracker(target)
+    spans = _record_spans(target) if keep_latency else None
     tokens: asyncio.Queue[None] = asyncio.Queue()
     tracker.on_done = lambda: tokens.put_nowait(None)
     for _ in range(window):
@@ -286,7 +287,9 @@ async def closed_loop(
         task.cancel()
         tracker.on_done = None
     await tracker.drain(drain_s, check)
-    return tracker.window(t0, t1, keep_latency=keep_latency)
+    result = tracker.window(t0, t1, keep_latency=keep_latency)
+    result.phases_ms = _phases(target, spans, tracker.sent_wall)
+    return result
 
 
 async def open_loop(
@@ -301,10 +304,7 @@ async def open_loop(
 ) -> LoadResult:
     """Send ``rate`` turns/s on a fixed schedule; latency of the turns sent after warm-up."""
     tracker = _Tracker(target)
-    spans: dict[str, tuple[float, float, float]] | None = getattr(target, "spans", None)
-    if spans is not None:
-        target.check_every = 1  # type: ignore[attr-defined]
-        spans.clear()
+    spans = _record_spans(target)
     interval = 1.0 / rate
     began = time.perf_counter()
     t0, t1 = began + warmup_s, began + warmup_s + measure_s
@@ -320,11 +320,8 @@ async def open_loop(
         await tracker.send(factory.make())
         next_at += interval
     await tracker.drain(drain_s, check)
-    if spans is not None:
-        target.check_every = 16  # type: ignore[attr-defined]
     result = LoadResult(seconds=t1 - t0)
-    if spans:
-        result.phases_ms = _phases(spans, tracker.sent_wall)
+    result.phases_ms = _phases(target, spans, tracker.sent_wall)
     started_after_warmup = [d for d in tracker.done if d[0] - d[1] >= t0]
     result.turns = len(started_after_warmup)
     result.calls = sum(d[2] for d in started_after_warmup)
@@ -333,10 +330,23 @@ async def open_loop(
     return result
 
 
+def _record_spans(target: Target) -> dict[str, tuple[float, float, float]] | None:
+    """Have a target that can (KafkaTarget) note every result's call times from now on."""
+    spans: dict[str, tuple[float, float, float]] | None = getattr(target, "spans", None)
+    if spans is not None:
+        target.check_every = 1  # type: ignore[attr-defined]
+        spans.clear()
+    return spans
+
+
 def _phases(
-    spans: dict[str, tuple[float, float, float]], sent: dict[str, float]
+    target: Target, spans: dict[str, tuple[float, float, float]] | None, sent: dict[str, float]
 ) -> dict[str, float]:
-    """Medians of: sent -> first call started, first started -> last finished, -> result."""
+    """Medians of: sent -> first call started, first started -> last finished, -> result
+    (the target goes back to checking every 16th result)."""
+    if spans is None:
+        return {}
+    target.check_every = 16  # type: ignore[attr-defined]
     parts: dict[str, list[float]] = {"to first call start": [], "calls running": [],
                                      "last call end to result": []}  # fmt: skip
     for run_id, (started, finished, received) in spans.items():
