@@ -21,7 +21,9 @@ LABELS = {
     "temporal_local": "Temporal (local activities)",
     "dbos": "DBOS (queue)",
 }
-SERVICES = ("planner", "workers", "aggregator", "reconciler", "kafka", "redis", "driver")
+SERVICES = (
+    "planner", "workers", "aggregator", "reconciler", "kafka", "redis", "server", "driver",
+)  # fmt: skip
 
 
 @dataclass
@@ -46,6 +48,9 @@ class Throughput:
         """CPU seconds of a service (``workers``: all of them) over the window."""
         if service == "workers":
             found = [v for k, v in self.cpu_s.items() if k.startswith("worker")]
+            return sum(found) if found else math.nan
+        if service == "server":  # a peer's own server: Temporal's, or Postgres's processes
+            found = [v for k, v in self.cpu_s.items() if k == "server" or k.startswith("postgres")]
             return sum(found) if found else math.nan
         return self.cpu_s.get(service, math.nan)
 
@@ -223,21 +228,24 @@ def _throughput_target(
 
 
 def _peer_target(results: Results, label: str, systems: tuple[str, ...]) -> Target:
-    """toolfleet's slowest row against a peer's fastest row (any variant), at least 10x."""
-    name = f"calls/s ≥ 10x {label}'s best row (toolfleet's every row)"
-    ours = [t for t in results.throughput if t.system == "toolfleet"]
-    theirs = [t for t in results.throughput if t.system in systems and t.calls_per_s > 0]
-    if not ours or not theirs:
+    """toolfleet's calls/s against the peer's best variant in the same row, at least 10x."""
+    name = f"calls/s ≥ 10x {label}'s best (every turn size and worker count)"
+    ratios = []
+    for t in results.throughput:
+        if t.system != "toolfleet":
+            continue
+        theirs = [results.tp(p, t.calls_per_turn, t.workers) for p in systems]
+        best = max((x for x in theirs if x is not None), key=lambda x: x.calls_per_s, default=None)
+        if best is not None and best.calls_per_s > 0:
+            ratios.append((t.calls_per_s / best.calls_per_s, t, best))
+    if not ratios:
         return Target(name, None, "not measured")
-    slowest = min(ours, key=lambda t: t.calls_per_s)
-    best = max(theirs, key=lambda t: t.calls_per_s)
-    ratio = slowest.calls_per_s / best.calls_per_s
+    ratio, ours, best = min(ratios, key=lambda r: r[0])
     return Target(
         name,
         ratio >= 10.0,
-        f"{ratio:.1f}x: toolfleet's lowest {slowest.calls_per_s:,.0f} calls/s "
-        f"({slowest.calls_per_turn}x{slowest.workers}w) vs {LABELS[best.system]} "
-        f"{best.calls_per_s:,.0f} ({best.calls_per_turn}x{best.workers}w)",
+        f"lowest {ratio:.1f}x at {ours.calls_per_turn}x{ours.workers}w: toolfleet "
+        f"{ours.calls_per_s:,.0f} calls/s, {LABELS[best.system]} {best.calls_per_s:,.0f}",
     )
 
 
@@ -423,8 +431,13 @@ def _render_peers(results: Results, add: Any) -> None:
     add(
         "One workflow per turn, its calls run concurrently (Temporal: as activities, or as "
         "local activities; DBOS: through a queue), outputs gathered in model order; the "
-        "driver keeps about 400 calls outstanding, as for Celery. Each peer on its own "
-        "server (Temporal's dev server, a private Postgres), persistence as shipped."
+        "driver keeps 100 calls outstanding, where both do best (deeper backlogs slow them "
+        "down: DBOS's waiting turns poll their calls' results, and Temporal's workflow "
+        "starts queue up). Each peer runs on its own server, as shipped: Temporal's dev "
+        "server (one Go process, its store in memory, so less durable than toolfleet's "
+        "fsynced Redis; its task dispatch is paced at 20 polls/s by default, which sets "
+        "its idle latency), and for DBOS a private Postgres with fsync and synchronous "
+        "commit on, polled every 10 ms."
     )
     add("")
     add(
@@ -618,10 +631,10 @@ def _render_cpu(results: Results, add: Any) -> None:
     add("")
     add(
         "| system | calls/turn | workers | calls/s | planner | workers | aggregator | reconciler "
-        "| Kafka | Redis | load generator | CPU µs per call, all processes | machine busy "
-        "| Redis AOF rewrites |"
+        "| Kafka | Redis | peer's server | load generator | CPU µs per call, all processes "
+        "| machine busy | Redis AOF rewrites |"
     )
-    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in rows:
         cells = [_pct(t.cores(s)) for s in SERVICES]
         add(
@@ -631,7 +644,8 @@ def _render_cpu(results: Results, add: Any) -> None:
         )
     add("")
     add(
-        "Celery's worker processes are under *workers*; in-process runs in the load generator. "
+        "Celery's, Temporal's and DBOS's worker processes are under *workers*, Temporal's dev "
+        "server and DBOS's Postgres under *peer's server*; in-process runs in the load generator. "
         "Kafka and Redis serve anything else running on the machine too, so their figures "
         "include that load; so does *machine busy*. A row during which Redis rewrote its "
         "append-only file (a forked child copies the whole dataset, on the same two cores) "

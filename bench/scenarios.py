@@ -59,8 +59,6 @@ pace (at 400 the relay left 17% of the machine idle at 20 calls per turn, toolfl
 CELERY_WINDOW_CALLS = 400
 """Celery's (a) window: its calls/s fall as its backlog deepens (1 call per turn: 106 with 400
 outstanding, 54 with 1,600), so it is measured where it does best."""
-PEER_WINDOW_CALLS = 400
-"""The peers' (a) window (Temporal, DBOS): as Celery's, where they do best."""
 NOOP_CONCURRENCY = WINDOW_CALLS
 """Worker ``--concurrency`` for (a) and (b): the calls (a) keeps outstanding, so that a
 worker's slots are not what limits a pipeline of no-op calls (the relay's worker has none)."""
@@ -409,31 +407,34 @@ class Bench:
 
     async def run_temporal(self, scenarios: set[str], *, local: bool = False) -> None:
         """Temporal, one workflow per turn, its calls as activities (or local activities)."""
-        from bench.temporal_peer import temporal
+        from bench.temporal_peer import WINDOW_CALLS, temporal
 
         system = "temporal_local" if local else "temporal"
         async with temporal(self.ctx, workers=1, local=local) as peer:
-            await self._run_peer(system, peer, scenarios)
+            await self._run_peer(system, peer, scenarios, WINDOW_CALLS)
 
     async def run_temporal_local(self, scenarios: set[str]) -> None:
         await self.run_temporal(scenarios, local=True)
 
     async def run_dbos(self, scenarios: set[str]) -> None:
         """DBOS on Postgres, one workflow per turn, its calls through a queue."""
-        from bench.dbos_peer import dbos
+        from bench.dbos_peer import WINDOW_CALLS, dbos
 
         async with dbos(self.ctx, workers=1) as peer:
-            await self._run_peer("dbos", peer, scenarios)
+            await self._run_peer("dbos", peer, scenarios, WINDOW_CALLS)
 
-    async def _run_peer(self, system: str, peer: Peer, scenarios: set[str]) -> None:
-        """(a) and (e) for a peer; (b)'s offered load is far above what a peer sustains."""
+    async def _run_peer(
+        self, system: str, peer: Peer, scenarios: set[str], outstanding: int
+    ) -> None:
+        """(a) with ``outstanding`` calls (where the peer does best) and (e); not (b): its
+        offered load is far above what a peer sustains."""
         if "a" in scenarios:
             for workers in WORKERS:
                 await peer.set_workers(workers)
                 for calls in TURN_SIZES:
                     await self.throughput(
                         system, peer.target, peer.pids(), calls, workers, peer.check,
-                        outstanding=PEER_WINDOW_CALLS,
+                        outstanding=outstanding,
                     )  # fmt: skip
         if "e" in scenarios:
             await peer.set_workers(LATENCY_WORKERS)
