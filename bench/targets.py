@@ -1,8 +1,8 @@
 """The systems a load is sent to: anything behind Kafka (toolfleet, the relay), and in-process.
 
 ``KafkaTarget`` is the agent runtime's side for both toolfleet and the raw relay: it publishes
-the encoded ModelResponseEvent on ``model-responses`` (idempotent producer, acks=all, linger
-2 ms, as FleetClient does, but without waiting for each ack) and reads ``turn-results``
+the encoded ModelResponseEvent on ``model-responses`` (idempotent producer, acks=all, the
+fleet's linger, as FleetClient does, but without waiting for each ack) and reads ``turn-results``
 read_committed. Results are matched by their key (the run_id); every 16th is decoded in full
 and checked (status completed, one ``ok`` output per call, in model order).
 

@@ -165,10 +165,12 @@ class Settings(BaseSettings):
         "off records none (trace context still travels)",
     )
     kafka_linger_ms: int = Field(
-        default=2,
+        default=0,
         ge=0,
         description="How long a producer holds a record to batch it with the next ones (every "
-        "producer of the fleet and of its clients)",
+        "producer of the fleet and of its clients). 0: records still share a request under "
+        "load (those that arrive while one is in flight go in the next), and an idle turn "
+        "does not wait on each of its hops",
     )
     session_timeout_ms: int = Field(
         default=10_000,
