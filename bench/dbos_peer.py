@@ -60,7 +60,7 @@ from typing import IO, TYPE_CHECKING, Any
 import psutil
 from dbos import DBOS, DBOSClient, EnqueueOptions, Queue, WorkflowStatus
 
-from bench.procs import REPO, progress, spawn, terminate
+from bench.procs import ProcessGroup, progress, python_env, spawn, terminate
 from bench.tools import noop_body
 from bench.workload import Listener, Turn
 
@@ -540,46 +540,23 @@ class DbosSystem:
 
     postgres: PostgresCluster
     url: str
-    log_dir: Path
     target: DbosTarget
-    procs: dict[str, tuple[subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=dict)
+    processes: ProcessGroup
+    """The workers (``worker-N``); Postgres runs under its own user, apart."""
     setup_s: dict[str, float] = field(default_factory=dict)
     """Seconds each set-up step took: initdb (0 when the cluster was reused), postgres start,
     database (create + DBOS migrations), workers ready."""
 
     def start(self, n: int) -> None:
-        name = f"worker-{n}"
-        path = self.log_dir / f"{name}.log"
-        if path.exists():  # a fresh log per start, so readiness is this start's
-            path.rename(self.log_dir / f"{name}.{time.monotonic_ns()}.log")
-        log = path.open("ab")
-        argv = [sys.executable, "-m", "bench.dbos_peer", "worker", "--name", name]
-        env = {
-            **os.environ,
-            "BENCH_DBOS_URL": self.url,
-            "BENCH_DBOS_POLL_S": str(POLL_S),
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        }
-        self.procs[name] = (spawn(argv, env, log), log)
-
-    def stop(self, name: str) -> None:
-        popen, log = self.procs.pop(name)
-        terminate(popen, grace_s=15)
-        log.close()
-
-    def stop_all(self) -> None:
-        for name in list(self.procs):
-            self.stop(name)
+        argv = [sys.executable, "-m", "bench.dbos_peer", "worker", "--name", f"worker-{n}"]
+        env = python_env(BENCH_DBOS_URL=self.url, BENCH_DBOS_POLL_S=str(POLL_S))
+        self.processes.start(f"worker-{n}", argv, env)
 
     def check(self) -> None:
         """Raise (with the log's tail) if Postgres or a worker died, or the client failed."""
         self.target.check()
         self.postgres.check()
-        for name, (popen, log) in self.procs.items():
-            if popen.poll() is not None:
-                tail = "\n".join(self._log(Path(log.name)).splitlines()[-15:])
-                raise RuntimeError(f"dbos {name} exited with {popen.returncode}:\n{tail}")
+        self.processes.check()
 
     def pids(self) -> dict[str, int]:
         """The postmaster (``postgres``: with the CPU of the backends it has reaped), each of
@@ -593,33 +570,25 @@ class DbosSystem:
             with contextlib.suppress(psutil.Error):
                 for child in psutil.Process(postmaster).children():
                     pids[f"postgres-{child.pid}"] = child.pid
-        pids.update({name: popen.pid for name, (popen, _l) in self.procs.items()})
+        pids.update(self.processes.pids())
         return pids
 
     async def set_workers(self, count: int) -> None:
         """Run ``count`` worker processes; wait until every one is ready."""
-        current = sorted(n for n in self.procs if n.startswith("worker-"))
-        for name in current[count:]:
-            self.stop(name)
-        for n in range(count):
-            if f"worker-{n}" not in self.procs:
-                self.start(n)
+        self.processes.scale(count, self.start)
         await self.ready()
 
     async def ready(self, within: float = 120) -> None:
         """Wait until every worker has launched DBOS and its queue threads are polling."""
         began = time.monotonic()
         deadline = began + within
-        while not all(READY in self._log(Path(log.name)) for _p, log in self.procs.values()):
+        log = self.processes.log_text
+        while not all(READY in log(name) for name in self.processes.workers()):
             self.check()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"dbos workers not ready within {within:g} s")
             await asyncio.sleep(0.1)  # polling interval of a deadline-bounded wait
         self.setup_s["workers ready"] = time.monotonic() - began
-
-    @staticmethod
-    def _log(path: Path) -> str:
-        return path.read_text(errors="replace") if path.exists() else ""
 
 
 @asynccontextmanager
@@ -636,7 +605,7 @@ async def dbos(ctx: RunContext, workers: int) -> AsyncIterator[DbosSystem]:
         began = time.monotonic()
         url = await postgres.create_database(database)
         await asyncio.to_thread(DBOS.migrate, url)
-        system = DbosSystem(postgres, url, log_dir, DbosTarget(url))
+        system = DbosSystem(postgres, url, DbosTarget(url), ProcessGroup("dbos", log_dir))
         system.setup_s.update(postgres.setup_s)
         system.setup_s["database"] = time.monotonic() - began
         await system.target.start()
@@ -654,7 +623,7 @@ async def dbos(ctx: RunContext, workers: int) -> AsyncIterator[DbosSystem]:
                 try:
                     await system.target.stop()
                 finally:
-                    system.stop_all()
+                    system.processes.stop_all()
         finally:
             try:
                 if url and postgres.alive():

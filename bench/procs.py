@@ -66,20 +66,84 @@ def terminate(popen: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
         popen.wait()
 
 
+def python_env(**extra: str) -> dict[str, str]:
+    """Environment of a Python child of the bench: unbuffered, the repo on its path."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **extra}
+
+
+@dataclass
+class ProcessGroup:
+    """The named child processes of one system under test, each logging to its own file.
+
+    Celery's, Temporal's and DBOS's workers and the relay's services are each one group: it
+    starts them (a fresh log per start, so a readiness check reads this start's), tells when
+    one died (with its log's tail), scales the ``worker-N`` processes and stops them all.
+    """
+
+    label: str
+    log_dir: Path
+    grace_s: float = 15.0
+    """How long a SIGTERMed child may take to exit before it is killed."""
+    procs: dict[str, tuple[subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=dict)
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def log_text(self, name: str) -> str:
+        path = self.log_path(name)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def start(self, name: str, argv: list[str], env: Mapping[str, str]) -> None:
+        path = self.log_path(name)
+        if path.exists():
+            path.rename(self.log_dir / f"{name}.{time.monotonic_ns()}.log")
+        log = path.open("ab")
+        self.procs[name] = (spawn(argv, env, log), log)
+
+    def stop(self, name: str) -> None:
+        popen, log = self.procs.pop(name)
+        terminate(popen, self.grace_s)
+        log.close()
+
+    def stop_all(self, last: str | None = None) -> None:
+        """Stop every child, ``last`` after the others (a server its workers talk to)."""
+        for name in sorted(self.procs, key=lambda n: n == last):
+            self.stop(name)
+
+    def check(self) -> None:
+        """Raise, with the log's tail, if a child has exited."""
+        for name, (popen, _log) in self.procs.items():
+            if popen.poll() is not None:
+                tail = "\n".join(self.log_text(name).splitlines()[-15:])
+                raise RuntimeError(f"{self.label} {name} exited with {popen.returncode}:\n{tail}")
+
+    def pids(self) -> dict[str, int]:
+        return {name: popen.pid for name, (popen, _log) in self.procs.items()}
+
+    def workers(self) -> list[str]:
+        """The running ``worker-N`` names."""
+        return sorted(n for n in self.procs if n.startswith("worker-"))
+
+    def scale(self, count: int, start_worker: Callable[[int], None]) -> None:
+        """Stop the workers past ``count``; start ``worker-N`` for each missing N < count."""
+        for name in self.workers()[count:]:
+            self.stop(name)
+        for n in range(count):
+            if f"worker-{n}" not in self.procs:
+                start_worker(n)
+
+
 def child_env(settings: Settings, **extra: str) -> dict[str, str]:
     """Environment of a bench child: the services' addresses, the prefix, the repo on the path."""
-    env = dict(os.environ)
-    env.update(
+    env = dict(
         KAFKA_BOOTSTRAP_SERVERS=settings.kafka_servers(),
         REDIS_URL=settings.redis_address(),
         TOOLFLEET_TOPIC_PREFIX=settings.topic_prefix,
         TOOLFLEET_PARTITIONS=str(settings.partitions),
         TOOLFLEET_METRICS_PORT="0",
-        PYTHONUNBUFFERED="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     )
-    env.update(extra)
-    return env
+    return python_env(**{**env, **extra})
 
 
 def latest_assignment(log_text: str) -> list[int] | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
 import sys
 import time
 import uuid
@@ -17,7 +16,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
+from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from aiokafka.admin import AIOKafkaAdminClient
@@ -25,11 +24,11 @@ from redis.asyncio import Redis
 
 from bench.procs import (
     BenchFleet,
+    ProcessGroup,
     child_env,
     latest_assignment,
     progress,
-    spawn,
-    terminate,
+    python_env,
     wait_until,
 )
 from bench.targets import CeleryTarget, KafkaTarget
@@ -232,48 +231,27 @@ class Relay:
     """The raw relay's processes (planner, aggregator, N workers) and its load target."""
 
     settings: Settings
-    log_dir: Path
     target: KafkaTarget
+    processes: ProcessGroup
     durable: bool = False
     """The durable relay: started and finished written to Redis around each call's body."""
-    procs: dict[str, tuple[subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=dict)
 
     def start(self, name: str, role: str) -> None:
-        path = self.log_dir / f"{name}.log"
-        if path.exists():
-            path.rename(self.log_dir / f"{name}.{time.monotonic_ns()}.log")
-        log = path.open("ab")
         argv = [sys.executable, "-m", "bench.relay", role]
         env = child_env(self.settings, BENCH_RELAY_DURABLE="1" if self.durable else "0")
-        self.procs[name] = (spawn(argv, env, log), log)
-
-    def stop(self, name: str) -> None:
-        popen, log = self.procs.pop(name)
-        terminate(popen)
-        log.close()
-
-    def stop_all(self) -> None:
-        for name in list(self.procs):
-            self.stop(name)
+        self.processes.start(name, argv, env)
 
     def check(self) -> None:
-        for name, (popen, _log) in self.procs.items():
-            if popen.poll() is not None:
-                tail = "\n".join(self._log(name).splitlines()[-15:])
-                raise RuntimeError(f"relay {name} exited with {popen.returncode}:\n{tail}")
+        self.processes.check()
 
     def pids(self) -> dict[str, int]:
-        return {name: popen.pid for name, (popen, _l) in self.procs.items()}
-
-    def _log(self, name: str) -> str:
-        return (self.log_dir / f"{name}.log").read_text(errors="replace")
+        return self.processes.pids()
 
     def _ready(self) -> bool:
-        for name in ("planner", "aggregator"):
-            if latest_assignment(self._log(name)) is None:
-                return False
-        workers = [n for n in self.procs if n.startswith("worker-")]
-        owned = [latest_assignment(self._log(n)) for n in workers]
+        log = self.processes.log_text
+        if any(latest_assignment(log(name)) is None for name in ("planner", "aggregator")):
+            return False
+        owned = [latest_assignment(log(n)) for n in self.processes.workers()]
         if any(o is None for o in owned):
             return False
         return sorted(p for o in owned for p in o or []) == list(range(self.settings.partitions))
@@ -282,12 +260,7 @@ class Relay:
         await wait_until(self._ready, within=120, what="relay consumer groups", check=self.check)
 
     async def set_workers(self, count: int) -> None:
-        current = sorted(n for n in self.procs if n.startswith("worker-"))
-        for name in current[count:]:
-            self.stop(name)
-        for n in range(count):
-            if f"worker-{n}" not in self.procs:
-                self.start(f"worker-{n}", "worker")
+        self.processes.scale(count, lambda n: self.start(f"worker-{n}", "worker"))
         await self.ready()
 
 
@@ -301,7 +274,8 @@ async def relay(ctx: RunContext, workers: int, *, durable: bool = False) -> Asyn
     log_dir = ctx.log_root / name
     log_dir.mkdir(parents=True, exist_ok=True)
     label = "durable relay" if durable else "raw relay"
-    system = Relay(settings, log_dir, KafkaTarget(settings, label), durable=durable)
+    processes = ProcessGroup(f"relay ({name})", log_dir, grace_s=10)
+    system = Relay(settings, KafkaTarget(settings, label), processes, durable=durable)
     try:
         system.start("planner", "planner")
         system.start("aggregator", "aggregator")
@@ -314,7 +288,7 @@ async def relay(ctx: RunContext, workers: int, *, durable: bool = False) -> Asyn
         try:
             await system.target.stop()
         finally:
-            system.stop_all()
+            processes.stop_all()
 
 
 # ----------------------------------------------------------------------------------- Celery
@@ -332,13 +306,10 @@ class CelerySystem:
 
     url: str
     queue: str
-    log_dir: Path
     target: CeleryTarget
-    procs: dict[str, tuple[subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=dict)
+    processes: ProcessGroup
 
     def start(self, n: int) -> None:
-        name = f"worker-{n}"
-        log = (self.log_dir / f"{name}.log").open("ab")
         argv = [
             sys.executable, "-m", "celery", "-A", "bench.celery_app", "worker",
             "--pool", CELERY_POOL, "--concurrency", str(CELERY_CONCURRENCY),
@@ -346,41 +317,18 @@ class CelerySystem:
             "--without-heartbeat", "--without-gossip", "--without-mingle",
             "--loglevel", "WARNING",
         ]  # fmt: skip
-        env = {
-            **os.environ,
-            "BENCH_CELERY_URL": self.url,
-            "BENCH_CELERY_QUEUE": self.queue,
-            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
-        }
-        self.procs[name] = (spawn(argv, env, log), log)
-
-    def stop(self, name: str) -> None:
-        popen, log = self.procs.pop(name)
-        terminate(popen, grace_s=15)
-        log.close()
-
-    def stop_all(self) -> None:
-        for name in list(self.procs):
-            self.stop(name)
+        env = python_env(BENCH_CELERY_URL=self.url, BENCH_CELERY_QUEUE=self.queue)
+        self.processes.start(f"worker-{n}", argv, env)
 
     def check(self) -> None:
         self.target.check()
-        for name, (popen, log) in self.procs.items():
-            if popen.poll() is not None:
-                text = Path(log.name).read_text(errors="replace")
-                tail = "\n".join(text.splitlines()[-15:])
-                raise RuntimeError(f"celery {name} exited with {popen.returncode}:\n{tail}")
+        self.processes.check()
 
     def pids(self) -> dict[str, int]:
-        return {name: popen.pid for name, (popen, _l) in self.procs.items()}
+        return self.processes.pids()
 
     async def set_workers(self, count: int) -> None:
-        current = sorted(n for n in self.procs if n.startswith("worker-"))
-        for name in current[count:]:
-            self.stop(name)
-        for n in range(count):
-            if f"worker-{n}" not in self.procs:
-                self.start(n)
+        self.processes.scale(count, self.start)
         await self.ready(count)
 
     async def ready(self, count: int) -> None:
@@ -419,7 +367,7 @@ async def celery(ctx: RunContext, workers: int) -> AsyncIterator[CelerySystem]:
     log_dir = ctx.log_root / "celery"
     log_dir.mkdir(parents=True, exist_ok=True)
     target = CeleryTarget(url, queue, results_key, "Celery chord")
-    system = CelerySystem(url, queue, log_dir, target)
+    system = CelerySystem(url, queue, target, ProcessGroup("celery", log_dir))
     try:
         for n in range(workers):
             system.start(n)
@@ -430,7 +378,7 @@ async def celery(ctx: RunContext, workers: int) -> AsyncIterator[CelerySystem]:
         try:
             await target.stop()
         finally:
-            system.stop_all()
+            system.processes.stop_all()
             redis = Redis.from_url(url)
             try:
                 await redis.delete(queue, results_key, f"bench:celery:ready:{queue}")

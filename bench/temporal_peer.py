@@ -41,10 +41,10 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():  # the sandbox (when on) must not
 if TYPE_CHECKING:
     from temporalio.client import Client
 
+    from bench.procs import ProcessGroup
     from bench.systems import RunContext
     from bench.workload import Listener, Turn
 
@@ -255,58 +256,32 @@ class TemporalSystem:
     address: str
     task_queue: str
     local: bool
-    log_dir: Path
     client: Client
     target: TemporalTarget
-    procs: dict[str, tuple[subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=dict)
+    processes: ProcessGroup
+    """The server (``server``) and the workers (``worker-N``)."""
 
     def start_worker(self, n: int) -> None:
-        from bench.procs import REPO, spawn
+        from bench.procs import python_env  # not at the top: workers import this module
 
         name = f"worker-{n}"
-        log = (self.log_dir / f"{name}.log").open("ab")
         argv = [
             sys.executable, "-m", "bench.temporal_peer", "worker",
             "--address", self.address, "--task-queue", self.task_queue, "--name", name,
         ] + (["--local"] if self.local else [])  # fmt: skip
-        env = {
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        }
-        self.procs[name] = (spawn(argv, env, log), log)
-
-    def stop(self, name: str) -> None:
-        from bench.procs import terminate
-
-        popen, log = self.procs.pop(name)
-        terminate(popen, grace_s=15)
-        log.close()
-
-    def stop_all(self) -> None:
-        """Workers first (they would only retry against a stopped server), then the server."""
-        for name in sorted(self.procs, key=lambda n: n == "server"):
-            self.stop(name)
+        self.processes.start(name, argv, python_env())
 
     def check(self) -> None:
         """Raise (with the log's tail) if the server or a worker died, or a start failed."""
         self.target.check()
-        for name, (popen, log) in self.procs.items():
-            if popen.poll() is not None:
-                tail = "\n".join(_tail(Path(log.name)))
-                raise RuntimeError(f"temporal {name} exited with {popen.returncode}:\n{tail}")
+        self.processes.check()
 
     def pids(self) -> dict[str, int]:
-        return {name: popen.pid for name, (popen, _l) in self.procs.items()}
+        return self.processes.pids()
 
     async def set_workers(self, count: int) -> None:
         """Run ``count`` worker processes; wait until each one polls the task queue."""
-        current = sorted(n for n in self.procs if n.startswith("worker-"))
-        for name in current[count:]:
-            self.stop(name)
-        for n in range(count):
-            if f"worker-{n}" not in self.procs:
-                self.start_worker(n)
+        self.processes.scale(count, self.start_worker)
         await self.ready()
 
     async def ready(self) -> None:
@@ -321,11 +296,8 @@ class TemporalSystem:
             kinds.append(TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
         deadline = time.monotonic() + WORKERS_READY_S
         while True:
-            expected = {
-                _identity(name, popen.pid)
-                for name, (popen, _l) in self.procs.items()
-                if name.startswith("worker-")
-            }
+            pids = self.processes.pids()
+            expected = {_identity(name, pids[name]) for name in self.processes.workers()}
             missing: set[str] = set()
             for kind in kinds:
                 request = DescribeTaskQueueRequest(
@@ -350,10 +322,6 @@ def _identity(name: str, pid: int) -> str:
     """A worker's identity: its name and pid, so a restarted worker is told from the old one
     (the server lists a poller for a while after it went away)."""
     return f"{name}@{pid}"
-
-
-def _tail(path: Path, lines: int = 15) -> list[str]:
-    return path.read_text(errors="replace").splitlines()[-lines:]
 
 
 def temporal_binary() -> Path:
@@ -388,7 +356,7 @@ def _free_ports(count: int) -> list[int]:
         return ports
 
 
-async def _connect(address: str, server: subprocess.Popen[bytes], log: Path) -> Client:
+async def _connect(address: str, processes: ProcessGroup) -> Client:
     """Connect once the frontend answers and the namespace is registered (deadline-bounded)."""
     from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
     from temporalio.client import Client
@@ -396,9 +364,7 @@ async def _connect(address: str, server: subprocess.Popen[bytes], log: Path) -> 
     deadline = time.monotonic() + SERVER_START_S
     last: BaseException | None = None
     while time.monotonic() < deadline:
-        if server.poll() is not None:
-            tail = "\n".join(_tail(log))
-            raise RuntimeError(f"temporal server exited with {server.returncode}:\n{tail}")
+        processes.check()
         try:
             client = await Client.connect(address, namespace=NAMESPACE)
             await client.workflow_service.describe_namespace(
@@ -414,7 +380,7 @@ async def _connect(address: str, server: subprocess.Popen[bytes], log: Path) -> 
 @asynccontextmanager
 async def temporal(ctx: RunContext, workers: int, *, local: bool) -> AsyncIterator[TemporalSystem]:
     """A Temporal dev server and ``workers`` worker processes on a task queue of this run."""
-    from bench.procs import progress, spawn
+    from bench.procs import ProcessGroup, progress
 
     binary = temporal_binary()
     name = "temporal-local" if local else "temporal"
@@ -430,40 +396,28 @@ async def temporal(ctx: RunContext, workers: int, *, local: bool) -> AsyncIterat
     ]  # fmt: skip
     for pair in DYNAMIC_CONFIG:
         argv += ["--dynamic-config-value", pair]
-    server_log = log_dir / "server.log"
-    log = server_log.open("ab")
-    server = spawn(argv, os.environ, log)
-    system: TemporalSystem | None = None
+    processes = ProcessGroup("temporal", log_dir)
+    target: TemporalTarget | None = None
     try:
+        processes.start("server", argv, os.environ)
         began = time.monotonic()
-        client = await _connect(address, server, server_log)
+        client = await _connect(address, processes)
         progress(
             f"temporal: dev server answering on {address} after {time.monotonic() - began:.1f} s"
         )
-        system = TemporalSystem(
-            address,
-            task_queue,
-            local,
-            log_dir,
-            client,
-            TemporalTarget(client, task_queue, local=local),
-        )
-        system.procs["server"] = (server, log)
+        target = TemporalTarget(client, task_queue, local=local)
+        system = TemporalSystem(address, task_queue, local, client, target, processes)
         began = time.monotonic()
         await system.set_workers(workers)
         progress(f"temporal: {workers} worker(s) polling after {time.monotonic() - began:.1f} s")
         yield system
     finally:
-        if system is None:
-            from bench.procs import terminate
-
-            terminate(server)
-            log.close()
-        else:
-            try:
-                await system.target.stop()
-            finally:
-                system.stop_all()
+        try:
+            if target is not None:
+                await target.stop()
+        finally:
+            # Workers first (they would only retry against a stopped server), then the server.
+            processes.stop_all(last="server")
 
 
 # ----------------------------------------------------------------------------- entry
