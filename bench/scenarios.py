@@ -1,4 +1,5 @@
-"""The scenarios, system by system: (a) throughput, (b) latency, (c) I/O-bound, (d) scale.
+"""The scenarios, system by system: (a) throughput, (b) latency, (c) I/O-bound, (d) scale,
+(e) idle latency.
 
 Systems run one after another (two cores cannot host two systems at once without each
 skewing the other), and every figure of one run is measured on the same machine, broker and

@@ -1,4 +1,5 @@
-"""Starting and stopping the systems under test: toolfleet, the raw relay, Celery.
+"""Starting and stopping the systems under test: toolfleet, the raw and durable relays, Celery
+(the peers, Temporal and DBOS, are in ``bench.temporal_peer`` and ``bench.dbos_peer``).
 
 Each is an async context manager that gives a running system with its load target, and stops
 every process it started on the way out, whatever happened.
