@@ -108,6 +108,7 @@ async def _run(bench: Bench, scenarios: set[str], systems: set[str]) -> None:
                 continue
             progress(f"--- {system}")
             try:
+                await bench.quiet_broker(system)
                 await run(scenarios)
             except Exception as exc:
                 bench.results.errors.append(f"{system}: {type(exc).__name__}: {exc}")
