@@ -99,7 +99,7 @@ class Durations:
 
 QUIET_SHARE = 0.15
 """Kafka's CPU (share of a core) under which the broker counts as quiet before a system runs."""
-QUIET_WITHIN_S = 90.0
+QUIET_WITHIN_S = 30.0
 """How long the bench waits for a quiet broker before it measures anyway (and says so)."""
 
 
