@@ -21,7 +21,8 @@ from pathlib import Path
 import psutil
 
 from bench.procs import REPO, progress
-from bench.report import Results, readme_block, render, targets, update_readme
+from bench.report import PEERS, Results, readme_block, render, targets, update_readme
+from bench.report import SYSTEMS as BASELINES
 from bench.scenarios import Bench, Durations
 from bench.systems import RunContext
 from kernel.settings import Settings
@@ -29,9 +30,7 @@ from toolfleet.app import infra
 
 RESULTS = REPO / "bench" / "results"
 SCENARIOS = ("a", "b", "c", "d", "e", "profile")
-SYSTEMS = (
-    "toolfleet", "relay", "durable", "celery", "inprocess", "temporal", "temporal_local", "dbos",
-)  # fmt: skip
+SYSTEMS = (*BASELINES, *PEERS)
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
