@@ -9,7 +9,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import unquote, urlsplit
 from weakref import WeakKeyDictionary
 
@@ -41,6 +41,8 @@ from kernel.settings import Settings
 T = TypeVar("T")
 K = TypeVar("K")
 V = TypeVar("V")
+Item = TypeVar("Item")
+Reply = TypeVar("Reply")
 
 # Compare-and-set: write the new value only if the key still holds what was read (by its
 # SHA-1; an absent key reads as ''). ARGV: sha1 of the value read, new value, ttl.
@@ -446,7 +448,7 @@ def connect_redis(settings: Settings) -> Redis:
         )
     pool: ConnectionPool
     if target.kind == "sentinel":
-        sentinels = Sentinel(  # type: ignore[no-untyped-call]
+        sentinels = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
             list(target.nodes), socket_connect_timeout=5, socket_timeout=5
         )
         pool = SentinelConnectionPool(  # type: ignore[no-untyped-call]
@@ -472,6 +474,61 @@ def slot_bound(redis: Redis) -> bool:
     keys from several slot groups then needs a command per group; one server takes them all
     in one."""
     return isinstance(redis, ClusterRedis)
+
+
+class SlotGroupBatches(Generic[Item, Reply]):
+    """Requests handed in during one event-loop turn, written together by one script.
+
+    Many calls reach the same ledger step at once (a worker starting a polled batch of
+    commands, say): one script for all of them costs Redis one script's overhead instead of
+    one per call. ``write(items)`` runs the script for one batch and returns one reply per
+    item, in order; there is one batch per slot group on a Redis Cluster (a script's keys share
+    one hash slot) and one for everything on a single server. A failed write fails every
+    caller of its batch, and each retries its own request.
+    """
+
+    def __init__(
+        self,
+        write: Callable[[list[Item]], Awaitable[Sequence[Reply]]],
+        *,
+        per_slot_group: bool,
+    ) -> None:
+        self._per_slot_group = per_slot_group
+        """As ``slot_bound`` says of the client that ``write`` uses."""
+        self._write = write
+        self._pending: dict[int, list[tuple[Item, asyncio.Future[Reply]]]] = {}
+        self._writes: set[asyncio.Task[None]] = set()
+
+    def submit(self, slot_group: int, item: Item) -> asyncio.Future[Reply]:
+        """Queue ``item`` (whose keys are in ``slot_group``) for this loop turn's batch."""
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[Reply] = loop.create_future()
+        if not self._pending:
+            loop.call_soon(self._write_pending)
+        batch = self._pending.setdefault(slot_group if self._per_slot_group else 0, [])
+        batch.append((item, reply))
+        return reply
+
+    def _write_pending(self) -> None:
+        pending, self._pending = self._pending, {}
+        for batch in pending.values():
+            task = asyncio.create_task(self._write_batch(batch))
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
+
+    async def _write_batch(self, batch: list[tuple[Item, asyncio.Future[Reply]]]) -> None:
+        try:
+            replies = await self._write([item for item, _ in batch])
+        except BaseException as exc:
+            for _, reply in batch:
+                if not reply.done():
+                    reply.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, reply), value in zip(batch, replies, strict=True):
+            if not reply.done():
+                reply.set_result(value)
 
 
 def register_durable_script(redis: Redis, source: str) -> Callable[..., Awaitable[Any]]:

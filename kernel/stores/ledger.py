@@ -20,19 +20,33 @@ import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from functools import partial
+from typing import Any, Literal, NamedTuple, cast
 
 from redis.asyncio import Redis
 
-from kernel.adapters.redis import HashFields, register_durable_script, text
+from kernel.adapters.redis import (
+    HashFields,
+    SlotGroupBatches,
+    register_durable_script,
+    slot_bound,
+    text,
+)
 from kernel.settings import LEDGER_RETENTION_S
 from kernel.stores.keys import SLOT_GROUPS, Keys
 from schemas import CallOutcome, ExecutionCommand, TurnConfig
 
 LedgerState = Literal["planned", "dispatched", "started", "finished", "committed"]
 BeginVerdict = Literal["run", "done", "stale", "busy", "unknown", "missing", "cancelled"]
+
+
+class _Step(NamedTuple):
+    """One call's part of a batched script: its keys and its arguments."""
+
+    keys: list[str]
+    args: list[Any]
 
 
 def command_for(
@@ -348,31 +362,44 @@ return issue(KEYS[1], KEYS[2], h, ARGV[3] == '1', tonumber(ARGV[1]), ARGV[2])
 """
 )
 
-# A worker asks to run an attempt. ARGV: token, worker, lease_s, lease member, the tool
-# version it runs ('' for none: compensations)
+# Workers ask to run attempts, a batch at once (``SlotGroupBatches``). KEYS, four per call:
+# entry, audit chain, lease index, cancellation marker. ARGV, five per call: token, worker,
+# lease_s, lease member, the tool version it runs ('' for none: compensations). Returns
+# verdict, stored outcome ('' unless done) per call.
 _BEGIN = """
-local h = redis.call('HMGET', KEYS[1], 'state', 'fencing_token', 'lease_until', 'outcome',
-  'keep')
-local state, token = h[1], tonumber(h[2])
-if not state then return {'missing', ''} end
+local function begin(entry, audit, leases, cancelled, a, now)
+  local h = redis.call('HMGET', entry, 'state', 'fencing_token', 'lease_until', 'outcome',
+    'keep')
+  local state, token = h[1], tonumber(h[2])
+  if not state then return 'missing', '' end
+  if state == 'finished' or state == 'committed' then return 'done', h[4] or '' end
+  if tonumber(ARGV[a]) < token then return 'stale', '' end
+  if state == 'started' then
+    if tonumber(h[3] or '0') > now then return 'busy', '' end
+    return 'unknown', ''
+  end
+  if redis.call('EXISTS', cancelled) == 1 then return 'cancelled', '' end
+  local lease_until = now + tonumber(ARGV[a + 2])
+  redis.call('HSET', entry, 'state', 'started', 'worker_id', ARGV[a + 1],
+    'lease_until', lease_until, 'started_at', now)
+  if ARGV[a + 4] ~= '' then redis.call('HSET', entry, 'tool_version', ARGV[a + 4]) end
+  redis.call('ZADD', leases, lease_until, ARGV[a + 3])
+  if h[5] then
+    redis.call('RPUSH', audit, cjson.encode({event='started', worker=ARGV[a + 1],
+      fencing_token=token, at=now}))
+  end
+  return 'run', ''
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-if state == 'finished' or state == 'committed' then return {'done', h[4] or ''} end
-if tonumber(ARGV[1]) < token then return {'stale', ''} end
-if state == 'started' then
-  if tonumber(h[3] or '0') > now then return {'busy', ''} end
-  return {'unknown', ''}
+local out = {}
+for i = 1, #KEYS, 4 do
+  local verdict, outcome = begin(KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3],
+    (i - 1) / 4 * 5 + 1, now)
+  out[#out + 1] = verdict
+  out[#out + 1] = outcome
 end
-if redis.call('EXISTS', KEYS[4]) == 1 then return {'cancelled', ''} end
-redis.call('HSET', KEYS[1], 'state', 'started', 'worker_id', ARGV[2],
-  'lease_until', now + tonumber(ARGV[3]), 'started_at', now)
-if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'tool_version', ARGV[5]) end
-redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[4])
-if h[5] then
-  redis.call('RPUSH', KEYS[2], cjson.encode({event='started', worker=ARGV[2],
-    fencing_token=token, at=now}))
-end
-return {'run', ''}
+return out
 """
 
 # The running attempt recorded the upstream's id for what it did. ARGV: token, ref.
@@ -401,20 +428,29 @@ redis.call('ZADD', KEYS[2], 'XX', expiry, ARGV[4])
 return 1
 """
 
-# Store the outcome of the current attempt. ARGV: token, outcome json, status, effect, now
+# Store the outcomes of current attempts, a batch at once (``SlotGroupBatches``). KEYS, three
+# per call: entry, audit chain, lease index. ARGV, six per call: token, outcome json,
+# status, effect, now, lease member. Returns ok, stale, done or missing per call.
 _FINISH = """
-local h = redis.call('HMGET', KEYS[1], 'state', 'fencing_token', 'keep')
-if h[1] == false then return 'missing' end
-if tonumber(ARGV[1]) ~= tonumber(h[2]) then return 'stale' end
-if h[1] == 'finished' or h[1] == 'committed' then return 'done' end
-redis.call('HSET', KEYS[1], 'state', 'finished', 'outcome', ARGV[2], 'lease_until', 0,
-  'finished_at', ARGV[5])
-redis.call('ZREM', KEYS[3], ARGV[6])
-if h[3] then
-  redis.call('RPUSH', KEYS[2], cjson.encode({event='finished', status=ARGV[3], effect=ARGV[4],
-    fencing_token=tonumber(ARGV[1]), at=tonumber(ARGV[5])}))
+local function finish(entry, audit, leases, a)
+  local h = redis.call('HMGET', entry, 'state', 'fencing_token', 'keep')
+  if h[1] == false then return 'missing' end
+  if tonumber(ARGV[a]) ~= tonumber(h[2]) then return 'stale' end
+  if h[1] == 'finished' or h[1] == 'committed' then return 'done' end
+  redis.call('HSET', entry, 'state', 'finished', 'outcome', ARGV[a + 1], 'lease_until', 0,
+    'finished_at', ARGV[a + 4])
+  redis.call('ZREM', leases, ARGV[a + 5])
+  if h[3] then
+    redis.call('RPUSH', audit, cjson.encode({event='finished', status=ARGV[a + 2],
+      effect=ARGV[a + 3], fencing_token=tonumber(ARGV[a]), at=tonumber(ARGV[a + 4])}))
+  end
+  return 'ok'
 end
-return 'ok'
+local out = {}
+for i = 1, #KEYS, 3 do
+  out[#out + 1] = finish(KEYS[i], KEYS[i + 1], KEYS[i + 2], (i - 1) / 3 * 6 + 1)
+end
+return out
 """
 
 # An outcome decided without running anything (the planner's rejections). ARGV: json, now,
@@ -500,9 +536,15 @@ class Ledger:
         self._dispatch = redis.register_script(_DISPATCH)
         # ``started`` must survive a failover before user code runs: it waits for a replica.
         self._begin = register_durable_script(redis, _BEGIN)
+        self._begins: SlotGroupBatches[_Step, tuple[bytes, bytes]] = SlotGroupBatches(
+            partial(self._batch, self._begin, 2), per_slot_group=slot_bound(redis)
+        )
         self._renew = redis.register_script(_RENEW)
         self._upstream_ref = redis.register_script(_UPSTREAM_REF)
         self._finish = redis.register_script(_FINISH)
+        self._finishes: SlotGroupBatches[_Step, tuple[bytes]] = SlotGroupBatches(
+            partial(self._batch, self._finish, 1), per_slot_group=slot_bound(redis)
+        )
         self._settle = redis.register_script(_SETTLE)
         self._resolve = redis.register_script(_RESOLVE)
         self._append = redis.register_script(_APPEND)
@@ -651,20 +693,35 @@ class Ledger:
         """
         # A key of the run's slot group that is never set stands for "do not check".
         cancelled = self.keys.cancelled(tenant_id, run_id)
-        verdict, outcome = await self._begin(
-            keys=[
+        step = _Step(
+            [
                 self.keys.call(tenant_id, run_id, call_id),
                 self.keys.audit(tenant_id, run_id, call_id),
                 self.keys.leases(self.keys.group(tenant_id, run_id)),
                 cancelled if unless_cancelled else f"{cancelled}\x1fnever",
             ],
-            args=[
+            [
                 token, worker_id, lease_s, lease_member(tenant_id, run_id, call_id),
                 tool_version or "",
             ],
         )  # fmt: skip
+        verdict, outcome = await self._begins.submit(self.keys.group(tenant_id, run_id), step)
         stored = CallOutcome.model_validate_json(outcome) if outcome else None
-        return verdict.decode(), stored
+        return cast(BeginVerdict, verdict.decode()), stored
+
+    @staticmethod
+    async def _batch(
+        script: Callable[..., Awaitable[Any]], width: int, steps: list[_Step]
+    ) -> list[tuple[Any, ...]]:
+        """Run ``script`` once for ``steps`` (their keys and arguments one after another):
+        its flat reply, ``width`` values per step."""
+        keys: list[str] = []
+        args: list[Any] = []
+        for step in steps:
+            keys += step.keys
+            args += step.args
+        flat = await script(keys=keys, args=args)
+        return [tuple(flat[i : i + width]) for i in range(0, len(flat), width)]
 
     async def renew(
         self,
@@ -700,21 +757,23 @@ class Ledger:
 
     async def finish(self, outcome: CallOutcome) -> str:
         """Store the outcome of the current attempt: ``ok``, ``stale``, ``done`` or ``missing``."""
-        reply = await self._finish(
-            keys=[
-                self.keys.call(outcome.tenant_id, outcome.run_id, outcome.call_id),
-                self.keys.audit(outcome.tenant_id, outcome.run_id, outcome.call_id),
-                self.keys.leases(self.keys.group(outcome.tenant_id, outcome.run_id)),
+        tenant, run, call = outcome.tenant_id, outcome.run_id, outcome.call_id
+        step = _Step(
+            [
+                self.keys.call(tenant, run, call),
+                self.keys.audit(tenant, run, call),
+                self.keys.leases(self.keys.group(tenant, run)),
             ],
-            args=[
+            [
                 outcome.fencing_token,
                 outcome.model_dump_json(exclude_none=True),
                 outcome.status,
                 outcome.effect,
                 time.time(),
-                lease_member(outcome.tenant_id, outcome.run_id, outcome.call_id),
+                lease_member(tenant, run, call),
             ],
         )
+        (reply,) = await self._finishes.submit(self.keys.group(tenant, run), step)
         return str(reply.decode())
 
     async def resolve(self, outcome: CallOutcome, event: str, **details: Any) -> bool:

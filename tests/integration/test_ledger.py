@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Awaitable
 
 import pytest
 from redis.asyncio import Redis
@@ -193,6 +194,48 @@ async def test_a_call_of_a_cancelled_run_never_starts(
     verdict, _ = await ledger.begin("t", run, call_id, token=token, worker_id="w1", lease_s=30)
     assert verdict == "cancelled"
     assert (await ledger.read("t", run, [call_id]))[call_id].state == "dispatched"
+
+
+async def test_begins_and_finishes_issued_together_each_get_their_own_verdict(
+    redis: Redis, settings: Settings
+) -> None:
+    """Calls of several runs (several slot groups on a cluster) started in one loop turn
+    share a script (one per slot group): each still gets the verdict it would get alone."""
+    keys = Keys.of(settings)
+    ledger = Ledger(redis, keys)
+    runs = [f"run-{uuid.uuid4().hex}" for _ in range(5)]
+    ready, stale, done, cancelled, unknown = runs
+    tokens = {}
+    for run in runs:
+        await ledger.create("t", run, [_call("c", run)])
+        tokens[run] = (await ledger.dispatch("t", run, "c") or (0, 0))[1]
+    await ledger.begin("t", done, "c", token=tokens[done], worker_id="w0", lease_s=30)
+    finished = _outcome("c", tokens[done]).model_copy(update={"run_id": done})
+    assert await ledger.finish(finished) == "ok"
+    await redis.set(keys.cancelled("t", cancelled), "stop")
+    await ledger.begin("t", unknown, "c", token=tokens[unknown], worker_id="w0", lease_s=0.0)
+
+    def begin(run: str, call_id: str = "c", token: int | None = None) -> Awaitable[object]:
+        token = tokens.get(run, 1) if token is None else token
+        return ledger.begin("t", run, call_id, token=token, worker_id="w1", lease_s=30)
+
+    verdicts = await asyncio.gather(
+        begin(ready), begin(stale, token=tokens[stale] - 1), begin(done), begin(cancelled),
+        begin(unknown), begin(ready, "never-planned"),
+    )  # fmt: skip
+    assert [v for v, _ in verdicts] == ["run", "stale", "done", "cancelled", "unknown", "missing"]
+    assert verdicts[2][1] == finished
+    entry = (await ledger.read("t", ready, ["c"]))["c"]
+    assert (entry.state, entry.worker_id) == ("started", "w1")
+
+    replies = await asyncio.gather(
+        ledger.finish(_outcome("c", tokens[ready]).model_copy(update={"run_id": ready})),
+        ledger.finish(_outcome("c", tokens[done]).model_copy(update={"run_id": done})),
+        ledger.finish(_outcome("c", tokens[stale] - 1).model_copy(update={"run_id": stale})),
+        ledger.finish(_outcome("never-planned", 1).model_copy(update={"run_id": ready})),
+    )
+    assert replies == ["ok", "done", "stale", "missing"]
+    assert (await ledger.read("t", ready, ["c"]))["c"].state == "finished"
 
 
 async def test_retention_lets_a_plain_settled_call_expire_and_keeps_any_other_history(
