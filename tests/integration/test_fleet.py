@@ -136,6 +136,9 @@ async def test_a_call_runs_at_most_once_while_a_worker_is_sigkilled_mid_run(
 
 
 async def test_every_service_serves_metrics(fleet: LocalFleet, client: FleetClient) -> None:
+    # A call of its own, so that the metrics a call creates exist whichever tests ran before.
+    result = await client.run_turn(turn(("c0", "tracked_free", {"scope": "metrics", "ms": 1})))
+    assert result.status == "completed", result.model_dump_json()
     expected = {
         "planner": ["toolfleet_commands_total", "toolfleet_plan_duration_seconds"],
         "aggregator": ["toolfleet_turn_duration_seconds", "toolfleet_messages_total"],
