@@ -40,8 +40,10 @@ PRODUCER_BATCH_BYTES = 262_144
 outcomes) fills under load, and a send into a full batch waits until that batch is acked:
 bursts stalled on a round trip, and the broker got many small produce requests."""
 
-TRANSACTION_RETRY_BACKOFF_MS = 10
-"""How soon a transactional producer retries a refused request (see ``transactional_producer``)."""
+TRANSACTION_RETRY_BACKOFF_MS = 2
+"""How soon a transactional producer retries a refused request (see ``transactional_producer``).
+Idle one-call turns, alternating runs: the hop from a turn result's send to its read had p90
+12.2-15.7 ms at 10 ms and 8.6-10.3 ms at 2 ms (p50 5.3-6.1 either way)."""
 
 COMMIT_INTERVAL_S = 0.2
 """How often a consumer commits what it has handled. Not after every polled batch: under load
