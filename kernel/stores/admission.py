@@ -105,9 +105,12 @@ end
 
 # Queue calls (a call attempt already queued or admitted is skipped). KEYS[1..6]: active,
 # clock, waiting, info, payloads, deadlines; ARGV[first..last]: per entry member, tenant,
-# tool, pool, deadline ('' for none), payload. Returns how many were queued.
+# tool, pool, deadline ('' for none), payload. Returns how many were queued. With ``deferred``
+# (a table), the queue entries are not written: each tenant's fresh entries go into
+# ``deferred[tenant]`` (oldest first) as {entry, member, {tenant, tool, pool, entry}, deadline,
+# payload}, for the admission pass that follows to admit or write.
 _ENQUEUE_FN = """
-local function enqueue(seq_key, first, last)
+local function enqueue(seq_key, first, last, deferred)
   local members, seen = {}, {}
   for i = first, last, 6 do
     if not seen[ARGV[i]] then
@@ -129,15 +132,25 @@ local function enqueue(seq_key, first, last)
     local member, tenant = ARGV[i], ARGV[i + 1]
     seq = seq + 1
     local entry = tenant .. '\\31' .. string.format('%016d', seq) .. '\\31' .. member
-    queued[#queued + 1] = 0
-    queued[#queued + 1] = entry
     infos[#infos + 1] = member
     infos[#infos + 1] = table.concat({tenant, ARGV[i + 2], ARGV[i + 3], entry}, '\\31')
     bodies[#bodies + 1] = member
     bodies[#bodies + 1] = ARGV[i + 5]
-    if ARGV[i + 4] ~= '' then
-      due[#due + 1] = ARGV[i + 4]
-      due[#due + 1] = member
+    if deferred then
+      local mine = deferred[tenant]
+      if not mine then
+        mine = {}
+        deferred[tenant] = mine
+      end
+      mine[#mine + 1] = {entry, member, {tenant, ARGV[i + 2], ARGV[i + 3], entry}, ARGV[i + 4],
+        ARGV[i + 5]}
+    else
+      queued[#queued + 1] = 0
+      queued[#queued + 1] = entry
+      if ARGV[i + 4] ~= '' then
+        due[#due + 1] = ARGV[i + 4]
+        due[#due + 1] = member
+      end
     end
     tenants[tenant] = true
   end
@@ -239,7 +252,10 @@ local confirmed = {}
 for i = at + 1, at + tonumber(ARGV[at]) do confirmed[#confirmed + 1] = ARGV[i] end
 each('ZREM', pending, confirmed)
 at = at + tonumber(ARGV[at]) + 1
-enqueue(KEYS[15], at + 1, at + 6 * tonumber(ARGV[at]))
+-- Calls queued by this pass are kept here, not written to the queue: those admitted now
+-- never touch it (the usual case with free capacity), the rest are written at the end.
+local incoming = {}
+enqueue(KEYS[15], at + 1, at + 6 * tonumber(ARGV[at]), incoming)
 -- The safety net: an admitted call whose outcome never came frees its slot at its lease.
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', admitted, '-inf', now, 'LIMIT', 0, 100)) do
   released[#released + 1] = m
@@ -325,13 +341,18 @@ local function read_more(tenant, q)
   local got = redis.call('ZRANGEBYLEX', waiting, '[' .. tenant .. '\\31',
     '(' .. tenant .. '\\32', 'LIMIT', q.read, LOOKAHEAD)
   q.read = q.read + #got
-  if #got < LOOKAHEAD then q.done = true end
-  if #got == 0 then return end
-  local members = {}
-  for _, entry in ipairs(got) do members[#members + 1] = string.sub(entry, #tenant + 19) end
-  local raws = redis.call('HMGET', info, unpack(members))
-  for i, entry in ipairs(got) do
-    q.entries[#q.entries + 1] = {entry, members[i], split(raws[i])}
+  if #got > 0 then
+    local members = {}
+    for _, entry in ipairs(got) do members[#members + 1] = string.sub(entry, #tenant + 19) end
+    local raws = redis.call('HMGET', info, unpack(members))
+    for i, entry in ipairs(got) do
+      q.entries[#q.entries + 1] = {entry, members[i], split(raws[i])}
+    end
+  end
+  if #got < LOOKAHEAD then
+    -- The stored queue is read: the calls this pass queued come after it (later sequence).
+    q.done = true
+    for _, e in ipairs(incoming[tenant] or {}) do q.entries[#q.entries + 1] = e end
   end
 end
 local function untaken(q)
@@ -410,10 +431,15 @@ while free and #chosen < max_n and any_free() do
       moved[held] = true
     end
   end
-  local entry, member, f = unpack(q.entries[i])
+  local e = q.entries[i]
+  local entry, member, f = e[1], e[2], e[3]
   q.taken[i] = true
-  drop_waiting[#drop_waiting + 1] = entry
-  drop_due[#drop_due + 1] = member
+  if e[5] then
+    e.taken = true  -- queued by this pass: never written to the queue
+  else
+    drop_waiting[#drop_waiting + 1] = entry
+    drop_due[#drop_due + 1] = member
+  end
   bump('t:' .. tenant, 1)
   bump('o:' .. f[2], 1)
   bump('p:' .. f[3], 1)
@@ -429,7 +455,7 @@ while free and #chosen < max_n and any_free() do
     fleet_clock = vt
     clock_moved = true
   end
-  chosen[#chosen + 1] = member
+  chosen[#chosen + 1] = e
 end
 
 -- Write back what the pass changed.
@@ -440,6 +466,22 @@ for field, by in pairs(deltas) do
 end
 each('ZREM', waiting, drop_waiting)
 each('ZREM', deadlines, drop_due)
+-- What this pass queued and did not admit waits in the queue now.
+local queued, due = {}, {}
+for _, list in pairs(incoming) do
+  for _, e in ipairs(list) do
+    if not e.taken then
+      queued[#queued + 1] = 0
+      queued[#queued + 1] = e[1]
+      if e[4] ~= '' then
+        due[#due + 1] = e[4]
+        due[#due + 1] = e[2]
+      end
+    end
+  end
+end
+each('ZADD', waiting, queued)
+each('ZADD', deadlines, due)
 each('ZADD', admitted, leases)
 each('ZADD', pending, unconfirmed)
 local scores = {}
@@ -458,10 +500,20 @@ end
 if clock_moved then redis.call('HSET', clock, '\\31clock', fleet_clock) end
 
 local out = {''}
-local bodies = fetch('HMGET', payloads, chosen)
-for n, member in ipairs(chosen) do
-  out[#out + 1] = member
-  out[#out + 1] = bodies[n]
+local stored = {}
+for _, e in ipairs(chosen) do
+  if not e[5] then stored[#stored + 1] = e[2] end
+end
+local bodies = fetch('HMGET', payloads, stored)
+local n = 0
+for _, e in ipairs(chosen) do
+  out[#out + 1] = e[2]
+  if e[5] then
+    out[#out + 1] = e[5]
+  else
+    n = n + 1
+    out[#out + 1] = bodies[n]
+  end
 end
 -- Admitted but not confirmed on Kafka within the publish lease: its planner is gone.
 local stale = redis.call('ZRANGEBYSCORE', pending, '-inf', now, 'LIMIT', 0, 100)

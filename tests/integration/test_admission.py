@@ -63,6 +63,24 @@ async def test_one_pass_queues_frees_and_admits_and_a_repeated_release_frees_one
     assert (await admission.admit(now=3, release=[held])).calls == []  # already free
 
 
+async def test_calls_a_pass_queues_and_cannot_admit_wait_like_any_other(
+    admission: Admission,
+) -> None:
+    """A pass admits the calls it queues without writing them to the queue when it can; the
+    ones it cannot admit are queued as ``enqueue`` would queue them: they keep their order,
+    expire at their deadline and leave with their cancelled run."""
+    await admission.register_worker("default", "w1", 1, ttl_s=600, now=0)
+    a = _calls("acme", 2, deadline=50)
+    assert [p for _, p in (await admission.admit(now=1, enqueue=a)).calls] == ["cmd acme t 0"]
+    b, c = _calls("acme", 1, tool="b"), _calls("acme", 1, tool="c")
+    assert (await admission.admit(now=2, enqueue=b + c)).calls == []  # the pool is full
+    assert [p for _, p in await admission.withdraw_expired(now=60)] == ["cmd acme t 1"]
+    assert [p for _, p in await admission.withdraw_run("acme", c[0].run_id)] == ["cmd acme c 0"]
+    freed = (await admission.admit(now=61, release=[a[0].member])).calls
+    assert [p for _, p in freed] == ["cmd acme b 0"]
+    assert (await admission.admit(now=62, release=[b[0].member])).calls == []  # none left
+
+
 async def test_backlogged_tenants_share_capacity_by_weight(admission: Admission) -> None:
     await admission.set_limits("tenants", "light", Limits(weight=1))
     await admission.set_limits("tenants", "heavy", Limits(weight=3))
