@@ -25,7 +25,9 @@ holds its slot until its outcome is released (``admit(release=...)``), or until 
 (``lease_s``) runs out (a safety net: a lost outcome cannot leak a slot forever). An admitted
 command is *pending* until the planner confirms it is on Kafka; a planner that dies in
 between leaves it pending, and the next planner's tick publishes it again (commands are
-idempotent: the ledger gates every attempt).
+idempotent: the ledger gates every attempt). A call that the pass queueing it admits at once
+never enters the queue: only what must wait is written there (the usual case with free
+capacity costs Redis no queue entry, no deadline entry, and no read-back of the payload).
 """
 
 from __future__ import annotations
