@@ -395,6 +395,8 @@ class Aggregator:
             ended(ExecutionCommand.model_validate_json(command_of(payload)[1]), None, "skipped")
             for _, payload in await self.admission.withdraw_run(request.tenant_id, request.run_id)
         ]
+        # The ledger says so too: a call that never started does not stay ``dispatched``.
+        await asyncio.gather(*(self.ledger.settle(outcome) for outcome in withdrawn))
         results = []
         for turn_id in await self.redis.smembers(
             self.keys.turns(request.tenant_id, request.run_id)

@@ -111,11 +111,14 @@ class Planner:
         while True:
             await asyncio.sleep(period)
             try:
-                await self.admitter.tick(self._publish_outcome)
+                await self.admitter.tick(self._report_never_started)
             except Exception:  # never let the loop die: waiting calls rely on it
                 log.exception("admission tick failed; retrying")
 
-    async def _publish_outcome(self, outcome: CallOutcome) -> None:
+    async def _report_never_started(self, outcome: CallOutcome) -> None:
+        """A call withdrawn from admission's queue (its turn's deadline passed): settled in
+        the ledger, so it does not stay ``dispatched``, then reported to its turn."""
+        await self.ledger.settle(outcome)
         await self.bus.publish_and_wait("outcomes", outcome.run_id, outcome)
 
     def wants(self, record: Record) -> bool:

@@ -23,6 +23,7 @@ from kernel.rules.texts import NEVER_STARTED_DEADLINE
 from kernel.settings import Settings
 from kernel.stores.admission import Admission, Limits
 from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger
 from schemas import CancelRequest, ModelResponseEvent
 from tests.conftest import wait_for
 from tests.integration.fair_tools import runs_key, starts_key
@@ -168,6 +169,11 @@ async def test_a_cancelled_runs_waiting_calls_leave_the_queue_as_skipped(
     waited = [c for c in result.calls if c.call_id != event.function_calls[0].call_id]
     assert [(c.status, c.effect) for c in waited] == [("skipped", "not_executed")] * 3
     assert await redis.zcard(starts_key(tenant)) == 1  # none of them ever started
+    # The ledger says what the turn result says: settled without running, not "dispatched".
+    entries = await Ledger(redis, keys).read(tenant, event.run_id, [c.call_id for c in waited])
+    assert [(e.state, e.outcome and e.outcome.status) for e in entries.values()] == [
+        ("committed", "skipped")
+    ] * 3
 
 
 async def test_a_call_still_waiting_at_its_deadline_never_starts(
@@ -185,3 +191,5 @@ async def test_a_call_still_waiting_at_its_deadline_never_starts(
     assert output == NEVER_STARTED_DEADLINE.format(name="work")
     started = [m.decode() for m in await redis.zrange(starts_key(tenant), 0, -1)]
     assert started == [event.function_calls[0].call_id]
+    entry = (await Ledger(redis, keys).read(tenant, event.run_id, [late.call_id]))[late.call_id]
+    assert (entry.state, entry.outcome and entry.outcome.status) == ("committed", "timed_out")
