@@ -80,7 +80,7 @@ async def test_a_command_waits_in_admission_until_a_worker_serves_its_pool(
     await Admission(redis, Keys.of(own)).register_worker(
         "default", "worker-1", 1, ttl_s=300, now=time.time()
     )
-    await planner.admitter.tick(planner._publish_outcome)
+    await planner.admitter.tick(planner._report_never_started)
     [command] = [ExecutionCommand.decode(raw) for raw in bus.on("commands.default")]
     assert (command.run_id, command.admitted) == (run, True)
 
