@@ -107,15 +107,18 @@ async def test_every_service_exports_its_spans_of_the_turn_in_the_clients_trace(
     assert result.status == "completed"
 
     async def exported() -> set[tuple[str, str]]:
-        names = {(service, name) for service, name, _, _ in receiver.of_run(event.run_id)}
+        spans = receiver.of_run(event.run_id)
+        names = {(service, name) for service, name, _, _ in spans}
         wanted = {
             ("toolfleet-planner", "toolfleet plan"),
             ("toolfleet-worker-default", "toolfleet call add"),
             ("toolfleet-aggregator", "toolfleet aggregate"),
         }
-        return names if wanted <= names else set()
+        # Both calls' spans: each worker process exports its own, in its own batches.
+        calls = [s for s in spans if s[1] == "toolfleet call add"]
+        return names if wanted <= names and len(calls) >= 2 else set()
 
-    await wait_for(exported, within=15)  # the batch processor exports every 0.2 s
+    await wait_for(exported, within=15)  # each batch processor exports every 0.2 s
     spans = receiver.of_run(event.run_id)
     assert {trace for _, _, trace, _ in spans} == {trace_id}
     assert len([s for s in spans if s[1] == "toolfleet call add"]) == 2
