@@ -693,11 +693,12 @@ class Ledger:
         """
         # A key of the run's slot group that is never set stands for "do not check".
         cancelled = self.keys.cancelled(tenant_id, run_id)
+        group = self.keys.group(tenant_id, run_id)
         step = _Step(
             [
                 self.keys.call(tenant_id, run_id, call_id),
                 self.keys.audit(tenant_id, run_id, call_id),
-                self.keys.leases(self.keys.group(tenant_id, run_id)),
+                self.keys.leases(group),
                 cancelled if unless_cancelled else f"{cancelled}\x1fnever",
             ],
             [
@@ -705,7 +706,7 @@ class Ledger:
                 tool_version or "",
             ],
         )  # fmt: skip
-        verdict, outcome = await self._begins.submit(self.keys.group(tenant_id, run_id), step)
+        verdict, outcome = await self._begins.submit(group, step)
         stored = CallOutcome.model_validate_json(outcome) if outcome else None
         return cast(BeginVerdict, verdict.decode()), stored
 
@@ -758,11 +759,12 @@ class Ledger:
     async def finish(self, outcome: CallOutcome) -> str:
         """Store the outcome of the current attempt: ``ok``, ``stale``, ``done`` or ``missing``."""
         tenant, run, call = outcome.tenant_id, outcome.run_id, outcome.call_id
+        group = self.keys.group(tenant, run)
         step = _Step(
             [
                 self.keys.call(tenant, run, call),
                 self.keys.audit(tenant, run, call),
-                self.keys.leases(self.keys.group(tenant, run)),
+                self.keys.leases(group),
             ],
             [
                 outcome.fencing_token,
@@ -773,7 +775,7 @@ class Ledger:
                 lease_member(tenant, run, call),
             ],
         )
-        (reply,) = await self._finishes.submit(self.keys.group(tenant, run), step)
+        (reply,) = await self._finishes.submit(group, step)
         return str(reply.decode())
 
     async def resolve(self, outcome: CallOutcome, event: str, **details: Any) -> bool:
