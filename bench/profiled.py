@@ -3,7 +3,7 @@
 The service runs exactly as ``toolfleet planner`` would; when it stops (SIGTERM), the profile
 is written next to STEM: ``STEM.html`` (pyinstrument's interactive view), ``STEM.txt`` (its
 call tree) and ``STEM.top.json`` (functions by self time, and the share spent idle waiting
-for I/O). These files are kept out of git (see .gitignore).
+for I/O) and ``STEM.pyisession`` (the samples, for ``pyinstrument --load``). These files are kept out of git (see .gitignore).
 """
 
 from __future__ import annotations
@@ -117,6 +117,8 @@ def main(argv: list[str]) -> None:
         Path(f"{stem}.txt").write_text(
             profiler.output_text(unicode=False, color=False, time="percent_of_total")
         )
+        if session is not None:  # re-render with other filters: pyinstrument --load STEM.pyisession
+            session.save(f"{stem}.pyisession")
         summary = top_frames(session.root_frame() if session else None)
         summary["mode"] = mode
         Path(f"{stem}.top.json").write_text(json.dumps(summary, indent=1))

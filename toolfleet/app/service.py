@@ -153,7 +153,8 @@ async def _serve(
 
 
 class _Probes:
-    """The readiness checks of ``/readyz``: Kafka answers a metadata request, Redis a PING.
+    """The readiness checks of ``/readyz``: Kafka answers a metadata request (for no topic),
+    Redis a PING.
 
     Each keeps one connection of its own, so a check costs one round trip.
     """
@@ -174,7 +175,11 @@ class _Probes:
                 raise
             self._admin = admin
         try:
-            await self._admin.list_topics()
+            # A metadata request naming no topic: the broker answers with itself and its
+            # peers only. Listing every topic would have each service decode the whole
+            # cluster's metadata every few seconds (thousands of partitions on a shared
+            # cluster), and naming one topic could auto-create it.
+            await self._admin._get_cluster_metadata(topics=[])
         except BaseException:
             admin, self._admin = self._admin, None
             with contextlib.suppress(Exception):
