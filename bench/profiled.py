@@ -2,8 +2,9 @@
 
 The service runs exactly as ``toolfleet planner`` would; when it stops (SIGTERM), the profile
 is written next to STEM: ``STEM.html`` (pyinstrument's interactive view), ``STEM.txt`` (its
-call tree) and ``STEM.top.json`` (functions by self time, and the share spent idle waiting
-for I/O) and ``STEM.pyisession`` (the samples, for ``pyinstrument --load``). These files are kept out of git (see .gitignore).
+call tree), ``STEM.top.json`` (functions by self time, and the share spent idle waiting
+for I/O) and ``STEM.pyisession`` (the samples, for ``pyinstrument --load``). These files are
+kept out of git (see .gitignore).
 """
 
 from __future__ import annotations
