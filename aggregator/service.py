@@ -40,10 +40,10 @@ from kernel.errors import InvalidMessageError
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.outcomes import ended
 from kernel.settings import Settings
-from kernel.stores.admission import Admission, command_of
+from kernel.stores.admission import Admission, queued_command
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
-from schemas import CallOutcome, CancelRequest, ExecutionCommand, TurnError, TurnPlan, TurnResult
+from schemas import CallOutcome, CancelRequest, TurnError, TurnPlan, TurnResult
 
 log = logging.getLogger(__name__)
 
@@ -392,7 +392,7 @@ class Aggregator:
         if request.call_id is not None:
             return []  # tool-local: the worker reports it as the call's failure
         withdrawn = [
-            ended(ExecutionCommand.model_validate_json(command_of(payload)[1]), None, "skipped")
+            ended(queued_command(payload).command(), None, "skipped")
             for _, payload in await self.admission.withdraw_run(request.tenant_id, request.run_id)
         ]
         # The ledger says so too: a call that never started does not stay ``dispatched``.

@@ -192,7 +192,7 @@ class Planner:
             await self._send(event, [dispatches[cid] for cid in release])
         elif not result.failed:
             pairs = zip(dispatches.values(), issued, strict=True)
-            await self._publish_commands([self._command_for(event, d, i) for d, i in pairs if i])
+            await self._publish_commands(_commands_for(event, [(d, i) for d, i in pairs if i]))
         await plan_sent
         PLAN_LATENCY.observe(time.perf_counter() - began)
 
@@ -431,20 +431,7 @@ class Planner:
         )
         # None: already running or finished; its outcome is (or will be) on its way.
         pairs = zip(dispatches, attempts, strict=True)
-        await self._publish_commands([self._command_for(event, d, i) for d, i in pairs if i])
-
-    def _command_for(
-        self, event: ModelResponseEvent, d: Dispatch, issued: tuple[int, int]
-    ) -> ExecutionCommand:
-        call = _new_call(event, d.call, d.fingerprint, d.idempotency_key)
-        return command_for(
-            event.tenant_id,
-            call,
-            attempt=issued[0],
-            token=issued[1],
-            approved=d.approved,
-            tool_version=d.call.tool_version,
-        )
+        await self._publish_commands(_commands_for(event, [(d, i) for d, i in pairs if i]))
 
     async def _publish_commands(self, commands: list[ExecutionCommand]) -> None:
         """Every command goes through admission: it reaches Kafka when it can run."""
@@ -460,15 +447,43 @@ _FROM_RECONCILER = b'"source":"reconciler"'
 it builds them from the ledger, which does not record admission."""
 
 
+def _commands_for(
+    event: ModelResponseEvent, dispatches: list[tuple[Dispatch, tuple[int, int]]]
+) -> list[ExecutionCommand]:
+    """The commands of ``dispatches``, each with its (attempt, fencing token)."""
+    policy, trace = CallPolicy.of(event.config), trace_id() or ""
+    return [
+        command_for(
+            event.tenant_id,
+            _new_call(event, d.call, d.fingerprint, d.idempotency_key, policy=policy, trace=trace),
+            attempt=attempt,
+            token=token,
+            approved=d.approved,
+            tool_version=d.call.tool_version,
+        )
+        for d, (attempt, token) in dispatches
+    ]
+
+
 def _new_calls(event: ModelResponseEvent, updates: list[LedgerUpdate]) -> list[NewCall]:
     """The ledger entries to create for ``updates``."""
-    return [_new_call(event, u.call, u.fingerprint, u.idempotency_key) for u in updates]
+    policy, trace = CallPolicy.of(event.config), trace_id() or ""
+    return [
+        _new_call(event, u.call, u.fingerprint, u.idempotency_key, policy=policy, trace=trace)
+        for u in updates
+    ]
 
 
 def _new_call(
-    event: ModelResponseEvent, call: PlannedCall, fingerprint: str, idempotency_key: str
+    event: ModelResponseEvent,
+    call: PlannedCall,
+    fingerprint: str,
+    idempotency_key: str,
+    *,
+    policy: CallPolicy,
+    trace: str,
 ) -> NewCall:
-    """What the ledger records of ``call``, with its turn's policy."""
+    """What the ledger records of ``call``, with its turn's policy and trace."""
     return NewCall(
         call.call_id,
         fingerprint,
@@ -479,8 +494,8 @@ def _new_call(
         call.pool,
         arguments=call.arguments,
         index=call.index,
-        policy=CallPolicy.of(event.config),
-        trace_id=trace_id() or "",
+        policy=policy,
+        trace_id=trace,
     )
 
 

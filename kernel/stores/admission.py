@@ -631,11 +631,14 @@ class Waiting:
 def waiting_command(command: ExecutionCommand, traceparent: str | None = None) -> Waiting:
     """An admitted copy of ``command`` (its outcome will free its slots), queued for admission.
 
-    The payload is ``pool SEP traceparent SEP command JSON``: whoever admits it publishes it
-    to its pool's topic as it is, in the trace of the turn that queued it (``command_of``
-    reads both back)."""
+    The payload is ``pool SEP traceparent SEP kind SEP issued_at SEP command JSON``: whoever
+    admits it publishes it to its pool's topic as it is, in the trace of the turn that queued
+    it, and counts it by kind and wait without decoding it (``queued_command`` reads it)."""
     admitted = command.model_copy(update={"admitted": True})
-    payload = SEP.join((command.pool, traceparent or "", admitted.encode().decode()))
+    payload = SEP.join(
+        (command.pool, traceparent or "", command.kind, repr(command.issued_at),
+         admitted.encode().decode())
+    )  # fmt: skip
     return Waiting(
         command.tenant_id, command.run_id, command.call_id, command.attempt, command.tool_name,
         command.pool, payload, command.deadline_at,
@@ -651,13 +654,33 @@ def _entries(calls: Sequence[Waiting]) -> list[Any]:
     return args
 
 
-def command_of(payload: str) -> tuple[str, str, str | None]:
-    """(pool, command JSON, traceparent or None) of a queued call's payload."""
-    pool, rest = payload.split(SEP, 1)
-    if rest.startswith("{"):  # queued by a planner that kept no trace context
-        return pool, rest, None
-    traceparent, raw = rest.split(SEP, 1)
-    return pool, raw, traceparent or None
+@dataclass(frozen=True)
+class QueuedCommand:
+    """A queued call's payload, read back: what to publish, where, and what to count."""
+
+    pool: str
+    command_json: str
+    traceparent: str | None
+    kind: str
+    issued_at: float
+
+    def command(self) -> ExecutionCommand:
+        """The command itself, decoded."""
+        return ExecutionCommand.model_validate_json(self.command_json)
+
+
+def queued_command(payload: str) -> QueuedCommand:
+    """What ``waiting_command`` queued. Payloads queued by earlier versions (no kind and
+    issue time in front; or no trace context either) are read too: their command JSON is
+    decoded for the two fields."""
+    parts = payload.split(SEP)  # SEP never occurs in JSON text (control characters are escaped)
+    if len(parts) == 5:
+        pool, traceparent, kind, issued_at, raw = parts
+        return QueuedCommand(pool, raw, traceparent or None, kind, float(issued_at))
+    pool, raw = parts[0], parts[-1]
+    traceparent = parts[1] if len(parts) == 3 else ""
+    command = ExecutionCommand.model_validate_json(raw)
+    return QueuedCommand(pool, raw, traceparent or None, command.kind, command.issued_at)
 
 
 def member_of(tenant_id: str, run_id: str, call_id: str, attempt: int) -> str:

@@ -25,8 +25,8 @@ from kernel.stores.admission import (
     SEP,
     Admission,
     Waiting,
-    command_of,
     member_of,
+    queued_command,
     waiting_command,
 )
 from schemas import CallOutcome, ExecutionCommand
@@ -141,15 +141,24 @@ class Admitter:
         if admitted.refill_in_s is not None:
             self._admit_at(admitted.refill_in_s)
         sent = []
+        now = time.time()
+        per_pool: dict[tuple[str, str], list[float]] = {}
         for member, payload in admitted.calls:
-            pool, raw, traceparent = command_of(payload)
+            command = queued_command(payload)
             call_id = member.split(SEP)[2]
-            headers = [("traceparent", traceparent.encode())] if traceparent else []
-            sent.append(await self.bus.publish(command_topic(pool), call_id, raw.encode(), headers))
-            command = ExecutionCommand.model_validate_json(raw)
-            ADMITTED.labels(pool).inc()
-            ADMISSION_WAIT.labels(pool).observe(max(0.0, time.time() - command.issued_at))
-            COMMANDS.labels("planner", pool, command.kind).inc()
+            tp = command.traceparent
+            headers = [("traceparent", tp.encode())] if tp else []
+            topic = command_topic(command.pool)
+            raw = command.command_json.encode()
+            sent.append(await self.bus.publish(topic, call_id, raw, headers))
+            per_pool.setdefault((command.pool, command.kind), []).append(now - command.issued_at)
+        # Counted per pool and kind, not per call: a metric's labels cost a lookup each.
+        for (pool, kind), waits in per_pool.items():
+            ADMITTED.labels(pool).inc(len(waits))
+            COMMANDS.labels("planner", pool, kind).inc(len(waits))
+            histogram = ADMISSION_WAIT.labels(pool)
+            for wait in waits:
+                histogram.observe(max(0.0, wait))
         for future in sent:
             await future
         self._confirm += [member for member, _ in admitted.calls]
@@ -205,4 +214,4 @@ class Admitter:
 
 
 def _command(payload: str) -> ExecutionCommand:
-    return ExecutionCommand.model_validate_json(command_of(payload)[1])
+    return queued_command(payload).command()

@@ -17,6 +17,7 @@ archives it: that history is what the failure table forbids deleting.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import time
@@ -118,12 +119,18 @@ class CallPolicy:
 
     def encode(self) -> str:
         """The ledger field's value."""
-        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+        return _policy_json(self)
 
     @classmethod
     def decode(cls, raw: str | None) -> CallPolicy:
         """The policy a ledger field holds (the defaults when it holds none)."""
         return cls(**json.loads(raw)) if raw else cls()
+
+
+@functools.lru_cache(maxsize=1024)
+def _policy_json(policy: CallPolicy) -> str:
+    """A policy's JSON (a turn's calls share their policy, and few policies exist)."""
+    return json.dumps(dataclasses.asdict(policy), separators=(",", ":"))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,54 @@
+"""A queued call's payload: written by ``waiting_command``, read back by ``queued_command``,
+including payloads that earlier versions queued (an upgrade with calls waiting)."""
+
+from __future__ import annotations
+
+from kernel.stores.admission import SEP, queued_command, waiting_command
+from schemas import ExecutionCommand
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def _command(**update: object) -> ExecutionCommand:
+    command = ExecutionCommand(
+        tenant_id="t1",
+        run_id="r1",
+        turn_id=0,
+        call_id="c1",
+        tool_name="charge",
+        arguments='{"amount": 5}',
+        fingerprint="f" * 64,
+        idempotency_key="k1",
+        index=0,
+        attempt=2,
+        fencing_token=3,
+        issued_at=1796440000.123456,
+        pool="payments",
+    )
+    return command.model_copy(update=update)
+
+
+def test_a_queued_command_reads_back_with_its_pool_trace_kind_and_issue_time() -> None:
+    command = _command()
+    queued = queued_command(waiting_command(command, TRACEPARENT).payload)
+    assert (queued.pool, queued.traceparent, queued.kind) == ("payments", TRACEPARENT, "execute")
+    assert queued.issued_at == command.issued_at  # exactly: the float round-trips
+    assert queued.command() == command.model_copy(update={"admitted": True})
+
+
+def test_a_command_queued_without_trace_context_has_none() -> None:
+    queued = queued_command(waiting_command(_command(kind="probe")).payload)
+    assert (queued.traceparent, queued.kind) == (None, "probe")
+
+
+def test_payloads_queued_by_earlier_versions_still_read_back() -> None:
+    raw = _command(admitted=True).encode().decode()
+    with_trace = queued_command(SEP.join(("payments", TRACEPARENT, raw)))
+    without = queued_command(SEP.join(("payments", raw)))
+    for queued, traceparent in ((with_trace, TRACEPARENT), (without, None)):
+        assert (queued.pool, queued.command_json, queued.traceparent) == (
+            "payments",
+            raw,
+            traceparent,
+        )
+        assert (queued.kind, queued.issued_at) == ("execute", 1796440000.123456)
