@@ -114,12 +114,12 @@ def main(argv: list[str]) -> None:
             profiler.stop()
         session = profiler.last_session
         stem.parent.mkdir(parents=True, exist_ok=True)
+        if session is not None:  # first: fast, and enough to re-render the rest
+            session.save(f"{stem}.pyisession")  # pyinstrument --load STEM.pyisession
         Path(f"{stem}.html").write_text(profiler.output_html())
         Path(f"{stem}.txt").write_text(
             profiler.output_text(unicode=False, color=False, time="percent_of_total")
         )
-        if session is not None:  # re-render with other filters: pyinstrument --load STEM.pyisession
-            session.save(f"{stem}.pyisession")
         summary = top_frames(session.root_frame() if session else None)
         summary["mode"] = mode
         Path(f"{stem}.top.json").write_text(json.dumps(summary, indent=1))
