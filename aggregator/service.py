@@ -33,7 +33,7 @@ from kernel.adapters.bus import (
     Record,
     cut_off,
 )
-from kernel.adapters.metrics import MESSAGES, TURN_LATENCY
+from kernel.adapters.metrics import MESSAGES, TURN_LATENCY, labelled
 from kernel.adapters.redis import add_to_set, text
 from kernel.adapters.tracing import context_from_traceparent, headers_of, tracer
 from kernel.errors import InvalidMessageError
@@ -159,7 +159,9 @@ class Aggregator:
             return
         self._unreachable_since = None
         for emission in emitted:
-            TURN_LATENCY.labels(emission.result.status).observe(time.time() - emission.planned_at)
+            labelled(TURN_LATENCY, emission.result.status).observe(
+                time.time() - emission.planned_at
+            )
 
     async def _commit(
         self,
@@ -292,7 +294,7 @@ class Aggregator:
             await self.bus.dead_letter(record, exc.reason)
             MESSAGES.labels("aggregator", record.topic, "dead_lettered").inc()
             return None
-        MESSAGES.labels("aggregator", record.topic, "processed").inc()
+        labelled(MESSAGES, "aggregator", record.topic, "processed").inc()
         return message
 
     async def on_plan(

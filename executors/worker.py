@@ -43,6 +43,7 @@ from kernel.adapters.metrics import (
     HUMAN_TASKS,
     IN_FLIGHT,
     OUTCOMES,
+    labelled,
     tool_label,
 )
 from kernel.adapters.offsets import OffsetTracker
@@ -286,7 +287,7 @@ class Worker:
 
     async def _process(self, record: Record, slot: _Slot) -> None:
         command = ExecutionCommand.decode(record.value or b"")
-        COMMANDS.labels(self.service, self.pool, command.kind).inc()
+        labelled(COMMANDS, self.service, self.pool, command.kind).inc()
         with (
             log_context(
                 tenant_id=command.tenant_id,
@@ -387,7 +388,7 @@ class Worker:
         assert task is not None
         cancel_call: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._running[key] = (task, cancel_call)
-        IN_FLIGHT.labels(self.pool).inc()
+        labelled(IN_FLIGHT, self.pool).inc()
         began = time.monotonic()
 
         async def gate() -> None:
@@ -424,9 +425,9 @@ class Worker:
             # written and published (the limit is on running tools, not on bookkeeping).
             slot.release()
             self._leases.pop(key, None)
-            IN_FLIGHT.labels(self.pool).dec()
+            labelled(IN_FLIGHT, self.pool).dec()
             self._running.pop(key, None)
-        latency = CALL_LATENCY.labels(self.pool, tool_label(command.tool_name))
+        latency = labelled(CALL_LATENCY, self.pool, tool_label(command.tool_name))
         latency.observe(time.monotonic() - began)
         if outcome.status == "pending_approval":
             await _persist(
@@ -575,7 +576,7 @@ class Worker:
         opened = []
         if outcome.status != "pending_approval":
             opened = await self._after_publish(outcome, counted_in)
-        OUTCOMES.labels(self.service, outcome.tool_name, outcome.status, outcome.effect).inc()
+        labelled(OUTCOMES, self.service, outcome.tool_name, outcome.status, outcome.effect).inc()
         return opened
 
     async def _renew_leases(self) -> None:

@@ -23,7 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from kernel.adapters.health import HEALTH
 from kernel.adapters.lag import LAG
-from kernel.adapters.metrics import DEAD_LETTERS, MESSAGES
+from kernel.adapters.metrics import DEAD_LETTERS, MESSAGES, labelled
 from kernel.adapters.offsets import OffsetTracker
 from kernel.adapters.security import kafka_options
 from kernel.adapters.tracing import Headers
@@ -488,7 +488,7 @@ class ConsumeLoop:
                 )
                 MESSAGES.labels(self.bus.service, record.topic, "retried").inc()
             else:
-                MESSAGES.labels(self.bus.service, record.topic, "processed").inc()
+                labelled(MESSAGES, self.bus.service, record.topic, "processed").inc()
                 return True
             delay = min(self.max_backoff_s, self.backoff_s * 2 ** min(attempt - 1, 10))
             try:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import platform
 import threading
 from collections.abc import Iterable
 from importlib import metadata
-from typing import Any
+from typing import Any, TypeVar
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import (
@@ -224,6 +225,17 @@ def configure_metrics(service: str, *, tool_label: bool = True) -> None:
     _OPTIONS.tool_label = tool_label
     BUILD_INFO.clear()
     BUILD_INFO.labels(_version(), platform.python_version(), service).set(1)
+
+
+_M = TypeVar("_M", Counter, Gauge, Histogram)
+
+
+@functools.lru_cache(maxsize=4096)
+def labelled(metric: _M, *values: str) -> _M:
+    """``metric.labels(*values)``, looked up once per label set: the services count every
+    call, and prometheus_client validates and locks on each ``labels`` call. Only for
+    metrics that are never cleared (a cleared metric's cached child would count unseen)."""
+    return metric.labels(*values)
 
 
 def tool_label(name: str) -> str:

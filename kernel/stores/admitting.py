@@ -17,7 +17,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from kernel.adapters.bus import Bus
-from kernel.adapters.metrics import ADMISSION_WAIT, ADMITTED, COMMANDS, TENANT_CALLS, THROTTLED
+from kernel.adapters.metrics import (
+    ADMISSION_WAIT,
+    ADMITTED,
+    COMMANDS,
+    TENANT_CALLS,
+    THROTTLED,
+    labelled,
+)
 from kernel.adapters.topics import command_topic
 from kernel.adapters.tracing import traceparent
 from kernel.rules.outcomes import past_deadline
@@ -152,11 +159,10 @@ class Admitter:
             raw = command.command_json.encode()
             sent.append(await self.bus.publish(topic, call_id, raw, headers))
             per_pool.setdefault((command.pool, command.kind), []).append(now - command.issued_at)
-        # Counted per pool and kind, not per call: a metric's labels cost a lookup each.
         for (pool, kind), waits in per_pool.items():
-            ADMITTED.labels(pool).inc(len(waits))
-            COMMANDS.labels("planner", pool, kind).inc(len(waits))
-            histogram = ADMISSION_WAIT.labels(pool)
+            labelled(ADMITTED, pool).inc(len(waits))
+            labelled(COMMANDS, "planner", pool, kind).inc(len(waits))
+            histogram = labelled(ADMISSION_WAIT, pool)
             for wait in waits:
                 histogram.observe(max(0.0, wait))
         for future in sent:

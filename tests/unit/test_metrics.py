@@ -59,3 +59,13 @@ def test_the_tool_label_of_histograms_can_be_one_constant() -> None:
         assert tool_label("create_ticket") == metrics.ALL_TOOLS == "*"
     finally:
         configure_metrics("worker-default", tool_label=True)
+
+
+def test_labelled_counts_in_the_same_series_as_labels() -> None:
+    series = ("worker-unit", "unit-tool", "succeeded", "applied")
+    names = {"service": series[0], "tool": series[1], "status": series[2], "effect": series[3]}
+    metrics.OUTCOMES.labels(*series).inc()
+    metrics.labelled(metrics.OUTCOMES, *series).inc()
+    metrics.labelled(metrics.OUTCOMES, *series).inc()
+    assert metrics.labelled(metrics.OUTCOMES, *series) is metrics.OUTCOMES.labels(*series)
+    assert REGISTRY.get_sample_value("toolfleet_outcomes_total", names) == 3
