@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,11 @@ class Row:
     seconds: float
     cpu_us_per_call: dict[int, float]
     """Redis node port -> its CPU microseconds per call of the fleet."""
+    sys_us_per_call: dict[int, float]
+    """The kernel's part of it (system time: socket reads and writes, the AOF's fsyncs)."""
+    reads_per_call: dict[int, float]
+    """Read events the node handled per call (``total_reads_processed``): one per client
+    connection per event-loop pass that found bytes to read."""
 
     @property
     def busiest(self) -> float:
@@ -64,16 +69,21 @@ class Row:
         )
 
 
-def _cpu(ports: Sequence[int]) -> dict[int, float]:
-    """CPU seconds each Redis node has used so far."""
+def _cpu(ports: Sequence[int]) -> dict[int, tuple[float, float, int]]:
+    """Each Redis node so far: (CPU seconds, of which system time, read events)."""
     used = {}
     for port in ports:
         node = redis.Redis(port=port)
         try:
-            info = node.info("cpu")
+            info = node.info("cpu") | node.info("stats")
         finally:
             node.close()
-        used[port] = float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+        system = float(info["used_cpu_sys"])
+        used[port] = (
+            system + float(info["used_cpu_user"]),
+            system,
+            int(info["total_reads_processed"]),
+        )
     return used
 
 
@@ -112,13 +122,16 @@ async def _measure(layout: str, ctx: RunContext, ports: Sequence[int], args: Any
                 check=system.fleet.check,
                 meter=meter,
             )
-            per_call = {
-                port: (meter.cpu_after[port] - meter.cpu_before[port]) / result.calls * 1e6
-                for port in ports
-            }
+
             if args.commands:
                 meter.print_commands(f"{calls_per_turn}-call turns, {layout}", result.calls)
-            rows.append(Row(layout, calls_per_turn, result.calls, result.seconds, per_call))
+            rows.append(
+                Row(
+                    layout, calls_per_turn, result.calls, result.seconds,
+                    meter.per_call(0, result.calls, 1e6), meter.per_call(1, result.calls, 1e6),
+                    meter.per_call(2, result.calls, 1.0),
+                )
+            )  # fmt: skip
     return rows
 
 
@@ -127,13 +140,20 @@ class _NodeMeter:
 
     def __init__(self, ports: Sequence[int]) -> None:
         self.ports = ports
-        self.cpu_before: dict[int, float] = {}
-        self.cpu_after: dict[int, float] = {}
+        self.cpu_before: dict[int, tuple[float, float, int]] = {}
+        self.cpu_after: dict[int, tuple[float, float, int]] = {}
         self._commands: dict[int, dict[str, tuple[int, float]]] = {}
         self._commands_after: dict[int, dict[str, tuple[int, float]]] = {}
 
     def start(self) -> None:
         self.cpu_before, self._commands = _cpu(self.ports), _commands(self.ports)
+
+    def per_call(self, i: int, calls: int, scale: float) -> dict[int, float]:
+        """Node -> the growth of ``_cpu``'s ``i``-th figure over the window, per call."""
+        return {
+            port: (self.cpu_after[port][i] - self.cpu_before[port][i]) / calls * scale
+            for port in self.ports
+        }
 
     def stop(self) -> dict[str, float]:
         self.cpu_after, self._commands_after = _cpu(self.ports), _commands(self.ports)
@@ -187,6 +207,24 @@ async def _run(args: Any) -> None:
         ratio = sharded.busiest / one.busiest
         print(f"{one.calls_per_turn}-call turns: busiest of 3 shards / single Redis {ratio:.0%} "
               f"of the CPU per call; the fleet's ceiling {1 / ratio:.1f}x")  # fmt: skip
+    print(
+        "\nWhere each node's CPU per call goes: system time (the kernel: socket reads and "
+        "writes, the append-only file's fsync) and user time, and read events per call (one "
+        "per client connection per event-loop pass with bytes to read):\n"
+    )
+    print("| calls/turn | state | system µs per call, per node | user µs per call, per node "
+          "| read events per call, per node |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for row in (r for pair in zip(single, three, strict=True) for r in pair):
+        user = [row.cpu_us_per_call[p] - row.sys_us_per_call[p] for p in row.cpu_us_per_call]
+        print(
+            f"| {row.calls_per_turn} | {row.layout} | {_nodes(row.sys_us_per_call.values())} "
+            f"| {_nodes(user)} | {_nodes(row.reads_per_call.values(), '.2f')} |"
+        )
+
+
+def _nodes(values: Iterable[float], form: str = ".0f") -> str:
+    return " / ".join(format(v, form) for v in values)
 
 
 if __name__ == "__main__":
