@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -451,52 +451,42 @@ def _commands_for(
     event: ModelResponseEvent, dispatches: list[tuple[Dispatch, tuple[int, int]]]
 ) -> list[ExecutionCommand]:
     """The commands of ``dispatches``, each with its (attempt, fencing token)."""
-    policy, trace = CallPolicy.of(event.config), trace_id() or ""
+    calls = _new_calls(event, [d for d, _ in dispatches])
     return [
         command_for(
             event.tenant_id,
-            _new_call(event, d.call, d.fingerprint, d.idempotency_key, policy=policy, trace=trace),
+            call,
             attempt=attempt,
             token=token,
             approved=d.approved,
             tool_version=d.call.tool_version,
         )
-        for d, (attempt, token) in dispatches
+        for call, (d, (attempt, token)) in zip(calls, dispatches, strict=True)
     ]
 
 
-def _new_calls(event: ModelResponseEvent, updates: list[LedgerUpdate]) -> list[NewCall]:
-    """The ledger entries to create for ``updates``."""
+def _new_calls(
+    event: ModelResponseEvent, planned: Sequence[LedgerUpdate | Dispatch]
+) -> list[NewCall]:
+    """What the ledger records of each planned call, with its turn's policy and trace
+    (computed once for the turn)."""
     policy, trace = CallPolicy.of(event.config), trace_id() or ""
     return [
-        _new_call(event, u.call, u.fingerprint, u.idempotency_key, policy=policy, trace=trace)
-        for u in updates
+        NewCall(
+            p.call.call_id,
+            p.fingerprint,
+            p.idempotency_key,
+            event.run_id,
+            event.turn_id,
+            p.call.tool_name,
+            p.call.pool,
+            arguments=p.call.arguments,
+            index=p.call.index,
+            policy=policy,
+            trace_id=trace,
+        )
+        for p in planned
     ]
-
-
-def _new_call(
-    event: ModelResponseEvent,
-    call: PlannedCall,
-    fingerprint: str,
-    idempotency_key: str,
-    *,
-    policy: CallPolicy,
-    trace: str,
-) -> NewCall:
-    """What the ledger records of ``call``, with its turn's policy and trace."""
-    return NewCall(
-        call.call_id,
-        fingerprint,
-        idempotency_key,
-        event.run_id,
-        event.turn_id,
-        call.tool_name,
-        call.pool,
-        arguments=call.arguments,
-        index=call.index,
-        policy=policy,
-        trace_id=trace,
-    )
 
 
 def _lookup(namespace: str | None, name: str) -> str:

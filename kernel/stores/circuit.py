@@ -19,7 +19,7 @@ from typing import Literal
 
 from redis.asyncio import Redis
 
-from kernel.adapters.metrics import CIRCUIT_OPEN
+from kernel.adapters.metrics import CIRCUIT_OPEN, labelled
 from kernel.rules.versions import version_ref
 from kernel.settings import Settings
 from kernel.stores.keys import Keys
@@ -115,7 +115,7 @@ class CircuitBreaker:
             cached = (now, json.loads(raw) if raw else None)
             self._cache[ref] = cached
         state = cached[1]
-        CIRCUIT_OPEN.labels(ref).set(0 if state is None else 1)
+        labelled(CIRCUIT_OPEN, ref).set(0 if state is None else 1)  # on every call's path
         if state is None:
             return Verdict("closed")
         half_open = self.settings.circuit_half_open_after_s
