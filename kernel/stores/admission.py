@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from redis.asyncio import Redis
 
 from kernel.adapters.redis import text
@@ -631,14 +632,12 @@ class Waiting:
 def waiting_command(command: ExecutionCommand, traceparent: str | None = None) -> Waiting:
     """An admitted copy of ``command`` (its outcome will free its slots), queued for admission.
 
-    The payload is ``pool SEP traceparent SEP kind SEP issued_at SEP command JSON``: whoever
-    admits it publishes it to its pool's topic as it is, in the trace of the turn that queued
-    it, and counts it by kind and wait without decoding it (``queued_command`` reads it)."""
+    The payload is ``pool SEP traceparent SEP command JSON``: whoever admits it publishes it
+    to its pool's topic as it is, in the trace of the turn that queued it
+    (``queued_command`` reads it back). Every version of the planner reads this format: a
+    rolling upgrade has old and new planners admitting each other's calls."""
     admitted = command.model_copy(update={"admitted": True})
-    payload = SEP.join(
-        (command.pool, traceparent or "", command.kind, repr(command.issued_at),
-         admitted.encode().decode())
-    )  # fmt: skip
+    payload = SEP.join((command.pool, traceparent or "", admitted.encode().decode()))
     return Waiting(
         command.tenant_id, command.run_id, command.call_id, command.attempt, command.tool_name,
         command.pool, payload, command.deadline_at,
@@ -670,17 +669,14 @@ class QueuedCommand:
 
 
 def queued_command(payload: str) -> QueuedCommand:
-    """What ``waiting_command`` queued. Payloads queued by earlier versions (no kind and
-    issue time in front; or no trace context either) are read too: their command JSON is
-    decoded for the two fields."""
-    parts = payload.split(SEP)  # SEP never occurs in JSON text (control characters are escaped)
-    if len(parts) == 5:
-        pool, traceparent, kind, issued_at, raw = parts
-        return QueuedCommand(pool, raw, traceparent or None, kind, float(issued_at))
-    pool, raw = parts[0], parts[-1]
-    traceparent = parts[1] if len(parts) == 3 else ""
-    command = ExecutionCommand.model_validate_json(raw)
-    return QueuedCommand(pool, raw, traceparent or None, command.kind, command.issued_at)
+    """What ``waiting_command`` queued (also a payload queued without trace context)."""
+    pool, rest = payload.split(SEP, 1)
+    traceparent, raw = ("", rest) if rest.startswith("{") else rest.split(SEP, 1)
+    # Two fields for the admission metrics, without validating the command: its worker does.
+    fields = orjson.loads(raw)
+    return QueuedCommand(
+        pool, raw, traceparent or None, fields.get("kind", "execute"), float(fields["issued_at"])
+    )
 
 
 def member_of(tenant_id: str, run_id: str, call_id: str, attempt: int) -> str:

@@ -1,5 +1,7 @@
-"""A queued call's payload: written by ``waiting_command``, read back by ``queued_command``,
-including payloads that earlier versions queued (an upgrade with calls waiting)."""
+"""A queued call's payload: written by ``waiting_command``, read back by ``queued_command``.
+
+Its format is the one every planner version reads (``pool SEP traceparent SEP command
+JSON``): during a rolling upgrade old and new planners admit each other's queued calls."""
 
 from __future__ import annotations
 
@@ -41,14 +43,12 @@ def test_a_command_queued_without_trace_context_has_none() -> None:
     assert (queued.traceparent, queued.kind) == (None, "probe")
 
 
-def test_payloads_queued_by_earlier_versions_still_read_back() -> None:
-    raw = _command(admitted=True).encode().decode()
-    with_trace = queued_command(SEP.join(("payments", TRACEPARENT, raw)))
-    without = queued_command(SEP.join(("payments", raw)))
-    for queued, traceparent in ((with_trace, TRACEPARENT), (without, None)):
-        assert (queued.pool, queued.command_json, queued.traceparent) == (
-            "payments",
-            raw,
-            traceparent,
-        )
-        assert (queued.kind, queued.issued_at) == ("execute", 1796440000.123456)
+def test_the_payload_keeps_the_format_every_planner_version_reads() -> None:
+    command = _command()
+    payload = waiting_command(command, TRACEPARENT).payload
+    raw = command.model_copy(update={"admitted": True}).encode().decode()
+    assert payload == SEP.join(("payments", TRACEPARENT, raw))
+    # Queued by a planner that kept no trace context:
+    queued = queued_command(SEP.join(("payments", raw)))
+    assert (queued.pool, queued.command_json, queued.traceparent) == ("payments", raw, None)
+    assert (queued.kind, queued.issued_at) == ("execute", 1796440000.123456)
