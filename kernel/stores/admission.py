@@ -661,7 +661,8 @@ class QueuedCommand:
     command_json: str
     traceparent: str | None
     kind: str
-    issued_at: float
+    issued_at: float | None
+    """When the command was issued (None when its JSON could not be read)."""
 
     def command(self) -> ExecutionCommand:
         """The command itself, decoded."""
@@ -672,11 +673,14 @@ def queued_command(payload: str) -> QueuedCommand:
     """What ``waiting_command`` queued (also a payload queued without trace context)."""
     pool, rest = payload.split(SEP, 1)
     traceparent, raw = ("", rest) if rest.startswith("{") else rest.split(SEP, 1)
-    # Two fields for the admission metrics, without validating the command: its worker does.
-    fields = orjson.loads(raw)
-    return QueuedCommand(
-        pool, raw, traceparent or None, fields.get("kind", "execute"), float(fields["issued_at"])
-    )
+    # Two fields for the admission metrics, without validating the command: its worker does
+    # (and dead-letters bytes it cannot read; the metrics must not stop them being sent).
+    try:
+        fields = orjson.loads(raw)
+        kind, issued_at = str(fields.get("kind", "execute")), float(fields["issued_at"])
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
+        kind, issued_at = "unreadable", None
+    return QueuedCommand(pool, raw, traceparent or None, kind, issued_at)
 
 
 def member_of(tenant_id: str, run_id: str, call_id: str, attempt: int) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 
 from kernel.adapters.bus import Bus
@@ -149,7 +150,8 @@ class Admitter:
             self._admit_at(admitted.refill_in_s)
         sent = []
         now = time.time()
-        per_pool: dict[tuple[str, str], list[float]] = {}
+        counts: Counter[tuple[str, str]] = Counter()
+        waits: dict[str, list[float]] = {}
         for member, payload in admitted.calls:
             command = queued_command(payload)
             call_id = member.split(SEP)[2]
@@ -158,12 +160,15 @@ class Admitter:
             topic = command_topic(command.pool)
             raw = command.command_json.encode()
             sent.append(await self.bus.publish(topic, call_id, raw, headers))
-            per_pool.setdefault((command.pool, command.kind), []).append(now - command.issued_at)
-        for (pool, kind), waits in per_pool.items():
-            labelled(ADMITTED, pool).inc(len(waits))
-            labelled(COMMANDS, "planner", pool, kind).inc(len(waits))
+            counts[command.pool, command.kind] += 1
+            if command.issued_at is not None:
+                waits.setdefault(command.pool, []).append(now - command.issued_at)
+        for (pool, kind), n in counts.items():
+            labelled(ADMITTED, pool).inc(n)
+            labelled(COMMANDS, "planner", pool, kind).inc(n)
+        for pool, pool_waits in waits.items():
             histogram = labelled(ADMISSION_WAIT, pool)
-            for wait in waits:
+            for wait in pool_waits:
                 histogram.observe(max(0.0, wait))
         for future in sent:
             await future

@@ -52,3 +52,16 @@ def test_the_payload_keeps_the_format_every_planner_version_reads() -> None:
     queued = queued_command(SEP.join(("payments", raw)))
     assert (queued.pool, queued.command_json, queued.traceparent) == ("payments", raw, None)
     assert (queued.kind, queued.issued_at) == ("execute", 1796440000.123456)
+
+
+def test_a_payload_whose_command_cannot_be_read_is_still_handed_out_as_it_is() -> None:
+    # Its worker dead-letters the bytes with the reason; the admission metrics must not stop
+    # them from being sent.
+    for raw in ("{not json", "[]", '{"kind": "execute"}'):
+        queued = queued_command(SEP.join(("payments", TRACEPARENT, raw)))
+        assert (queued.pool, queued.command_json, queued.traceparent) == (
+            "payments",
+            raw,
+            TRACEPARENT,
+        )
+        assert (queued.kind, queued.issued_at) == ("unreadable", None)
