@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -61,7 +61,7 @@ class Row:
 
     def line(self) -> str:
         """The row in the printed table."""
-        nodes = " / ".join(f"{v:.0f}" for v in self.cpu_us_per_call.values())
+        nodes = _nodes(self.cpu_us_per_call.values())
         return (
             f"| {self.calls_per_turn} | {self.layout} | {self.calls / self.seconds:,.0f} | {nodes} "
             f"| {self.busiest:.0f} "
@@ -69,8 +69,18 @@ class Row:
         )
 
 
-def _cpu(ports: Sequence[int]) -> dict[int, tuple[float, float, int]]:
-    """Each Redis node so far: (CPU seconds, of which system time, read events)."""
+class _Reading(NamedTuple):
+    """What a Redis node has used and handled so far."""
+
+    cpu_s: float
+    system_s: float
+    """The kernel's part of ``cpu_s``."""
+    reads: int
+    """``total_reads_processed``."""
+
+
+def _cpu(ports: Sequence[int]) -> dict[int, _Reading]:
+    """Each Redis node's reading now."""
     used = {}
     for port in ports:
         node = redis.Redis(port=port)
@@ -79,10 +89,8 @@ def _cpu(ports: Sequence[int]) -> dict[int, tuple[float, float, int]]:
         finally:
             node.close()
         system = float(info["used_cpu_sys"])
-        used[port] = (
-            system + float(info["used_cpu_user"]),
-            system,
-            int(info["total_reads_processed"]),
+        used[port] = _Reading(
+            system + float(info["used_cpu_user"]), system, int(info["total_reads_processed"])
         )
     return used
 
@@ -128,8 +136,9 @@ async def _measure(layout: str, ctx: RunContext, ports: Sequence[int], args: Any
             rows.append(
                 Row(
                     layout, calls_per_turn, result.calls, result.seconds,
-                    meter.per_call(0, result.calls, 1e6), meter.per_call(1, result.calls, 1e6),
-                    meter.per_call(2, result.calls, 1.0),
+                    meter.per_call("cpu_s", result.calls, 1e6),
+                    meter.per_call("system_s", result.calls, 1e6),
+                    meter.per_call("reads", result.calls, 1.0),
                 )
             )  # fmt: skip
     return rows
@@ -140,18 +149,20 @@ class _NodeMeter:
 
     def __init__(self, ports: Sequence[int]) -> None:
         self.ports = ports
-        self.cpu_before: dict[int, tuple[float, float, int]] = {}
-        self.cpu_after: dict[int, tuple[float, float, int]] = {}
+        self.cpu_before: dict[int, _Reading] = {}
+        self.cpu_after: dict[int, _Reading] = {}
         self._commands: dict[int, dict[str, tuple[int, float]]] = {}
         self._commands_after: dict[int, dict[str, tuple[int, float]]] = {}
 
     def start(self) -> None:
         self.cpu_before, self._commands = _cpu(self.ports), _commands(self.ports)
 
-    def per_call(self, i: int, calls: int, scale: float) -> dict[int, float]:
-        """Node -> the growth of ``_cpu``'s ``i``-th figure over the window, per call."""
+    def per_call(self, field: str, calls: int, scale: float) -> dict[int, float]:
+        """Node -> the growth of one ``_Reading`` field over the window, per call."""
         return {
-            port: (self.cpu_after[port][i] - self.cpu_before[port][i]) / calls * scale
+            port: (getattr(self.cpu_after[port], field) - getattr(self.cpu_before[port], field))
+            / calls
+            * scale
             for port in self.ports
         }
 
