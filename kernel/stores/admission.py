@@ -195,6 +195,12 @@ _ADMIT = (
     + """
 local now, max_n = tonumber(ARGV[1]), tonumber(ARGV[2])
 local lease_s, publish_lease_s = tonumber(ARGV[3]), tonumber(ARGV[4])
+-- Leases end on whole seconds (rounded up): a sorted set small enough to be a listpack
+-- keeps an integral score as an integer, where each insert would otherwise parse every
+-- score it passes as a float (python -m bench.admission_pass, 100 calls per pass: 34 -> 24
+-- us of script time per call).
+local lease_until = math.ceil(now + lease_s)
+local publish_until = math.ceil(now + publish_lease_s)
 local default_tenant = cjson.decode(ARGV[5])
 local safety, recovery_s = tonumber(ARGV[6]), tonumber(ARGV[7])
 local active, clock, waiting, info, payloads, deadlines = KEYS[1], KEYS[2], KEYS[3],
@@ -299,6 +305,7 @@ local function config(hash, kind, name, default)
   return merged
 end
 
+local NO_TAKES = {}  -- no rate applies: shared, never written to
 -- Whether the call (tenant, tool, pool) may run now; the buckets it takes a token from.
 -- ``soonest``: seconds until the first bucket that held a call back has a token again.
 local soonest = nil
@@ -309,11 +316,14 @@ local function eligible(tenant, tcfg, tool, pool)
   local ocfg = config(tools, 'tools', tool, {})
   limit = number(ocfg.max_concurrency)
   if limit and running_of('o:' .. tool) >= limit then return nil end
+  local tenant_rate, tool_rate = number(tcfg.rate), number(ocfg.rate)
+  local tool_tenant_rate = number(ocfg.tenant_rate)
+  if not (tenant_rate or tool_rate or tool_tenant_rate) then return NO_TAKES end
   local takes = {}
   local rates = {
-    {'t:' .. tenant, number(tcfg.rate), number(tcfg.burst)},
-    {'o:' .. tool, number(ocfg.rate), number(ocfg.burst)},
-    {'to:' .. tenant .. '\\31' .. tool, number(ocfg.tenant_rate), number(ocfg.tenant_burst)},
+    {'t:' .. tenant, tenant_rate, number(tcfg.burst)},
+    {'o:' .. tool, tool_rate, number(ocfg.burst)},
+    {'to:' .. tenant .. '\\31' .. tool, tool_tenant_rate, number(ocfg.tenant_burst)},
   }
   for _, r in ipairs(rates) do
     if r[2] then
@@ -448,9 +458,9 @@ while free and #chosen < max_n and any_free() do
   bump('p:' .. f[3], 1)
   bump('admitted:' .. tenant, 1)
   for _, t in ipairs(takes) do store_bucket(buckets, t[1], t[2] - 1, now, t[3]) end
-  leases[#leases + 1] = now + lease_s
+  leases[#leases + 1] = lease_until
   leases[#leases + 1] = member
-  unconfirmed[#unconfirmed + 1] = now + publish_lease_s
+  unconfirmed[#unconfirmed + 1] = publish_until
   unconfirmed[#unconfirmed + 1] = member
   vts[tenant] = vt + 1 / math.max(weight, 0.001)
   moved[tenant] = true
@@ -523,7 +533,7 @@ local stale = redis.call('ZRANGEBYSCORE', pending, '-inf', now, 'LIMIT', 0, 100)
 if #stale > 0 then
   local again = {}
   for _, member in ipairs(stale) do
-    again[#again + 1] = now + publish_lease_s
+    again[#again + 1] = publish_until
     again[#again + 1] = member
   end
   each('ZADD', pending, again)
