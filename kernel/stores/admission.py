@@ -241,10 +241,10 @@ local function release(list)
   if #held == 0 then return end
   for _, raw in ipairs(fetch('HMGET', info, held)) do
     if raw then
-      local f = split(raw)
-      bump('t:' .. f[1], -1)
-      bump('o:' .. f[2], -1)
-      bump('p:' .. f[3], -1)
+      local tenant, tool, pool = string.match(raw, '^([^\\31]*)\\31([^\\31]*)\\31([^\\31]*)')
+      bump('t:' .. tenant, -1)
+      bump('o:' .. tool, -1)
+      bump('p:' .. pool, -1)
     end
   end
   each('ZREM', admitted, held)
