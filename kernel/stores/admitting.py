@@ -82,9 +82,7 @@ class Admitter:
         now = time.time()
         # In the trace of the caller's span (the planner's for its turn): kept with the payload.
         parent = traceparent()
-        self._queued += [
-            waiting_command(c.model_copy(update={"issued_at": now}), parent) for c in commands
-        ]
+        self._queued += [waiting_command(c, parent, issued_at=now) for c in commands]
         await self._in_next_pass()
 
     async def release(self, outcome: CallOutcome) -> None:

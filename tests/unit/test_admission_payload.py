@@ -38,6 +38,15 @@ def test_a_queued_command_reads_back_with_its_pool_trace_kind_and_issue_time() -
     assert queued.command() == command.model_copy(update={"admitted": True})
 
 
+def test_a_command_queued_with_an_issue_time_carries_that_time() -> None:
+    command = _command()
+    queued = queued_command(waiting_command(command, TRACEPARENT, issued_at=1796440001.5).payload)
+    assert queued.issued_at == 1796440001.5
+    assert queued.command() == command.model_copy(
+        update={"admitted": True, "issued_at": 1796440001.5}
+    )
+
+
 def test_a_command_queued_without_trace_context_has_none() -> None:
     queued = queued_command(waiting_command(_command(kind="probe")).payload)
     assert (queued.traceparent, queued.kind) == (None, "probe")
