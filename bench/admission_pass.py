@@ -42,7 +42,7 @@ async def _measure(port: int, batch: int, outstanding: int, passes: int, payload
     client = Redis(port=port)
     admission = Admission(client, Keys(f"tf:pass-{batch}"))
     await admission.register_worker("default", "w0", 2 * outstanding, 3600, time.time())
-    body = '{"query":"' + "x" * payload + '"}'
+    queued = 'default\x1f\x1f{"query":"' + "x" * payload + '"}'  # pool, no trace, command
     admitted: list[str] = []
     confirm: list[str] = []
     serial = 0
@@ -53,8 +53,7 @@ async def _measure(port: int, batch: int, outstanding: int, passes: int, payload
         for _ in range(batch):
             serial += 1
             run, call = divmod(serial, 5)
-            payload = f"default\x1f\x1f{body}"
-            calls.append(Waiting("t0", f"run{run}", f"c{call}", 1, "noop", "default", payload))
+            calls.append(Waiting("t0", f"run{run}", f"c{call}", 1, "noop", "default", queued))
         return calls
 
     async def one_pass() -> None:
