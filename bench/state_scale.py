@@ -216,21 +216,27 @@ async def _run(args: Any) -> None:
     print()
     for one, sharded in zip(single, three, strict=True):
         ratio = sharded.busiest / one.busiest
+        summed = sum(sharded.cpu_us_per_call.values()) / one.busiest
         print(f"{one.calls_per_turn}-call turns: busiest of 3 shards / single Redis {ratio:.0%} "
-              f"of the CPU per call; the fleet's ceiling {1 / ratio:.1f}x")  # fmt: skip
+              f"of the CPU per call; the fleet's ceiling {1 / ratio:.1f}x; the 3 shards "
+              f"together {summed:.2f}x the single Redis's CPU per call")  # fmt: skip
     print(
         "\nWhere each node's CPU per call goes: system time (the kernel: socket reads and "
         "writes, the append-only file's fsync) and user time, and read events per call (one "
         "per client connection per event-loop pass with bytes to read):\n"
     )
-    print("| calls/turn | state | system µs per call, per node | user µs per call, per node "
-          "| read events per call, per node |")  # fmt: skip
-    print("|---|---|---|---|---|")
+    # Summed as well as per node: a shard's share is compared with the whole single server.
+    print(
+        "| calls/turn | state | system µs per call, per node | all nodes "
+        "| user µs per call, per node | all nodes | read events per call, per node |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for row in (r for pair in zip(single, three, strict=True) for r in pair):
+        system = list(row.sys_us_per_call.values())
         user = [row.cpu_us_per_call[p] - row.sys_us_per_call[p] for p in row.cpu_us_per_call]
         print(
-            f"| {row.calls_per_turn} | {row.layout} | {_nodes(row.sys_us_per_call.values())} "
-            f"| {_nodes(user)} | {_nodes(row.reads_per_call.values(), '.2f')} |"
+            f"| {row.calls_per_turn} | {row.layout} | {_nodes(system)} | {sum(system):.0f} "
+            f"| {_nodes(user)} | {sum(user):.0f} | {_nodes(row.reads_per_call.values(), '.2f')} |"
         )
 
 
