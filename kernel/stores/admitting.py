@@ -149,7 +149,6 @@ class Admitter:
         sent = []
         now = time.time()
         counts: Counter[tuple[str, str]] = Counter()
-        waits: dict[str, list[float]] = {}
         for member, payload in admitted.calls:
             command = queued_command(payload)
             call_id = member.split(SEP)[2]
@@ -160,14 +159,10 @@ class Admitter:
             sent.append(await self.bus.publish(topic, call_id, raw, headers))
             counts[command.pool, command.kind] += 1
             if command.issued_at is not None:
-                waits.setdefault(command.pool, []).append(now - command.issued_at)
+                labelled(ADMISSION_WAIT, command.pool).observe(max(0.0, now - command.issued_at))
         for (pool, kind), n in counts.items():
             labelled(ADMITTED, pool).inc(n)
             labelled(COMMANDS, "planner", pool, kind).inc(n)
-        for pool, pool_waits in waits.items():
-            histogram = labelled(ADMISSION_WAIT, pool)
-            for wait in pool_waits:
-                histogram.observe(max(0.0, wait))
         for future in sent:
             await future
         self._confirm += [member for member, _ in admitted.calls]

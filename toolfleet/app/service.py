@@ -175,11 +175,12 @@ class _Probes:
                 raise
             self._admin = admin
         try:
-            # A metadata request naming no topic: the broker answers with itself and its
-            # peers only. Listing every topic would have each service decode the whole
-            # cluster's metadata every few seconds (thousands of partitions on a shared
-            # cluster), and naming one topic could auto-create it.
-            await self._admin._get_cluster_metadata(topics=[])
+            # A metadata request naming no topic (aiokafka's public describe_topics sends
+            # exactly that for an empty list): the broker answers with itself and its peers
+            # only. Listing every topic would have each service decode the whole cluster's
+            # metadata every few seconds (thousands of partitions on a shared cluster), and
+            # naming one topic could auto-create it.
+            await self._admin.describe_topics([])
         except BaseException:
             admin, self._admin = self._admin, None
             with contextlib.suppress(Exception):
