@@ -336,7 +336,8 @@ def render(results: Results) -> str:
     )
     add(
         "Every comparison ran side by side in this run, on the same Kafka broker and Redis "
-        f"server ({m.get('infra', '?')}). {m.get('noise', '')} {m.get('config', '')}"
+        f"server ({m.get('infra', '?')}). {m.get('warmup', '')} {m.get('noise', '')} "
+        f"{m.get('config', '')}"
     )
     add("")
     _render_targets(results, add)
