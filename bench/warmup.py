@@ -5,7 +5,7 @@ An idle broker is quiet (``Bench.quiet_broker``) but still cold, and the first s
 (toolfleet) paid for compiling the paths that every later system then found compiled: on this
 project's 2-core machine, ``--quick --only a --systems toolfleet`` right after a broker start
 measured 692 and 770 calls/s for the 1-call rows, against 1,081 and 1,018 after this warm-up
-(the broker's CPU per send below: about 8,000-11,000 µs in the first two seconds of traffic,
+(the broker's CPU per send below: about 8,000-14,000 µs in the first two seconds of traffic,
 400-800 once compiled, after 40-90 s).
 
 So before any row, rounds of the requests the systems make (idempotent sends awaited one by
