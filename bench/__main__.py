@@ -25,7 +25,6 @@ from bench.report import PEERS, Results, readme_block, render, targets, update_r
 from bench.report import SYSTEMS as BASELINES
 from bench.scenarios import Bench, Durations
 from bench.systems import RunContext
-from bench.warmup import ROUND_S, warm_broker
 from kernel.settings import Settings
 from toolfleet.app import infra
 
@@ -103,7 +102,7 @@ async def _run(bench: Bench, scenarios: set[str], systems: set[str]) -> None:
         ("dbos", bench.run_dbos),
     ]
     try:
-        await _warm_broker(bench)
+        await bench.warm_broker()
         for system, run in sections:
             if system not in systems:
                 continue
@@ -124,31 +123,6 @@ async def _run(bench: Bench, scenarios: set[str], systems: set[str]) -> None:
     finally:
         progress("cleaning up this run's topics and Redis keys")
         await bench.ctx.cleanup()
-
-
-async def _warm_broker(bench: Bench) -> None:
-    """Compile the broker's request paths before the first row (``bench.warmup``)."""
-    pid = bench.infra.get("kafka")
-    if pid is None:  # a broker elsewhere (KAFKA_BOOTSTRAP_SERVERS): not ours to measure
-        return
-    progress("warming the broker's JVM (its JIT compiles the request paths under traffic)")
-    try:
-        warm = await warm_broker(bench.ctx.base, pid)
-    except Exception as exc:  # the rows still run; the report says they met a cold broker
-        note = f"The broker could not be warmed before the first row ({type(exc).__name__}: {exc})."
-        bench.results.meta["warmup"] = note
-        progress(note)
-        return
-    rounds = warm.rounds_us
-    summary = (
-        f"Before the first row the broker's JVM was warmed for {warm.seconds:.0f} s "
-        f"(its CPU per send {rounds[0]:,.0f} µs in the first {ROUND_S:g} s, "
-        f"{rounds[-1]:,.0f} µs in the last"
-        + ("" if warm.settled else "; its JIT compiler was still busy when the time ran out")
-        + ")."
-    )
-    bench.results.meta["warmup"] = summary
-    progress(summary)
 
 
 def main(argv: list[str] | None = None) -> int:

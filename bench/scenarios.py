@@ -43,6 +43,7 @@ from bench.report import (
 )
 from bench.systems import Peer, RunContext, Toolfleet, celery, relay, toolfleet
 from bench.targets import InProcessTarget
+from bench.warmup import ROUND_S, warm_broker
 from bench.workload import (
     LoadResult,
     Target,
@@ -119,6 +120,33 @@ class Bench:
         self.tf_busiest: tuple[str, float, int, int] | None = None
         self.profile_service: str | None = None
         """Profile this service instead of the busiest one (``--profile NAME``)."""
+
+    async def warm_broker(self) -> None:
+        """Compile the broker's request paths before the first row (``bench.warmup``)."""
+        pid = self.infra.get("kafka")
+        if pid is None:  # a broker elsewhere (KAFKA_BOOTSTRAP_SERVERS): not ours to measure
+            return
+        progress("warming the broker's JVM (its JIT compiles the request paths under traffic)")
+        try:
+            warm = await warm_broker(self.ctx.base, pid)
+        except Exception as exc:  # the rows still run; the report says they met a cold broker
+            note = (
+                f"The broker could not be warmed before the first row "
+                f"({type(exc).__name__}: {exc})."
+            )
+            self.results.meta["warmup"] = note
+            progress(note)
+            return
+        rounds = warm.rounds_us
+        summary = (
+            f"Before the first row the broker's JVM was warmed for {warm.seconds:.0f} s "
+            f"(its CPU per send {rounds[0]:,.0f} µs in the first {ROUND_S:g} s, "
+            f"{rounds[-1]:,.0f} µs in the last"
+            + ("" if warm.settled else "; its JIT compiler was still busy when the time ran out")
+            + ")."
+        )
+        self.results.meta["warmup"] = summary
+        progress(summary)
 
     async def quiet_broker(self, before: str) -> None:
         """Wait (up to ``QUIET_WITHIN_S``) until Kafka uses under ``QUIET_SHARE`` of a core.
