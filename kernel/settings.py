@@ -306,6 +306,64 @@ class Settings(BaseSettings):
         description="Link to a call's trace: a URL with {trace_id} in it, e.g. "
         "http://grafana/explore?traceId={trace_id} (unset: the console shows the id as text)",
     )
+    # Who may use the console (docs/console-access.md). With none of OIDC, tokens or proxy
+    # set, `toolfleet console` serves 127.0.0.1 only and prints a login URL for that process.
+    console_public_url: str | None = Field(
+        default=None,
+        description="The URL people reach the console at, e.g. https://console.example; the "
+        "OIDC redirect URI is {this}/auth/callback, and https makes the session cookie Secure",
+    )
+    console_oidc_issuer: str | None = Field(
+        default=None,
+        description="OpenID Connect issuer URL: turns login through the identity provider on "
+        "(authorization code with PKCE; discovery at /.well-known/openid-configuration)",
+    )
+    console_oidc_client_id: str | None = Field(default=None, description="OIDC client id")
+    console_oidc_client_secret: SecretStr | None = Field(
+        default=None, description="OIDC client secret (unset: a public client, PKCE only)"
+    )
+    console_oidc_scopes: str = Field(
+        default="openid email profile", description="Scopes the console asks for"
+    )
+    console_oidc_roles_claim: str = Field(
+        default="toolfleet_roles",
+        description="Claim with the console roles (viewer, operator, admin); a dotted path "
+        "reaches into nested claims, e.g. realm_access.roles",
+    )
+    console_oidc_tenants_claim: str = Field(
+        default="toolfleet_tenants",
+        description="Claim listing the tenants a person may see and act for ('*': every tenant)",
+    )
+    console_session_secret: SecretStr | None = Field(
+        default=None, description="Signs the session cookie (at least 32 characters); OIDC needs it"
+    )
+    console_session_max_age_s: int = Field(
+        default=8 * 3600, ge=60, description="How long a console login lasts"
+    )
+    console_tokens: SecretStr | None = Field(
+        default=None,
+        description='Static API tokens, JSON: [{"name": "ci-bot", "sha256": "<hex sha256 of the '
+        'token>", "role": "viewer|operator|admin", "tenants": ["acme"] or ["*"]}]; callers send '
+        "Authorization: Bearer <token>",
+    )
+    console_proxy_secret: SecretStr | None = Field(
+        default=None,
+        description="Turns the trusted-proxy mode on: identity headers count only on requests "
+        "that carry this secret in console_proxy_secret_header",
+    )
+    console_proxy_secret_header: str = Field(
+        default="X-Toolfleet-Proxy-Secret", description="Header the proxy sends the secret in"
+    )
+    console_proxy_user_header: str = Field(
+        default="X-Forwarded-User", description="Header with the person's name (proxy mode)"
+    )
+    console_proxy_roles_header: str = Field(
+        default="X-Forwarded-Roles", description="Header with their roles, comma separated"
+    )
+    console_proxy_tenants_header: str = Field(
+        default="X-Forwarded-Tenants",
+        description="Header with their tenants, comma separated ('*': every tenant)",
+    )
 
     # Local infrastructure (toolfleet infra up).
     infra: str = Field(default="local", description="'local' processes or 'containers'")
