@@ -147,10 +147,11 @@ def test_cli_up_is_idempotent_and_down_stops_everything(private: Private) -> Non
 
     assert len(brokers(settings)) == 1
     assert len(redis_servers(settings)) == 1
-    expected = [
+    addresses = [
         f"KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:{settings.kafka_port}",
         f"REDIS_URL=redis://127.0.0.1:{settings.redis_port}/0",
     ]
+    expected = [f"export {line}" for line in addresses]
     assert first.stdout.splitlines() == expected
     assert second.stdout.splitlines() == expected
     assert "kafka: started" in first.stderr
@@ -160,12 +161,25 @@ def test_cli_up_is_idempotent_and_down_stops_everything(private: Private) -> Non
     assert status.returncode == 0, status.stdout + status.stderr
     assert status.stdout.count(" running ") == 2
 
-    # As a newcomer does it: `eval "$(toolfleet infra up)"` exports the addresses, and
-    # `infra down` in that shell still stops what `up` started (they are not "external").
-    exported = dict(line.split("=", 1) for line in first.stdout.splitlines())
-    down = toolfleet(Private(settings, {**private.env, **exported}), "infra", "down")
-    assert down.returncode == 0, down.stderr
-    assert "external" not in down.stdout + down.stderr
+    # As a newcomer does it, in a real shell: `eval "$(toolfleet infra up)"` exports the
+    # addresses (the shell's children see them), and `infra down` in that shell still stops
+    # what `up` started (they are not "external").
+    shell = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'eval "$({TOOLFLEET} infra up)" && env | sort && {TOOLFLEET} infra down',
+        ],
+        env=private.env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert shell.returncode == 0, shell.stderr
+    assert set(addresses) <= set(shell.stdout.splitlines())
+    assert "stopped" in shell.stdout
+    assert "external" not in shell.stdout + shell.stderr
     wait_until(lambda: not brokers(settings), 30, "the broker to exit")
     wait_until(lambda: not redis_servers(settings), 30, "redis-server to exit")
     assert not (settings.state_dir / "kafka" / "kafka.pid").exists()
@@ -182,8 +196,8 @@ def test_external_addresses_start_nothing(private: Private) -> None:
     done = toolfleet(Private(private.settings, env), "infra", "up")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "KAFKA_BOOTSTRAP_SERVERS=kafka.example:9092",
-        "REDIS_URL=redis://redis.example:6379/0",
+        "export KAFKA_BOOTSTRAP_SERVERS=kafka.example:9092",
+        "export REDIS_URL=redis://redis.example:6379/0",
     ]
     assert not brokers(private.settings)
     assert not redis_servers(private.settings)

@@ -1,11 +1,12 @@
 """``toolfleet infra up | down | status``.
 
-``up`` writes only ``NAME=value`` lines on stdout (progress goes to stderr), so a shell can
-``eval "$(toolfleet infra up)"``.
+``up`` writes only ``export NAME=value`` lines on stdout (progress goes to stderr), so
+``eval "$(toolfleet infra up)"`` exports the addresses into the shell that runs it.
 """
 
 from __future__ import annotations
 
+import shlex
 import time
 
 import click
@@ -27,7 +28,7 @@ def infra() -> None:
 
 @infra.command()
 def up() -> None:
-    """Start Kafka and Redis unless already running; print their addresses for `eval`."""
+    """Start Kafka and Redis unless already running; print `export` lines for `eval`."""
     began = time.monotonic()
     try:
         current = local.up(Settings())
@@ -44,7 +45,7 @@ def up() -> None:
         click.echo(f"{service.name}: {verb} at {service.address}", err=True)
     click.echo(f"ready in {elapsed:.1f} s", err=True)
     for name, value in current.env().items():
-        click.echo(f"{name}={value}")
+        click.echo(f"export {name}={shlex.quote(value)}")
 
 
 @infra.command()
