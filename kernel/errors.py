@@ -6,12 +6,14 @@ Catch the branch that says what you can do about it::
     ├── UsageError                       used wrongly: fix the call, flag or declaration
     │   ├── ConfigurationError           a setting, flag or tool declaration is invalid
     │   │   └── TopicsMissingError       (kernel.adapters.topics) topics to create on purpose
+    │   ├── MissingExtraError            an optional part is not installed (also an ImportError):
+    │   │                                pip install 'toolfleet[<extra>]', as its message says
     │   ├── ToolNotFoundError            a call names a tool that no worker pool publishes
     │   ├── NotFoundError                (toolfleet.app.operations) no such task, call, tool
     │   ├── AlreadyDecidedError          (toolfleet.app.operations) decided already, or ran
     │   └── NotAllowedError              (toolfleet.app.operations) another tenant's data, or
     │       │                            fleet-wide, for an operator scoped to one tenant
-    │       ├── NoOperatorError          (toolfleet.app.console) a decision with no operator
+    │       ├── NotAuthenticatedError    (toolfleet.app.console) not signed in (HTTP 401)
     │       └── CrossSiteRequestError    (toolfleet.app.console) not sent by the console's page
     ├── UnavailableError                 a dependency is away: retry, nothing is wrong with you
     │   ├── InfrastructureError          Kafka or Redis could not be started, reached or stopped
@@ -44,6 +46,7 @@ __all__ = [
     "CutOffError",
     "InfrastructureError",
     "InvalidMessageError",
+    "MissingExtraError",
     "ModelBehaviorError",
     "ToolExecutionError",
     "ToolNotFoundError",
@@ -64,6 +67,19 @@ class UnavailableError(ToolfleetError):
 
 class ConfigurationError(UsageError):
     """A setting, flag or tool declaration is invalid; fix the configuration and restart."""
+
+
+class MissingExtraError(UsageError, ImportError):
+    """A part of toolfleet needs an optional package that is not installed: ``what`` needs
+    ``missing``, which the extra ``extra`` installs (``pip install 'toolfleet[console]'``).
+    Also an ``ImportError``, so ``except ImportError`` around an optional import catches it."""
+
+    def __init__(self, what: str, *, extra: str, missing: str | None) -> None:
+        package = f"{missing!r}, which is not installed" if missing else "a package not installed"
+        super().__init__(f"{what} needs {package}: pip install 'toolfleet[{extra}]'")
+        self.extra = extra
+        """The extra that installs what is missing (agents, console, otlp, containers)."""
+        self.name = missing  # ImportError's own field: the module that could not be imported
 
 
 class ToolNotFoundError(UsageError):

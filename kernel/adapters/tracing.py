@@ -29,6 +29,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from kernel.errors import MissingExtraError
 from kernel.settings import Settings
 
 if TYPE_CHECKING:
@@ -156,7 +157,8 @@ def configure_tracing(service: str, settings: Settings) -> SdkTracerProvider | N
     """Install the process's tracer provider as ``TOOLFLEET_TRACES`` says: ``otlp`` exports
     over OTLP/HTTP (endpoint, headers and sampler from the standard ``OTEL_*`` variables),
     ``log`` writes batches of spans as JSON log lines, ``off`` records nothing. Returns the
-    provider (shut it down on exit to flush), or None when off."""
+    provider (shut it down on exit to flush), or None when off. ``otlp`` needs the exporter
+    of the ``otlp`` extra; without it this raises ``MissingExtraError``, which says so."""
     if settings.traces == "off":
         return None
     from opentelemetry.sdk.resources import Resource
@@ -165,7 +167,12 @@ def configure_tracing(service: str, settings: Settings) -> SdkTracerProvider | N
 
     exporter: SpanExporter
     if settings.traces == "otlp":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ModuleNotFoundError as exc:  # the exporter, or a package it needs
+            raise MissingExtraError(
+                "TOOLFLEET_TRACES=otlp", extra="otlp", missing=exc.name
+            ) from exc
 
         exporter = OTLPSpanExporter()
     else:

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 
 _MISSING_SDK = (
     "serving Agents SDK function tools needs the openai-agents package: "
-    "pip install 'openai-agents==0.24.*'"
+    "pip install 'toolfleet[agents]'"
 )
 
 

@@ -19,9 +19,19 @@ async with FleetClient(Settings()) as client:
 ``FleetRunner`` is the SDK's own runner (``run``, ``run_streamed``, ``run_sync``, sessions,
 handoffs, guardrails, hooks, agents as tools, ``RunState``); only the function tools of the
 agents run on the fleet's workers, which serve them with
-``ToolRegistry.from_function_tools(...)``. Needs the ``openai-agents`` package.
+``ToolRegistry.from_function_tools(...)``. Needs the Agents SDK: ``pip install
+'toolfleet[agents]'`` (without it, importing this package raises ``MissingExtraError``, an
+``ImportError`` that says so).
 """
 
+from kernel.errors import MissingExtraError
+
+try:
+    import agents  # noqa: F401  (first, so a missing SDK is named before any use of it)
+except ModuleNotFoundError as exc:  # the SDK, or a package it needs, is not installed
+    raise MissingExtraError(
+        "toolfleet.agents (FleetRunner)", extra="agents", missing=exc.name
+    ) from exc
 from toolfleet.agents._calls import fleet_turn_id
 from toolfleet.agents._errors import (
     FleetApprovalRequired,

@@ -3,19 +3,53 @@
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import click
 
 from executors.worker import WorkerLimits
-from kernel.errors import ConfigurationError
+from kernel.errors import ConfigurationError, MissingExtraError
 from kernel.settings import Settings
 from toolfleet.app.console import console
 from toolfleet.app.infra.cli import infra
 from toolfleet.app.ops_cli import approvals, inspect, smoke, tasks, tenants, tools, topics
 from toolfleet.app.service import run_service
 
+_EXTRA_OF = {
+    "agents": "agents",
+    "openai": "agents",
+    "starlette": "console",
+    "uvicorn": "console",
+    "sse_starlette": "console",
+    "authlib": "console",
+    "joserfc": "console",
+    "itsdangerous": "console",
+    "testcontainers": "containers",
+}
+"""The extra that installs each optional package a command may import (pyproject.toml's
+[project.optional-dependencies]; the packaging test runs each command without its extra)."""
 
-@click.group()
+
+class _Toolfleet(click.Group):
+    """The ``toolfleet`` group: a command whose optional packages are not installed ends with
+    one line naming the extra that installs them (``pip install 'toolfleet[console]'``), not a
+    traceback about a module."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except MissingExtraError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except ModuleNotFoundError as exc:
+            extra = _EXTRA_OF.get((exc.name or "").partition(".")[0])
+            if extra is None:
+                raise
+            what = f"toolfleet {ctx.invoked_subcommand}"
+            missing = MissingExtraError(what, extra=extra, missing=exc.name)
+            raise click.ClickException(str(missing)) from exc
+
+
+@click.group(cls=_Toolfleet)
 def main() -> None:
     """toolfleet: run AI agents' tool calls on a fleet of workers, through Kafka."""
 
