@@ -12,6 +12,7 @@ first attempt's transaction never committed) while a late duplicate does not.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -25,6 +26,7 @@ from redis.asyncio import Redis
 
 from aggregator._store import StoredTurn, TurnStore
 from aggregator._turn import TurnState, accept_outcome, build_result, is_settled
+from kernel.adapters.backoff import MESSAGE, Interrupted, nap
 from kernel.adapters.bus import (
     COMMIT_INTERVAL_S,
     NEVER_FITS,
@@ -33,6 +35,7 @@ from kernel.adapters.bus import (
     Record,
     cut_off,
 )
+from kernel.adapters.dependencies import DEPENDENCIES
 from kernel.adapters.metrics import MESSAGES, TURN_LATENCY, labelled
 from kernel.adapters.redis import add_to_set, text
 from kernel.adapters.tracing import context_from_traceparent, headers_of, tracer
@@ -77,6 +80,8 @@ class Aggregator:
         self.auth = DecisionAuth.of(settings)
         self._stopping = asyncio.Event()
         self._unreachable_since: float | None = None
+        self._failures = 0
+        """Batches failed in a row on Kafka or Redis (their backoff)."""
         # Runs handled at once: their Redis steps share round trips (auto-pipelining), so a
         # whole polled batch goes at once instead of in waves.
         self._slots = asyncio.Semaphore(512)
@@ -147,17 +152,24 @@ class Aggregator:
                 return
             await self._commit(consumer, producer, group, emitted, offsets)
         except TRANSIENT_ERRORS as exc:
-            # Nothing of the batch is committed: read it again; recording is idempotent.
-            log.warning("batch failed; re-reading it", extra={"error": repr(exc)})
+            # Nothing of the batch is committed: read it again; recording is idempotent. The
+            # dependency monitor says once that Kafka or Redis is away, not every attempt.
+            DEPENDENCIES.failed(exc)
+            log.debug("batch failed; re-reading it", extra={"error": repr(exc)})
             self._unreachable_since = self._unreachable_since or time.monotonic()
+            self._failures += 1
             cut = cut_off(self._unreachable_since, self.settings.cut_off_after_s, exc)
             if cut is not None:
                 raise cut from exc
             for tp, records in batches.items():
                 consumer.seek(tp, records[0].offset)
-            await asyncio.sleep(0.5)
+            with contextlib.suppress(Interrupted):
+                await nap(
+                    MESSAGE.delay(self._failures), until=self._stopping, wake=DEPENDENCIES.back
+                )
             return
         self._unreachable_since = None
+        self._failures = 0
         for emission in emitted:
             labelled(TURN_LATENCY, emission.result.status).observe(
                 time.time() - emission.planned_at
@@ -226,7 +238,8 @@ class Aggregator:
         try:
             await self._commit(consumer, producer, group, [], self._uncommitted)
         except TRANSIENT_ERRORS as exc:
-            log.warning(
+            DEPENDENCIES.failed(exc)
+            log.debug(
                 "offset commit failed; retried with the next batch", extra={"error": repr(exc)}
             )
 

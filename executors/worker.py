@@ -27,6 +27,7 @@ from opentelemetry import trace
 from redis.asyncio import Redis
 
 from executors._after_publish import AfterPublish
+from kernel.adapters.backoff import STEP, nap
 from kernel.adapters.bus import (
     COMMIT_INTERVAL_S,
     NEVER_FITS,
@@ -35,8 +36,9 @@ from kernel.adapters.bus import (
     Record,
     cut_off,
 )
+from kernel.adapters.dependencies import DEPENDENCIES
 from kernel.adapters.health import HEALTH
-from kernel.adapters.logs import log_context
+from kernel.adapters.logs import RecurringFailure, log_context
 from kernel.adapters.metrics import (
     CALL_LATENCY,
     COMMANDS,
@@ -203,6 +205,7 @@ class Worker:
         admission send more than the others can run. Re-registered at once when the
         assignment changes."""
         ttl = self.settings.worker_capacity_ttl_s
+        failing = RecurringFailure(log, "could not register capacity")
         while True:
             self._assignment_changed.clear()
             slots = self.limits.per_worker if self._owned else 0
@@ -210,8 +213,13 @@ class Worker:
                 await self.admission.register_worker(
                     self.pool, self.worker_id, slots, ttl, time.time()
                 )
+            except TRANSIENT_ERRORS as exc:  # said once by the dependency monitor
+                DEPENDENCIES.failed(exc)
+                log.debug("could not register capacity", extra={"error": repr(exc)})
             except Exception as exc:  # never let the loop die: the pool would lose our slots
-                log.warning("could not register capacity", extra={"error": repr(exc)})
+                failing.failed(exc)
+            else:
+                failing.succeeded()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._assignment_changed.wait(), ttl / 3)
 
@@ -244,7 +252,7 @@ class Worker:
             log.warning("offset commit refused (rebalance)", extra={"error": repr(exc)})
 
     async def _handle(self, tp: TopicPartition, record: Record, slot: _Slot) -> None:
-        delay = 0.1
+        attempt = 0
         unreachable_since: float | None = None
         try:
             while True:
@@ -262,7 +270,9 @@ class Worker:
                     return
                 except TRANSIENT_ERRORS as exc:
                     # Kafka or Redis is away: retry the same command; the ledger makes it safe.
-                    log.warning("dependency unavailable", extra={"error": repr(exc)})
+                    # The dependency monitor says so once, not every attempt.
+                    DEPENDENCIES.failed(exc)
+                    log.debug("dependency unavailable", extra={"error": repr(exc)})
                     unreachable_since = unreachable_since or time.monotonic()
                     cut = cut_off(unreachable_since, self.settings.cut_off_after_s, exc)
                     if cut is not None:
@@ -271,8 +281,8 @@ class Worker:
                         self._cut_off = cut
                         self.stop()
                         return
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 5.0)
+                    attempt += 1
+                    await nap(STEP.delay(attempt), wake=DEPENDENCIES.back)
                 except Exception as exc:
                     # A bug that would repeat on every delivery: keep the bytes and the reason.
                     log.exception("command failed", extra={"offset": record.offset})
@@ -585,6 +595,7 @@ class Worker:
         One loop for the whole worker (its renewals go out as one burst) instead of a timer
         per call; a renewal that fails is retried on the next round, well within the lease.
         """
+        failing = RecurringFailure(log, "leases not renewed")
         while True:
             await asyncio.sleep(self.limits.lease_s / 3)
             held = list(self._leases.values())
@@ -599,9 +610,20 @@ class Worker:
                 )
                 for c in held
             )
-            for failed in await asyncio.gather(*renewals, return_exceptions=True):
-                if isinstance(failed, Exception):
-                    log.warning("lease not renewed", extra={"error": repr(failed)})
+            errors = [
+                failed
+                for failed in await asyncio.gather(*renewals, return_exceptions=True)
+                if isinstance(failed, Exception)
+            ]
+            # One line per round at most, not one per call held (and none for an outage,
+            # which the dependency monitor says once).
+            other = [e for e in errors if not isinstance(e, TRANSIENT_ERRORS)]
+            if errors and len(other) < len(errors):
+                DEPENDENCIES.failed(errors[0])
+            if other:
+                failing.failed(other[0])
+            elif not errors:
+                failing.succeeded()
 
     async def _listen_for_cancellations(self, consumer: AIOKafkaConsumer) -> None:
         async for record in consumer:
@@ -669,16 +691,17 @@ async def _persist(step: Callable[[], Awaitable[T]]) -> T:
     Re-running the command would find this worker's own lease and end as an unknown effect;
     the call did finish, so only the failed step is repeated, with the same outcome.
     """
-    delay = 0.1
+    attempt = 0
     while True:
         try:
             return await step()
         except NEVER_FITS:
             raise  # retrying never helps: the command is dead-lettered with the reason
         except TRANSIENT_ERRORS as exc:
-            log.warning("dependency unavailable after the call ran", extra={"error": repr(exc)})
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            DEPENDENCIES.failed(exc)  # said once by the dependency monitor
+            log.debug("dependency unavailable after the call ran", extra={"error": repr(exc)})
+            attempt += 1
+            await nap(STEP.delay(attempt), wake=DEPENDENCIES.back)
 
 
 def _describe_span(outcome: CallOutcome) -> None:

@@ -5,7 +5,9 @@ Catch the branch that says what you can do about it::
     ToolfleetError                       (schemas) root; the message says what to do next
     ├── UsageError                       used wrongly: fix the call, flag or declaration
     │   ├── ConfigurationError           a setting, flag or tool declaration is invalid
-    │   │   └── TopicsMissingError       (kernel.adapters.topics) topics to create on purpose
+    │   │   ├── TopicsMissingError       (kernel.adapters.topics) topics to create on purpose
+    │   │   └── StartRefused             (kernel.adapters.dependencies) Kafka or Redis refused
+    │   │                                this process (credentials, TLS, a cluster node URL)
     │   ├── MissingExtraError            an optional part is not installed (also an ImportError):
     │   │                                pip install 'toolfleet[<extra>]', as its message says
     │   ├── ToolNotFoundError            a call names a tool that no worker pool publishes
@@ -18,6 +20,7 @@ Catch the branch that says what you can do about it::
     ├── UnavailableError                 a dependency is away: retry, nothing is wrong with you
     │   ├── InfrastructureError          Kafka or Redis could not be started, reached or stopped
     │   │   ├── CutOffError              this instance lost Kafka or Redis past the cut-off bound
+    │   │   ├── DependencyUnavailable    (kernel.adapters.dependencies) a check got no answer
     │   │   └── UnreplicatedWriteError   no replica confirmed a durable write (WAIT) in time
     │   └── TurnTimeoutError             (toolfleet.client; also a TimeoutError) no result in time
     ├── InvalidMessageError              (schemas) a message fails its schema: dead-lettered

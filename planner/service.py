@@ -17,8 +17,10 @@ from collections.abc import Mapping, Sequence
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from kernel.adapters.bus import Bus, ConsumeLoop, Record
-from kernel.adapters.logs import log_context
+from kernel.adapters.backoff import TICK, nap
+from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, ConsumeLoop, Record
+from kernel.adapters.dependencies import DEPENDENCIES
+from kernel.adapters.logs import RecurringFailure, log_context
 from kernel.adapters.metrics import PLAN_LATENCY
 from kernel.adapters.redis import HashFields, text
 from kernel.adapters.tracing import consuming, phase, trace_id, traceparent, tracer
@@ -106,14 +108,30 @@ class Planner:
             await self.bus.stop()
 
     async def _tick(self) -> None:
-        """Admission's periodic pass, in every planner instance (they never conflict)."""
+        """Admission's periodic pass, in every planner instance (they never conflict).
+
+        A failed pass is tried again with backoff (``TICK``), not every period: against a
+        Redis that was away it wrote a traceback every 50 ms. Kafka or Redis away is said by
+        the dependency monitor; any other failure once, then once a minute with a count.
+        """
         period = self.settings.admission_tick_ms / 1000
+        failing = RecurringFailure(log, "admission tick failed; retrying with backoff")
+        failures = 0
         while True:
-            await asyncio.sleep(period)
+            delay = TICK.delay(failures) if failures else period
+            await nap(delay, wake=DEPENDENCIES.back if failures else None)
             try:
                 await self.admitter.tick(self._report_never_started)
-            except Exception:  # never let the loop die: waiting calls rely on it
-                log.exception("admission tick failed; retrying")
+            except TRANSIENT_ERRORS as exc:
+                failures += 1
+                DEPENDENCIES.failed(exc)
+                log.debug("admission tick failed", extra={"error": repr(exc)})
+            except Exception as exc:  # never let the loop die: waiting calls rely on it
+                failures += 1
+                failing.failed(exc)
+            else:
+                failures = 0
+                failing.succeeded()
 
     async def _report_never_started(self, outcome: CallOutcome) -> None:
         """A call withdrawn from admission's queue (its turn's deadline passed): settled in

@@ -10,6 +10,7 @@ per call (``tf:{tenant}:recon:{call_id}``) makes every input idempotent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -18,8 +19,10 @@ from typing import Literal, get_args
 
 from redis.asyncio import Redis
 
-from kernel.adapters.bus import Bus, ConsumeLoop, Record
-from kernel.adapters.logs import log_context
+from kernel.adapters.backoff import TICK, Interrupted, nap
+from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, ConsumeLoop, Record
+from kernel.adapters.dependencies import DEPENDENCIES
+from kernel.adapters.logs import RecurringFailure, log_context
 from kernel.adapters.metrics import (
     COMMANDS,
     HUMAN_TASKS,
@@ -472,16 +475,31 @@ class Reconciler:
 
     # --- background -------------------------------------------------------------------------
     async def _tick_forever(self) -> None:
+        """Ticks every ``tick_s``; a failed tick is tried again with backoff (``TICK``).
+        Kafka or Redis away is said by the dependency monitor; any other failure once, then
+        once a minute with a count."""
         reported_at = -REPORT_EVERY_S
+        failing = RecurringFailure(log, "reconciler tick failed; retrying with backoff")
+        failures = 0
         while not self._stopping.is_set():
             try:
                 await self.tick()
                 if time.monotonic() - reported_at >= REPORT_EVERY_S:
                     reported_at = time.monotonic()
                     await self.report()
-            except Exception:
-                log.exception("reconciler tick failed; trying again")
-            await asyncio.sleep(self.tick_s)
+            except TRANSIENT_ERRORS as exc:
+                failures += 1
+                DEPENDENCIES.failed(exc)
+                log.debug("reconciler tick failed", extra={"error": repr(exc)})
+            except Exception as exc:
+                failures += 1
+                failing.failed(exc)
+            else:
+                failures = 0
+                failing.succeeded()
+            delay = TICK.delay(failures) if failures else self.tick_s
+            with contextlib.suppress(Interrupted):
+                await nap(delay, until=self._stopping, wake=DEPENDENCIES.back if failures else None)
 
     async def report(self) -> None:
         """Set the backlog gauges: open human tasks by kind, and the unresolved unknown

@@ -21,6 +21,8 @@ from aiokafka.errors import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from kernel.adapters.backoff import MESSAGE, Backoff, Interrupted, nap
+from kernel.adapters.dependencies import DEPENDENCIES
 from kernel.adapters.health import HEALTH
 from kernel.adapters.lag import LAG
 from kernel.adapters.metrics import DEAD_LETTERS, MESSAGES, labelled
@@ -323,8 +325,10 @@ class ConsumeLoop:
     outcomes to be done); a partition's commit stops below its oldest unfinished record.
 
     - ``InvalidMessageError`` from the handler dead-letters the record and moves on;
-    - a transient error (Kafka, Redis, connection) retries the same record with backoff,
-      forever: an outage must not turn good messages into dead letters;
+    - a transient error (Kafka, Redis, connection) retries the same record with backoff
+      (``kernel.adapters.backoff.MESSAGE``: capped, with jitter; at once when the dependency
+      monitor sees it back), until the cut-off: an outage must not turn good messages into
+      dead letters;
     - any other exception retries up to ``max_attempts`` times, then dead-letters the record
       with the error as the reason, so one poison message never becomes a crash loop.
 
@@ -339,8 +343,8 @@ class ConsumeLoop:
         handler: Handler,
         *,
         max_attempts: int = 5,
-        backoff_s: float = 0.2,
-        max_backoff_s: float = 5.0,
+        backoff_s: float = MESSAGE.first_s,
+        max_backoff_s: float = MESSAGE.cap_s,
         concurrency: int = 512,
         wanted: Callable[[Record], bool] | None = None,
         cut_off_after_s: float = Settings.model_fields["cut_off_after_s"].default,
@@ -352,8 +356,8 @@ class ConsumeLoop:
         self.handler = handler
         self._slots = asyncio.Semaphore(concurrency)
         self.max_attempts = max_attempts
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
+        self.backoff = Backoff(backoff_s, max(backoff_s, max_backoff_s))
+        """Between attempts at one record (the project's policy, ``kernel.adapters.backoff``)."""
         self._stopping = asyncio.Event()
         self._offsets = OffsetTracker()
         self._last: dict[tuple[TopicPartition, bytes | None], asyncio.Task[bool]] = {}
@@ -466,7 +470,10 @@ class ConsumeLoop:
                 MESSAGES.labels(self.bus.service, record.topic, "dead_lettered").inc()
                 return True
             except TRANSIENT_ERRORS as exc:
-                log.warning(
+                # Not a line per attempt: the dependency monitor says once that Kafka or
+                # Redis is away (it checks at once), and once that it is back.
+                DEPENDENCIES.failed(exc)
+                log.debug(
                     "dependency unavailable; retrying the same message",
                     extra={"topic": record.topic, "offset": record.offset, "error": repr(exc)},
                 )
@@ -490,12 +497,10 @@ class ConsumeLoop:
             else:
                 labelled(MESSAGES, self.bus.service, record.topic, "processed").inc()
                 return True
-            delay = min(self.max_backoff_s, self.backoff_s * 2 ** min(attempt - 1, 10))
             try:
-                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
-            except TimeoutError:
-                continue
-            return False  # stopping mid-retry: the next owner of the partition retries it
+                await nap(self.backoff.delay(attempt), until=self._stopping, wake=DEPENDENCIES.back)
+            except Interrupted:
+                return False  # stopping mid-retry: the next owner of the partition retries it
 
 
 def cut_off(since: float, bound_s: float, exc: BaseException) -> CutOffError | None:

@@ -23,6 +23,9 @@ LIVE_BOUND_S = 10.0
 BEAT_INTERVAL_S = 1.0
 CHECK_INTERVAL_S = 2.0
 CHECK_TIMEOUT_S = 1.5
+NUDGED_CHECK_INTERVAL_S = 0.5
+"""Checks asked for by a retry loop run at most this often (a loop failing 20 times a second
+must not become 20 checks a second)."""
 
 
 @dataclass
@@ -60,22 +63,45 @@ HEALTH = Health()
 
 
 Check = Callable[[], Awaitable[object]]
+Report = Callable[[str, BaseException | None], None]
+"""Told each check's result: its name and what it raised (None when it passed)."""
 
 
-async def watch(checks: dict[str, Check], health: Health = HEALTH) -> None:
+async def watch(
+    checks: dict[str, Check],
+    health: Health = HEALTH,
+    *,
+    report: Report | None = None,
+    nudged: asyncio.Event | None = None,
+) -> None:
     """Beat every second and run ``checks`` every few seconds, until cancelled.
 
-    A check passes when it returns within ``CHECK_TIMEOUT_S`` without raising.
+    A check passes when it returns within ``CHECK_TIMEOUT_S`` without raising; each result
+    goes to ``report`` too. Setting ``nudged`` runs the checks at the next beat instead of
+    at the next interval (a retry loop met an error: is the dependency away?).
     """
     last_check = float("-inf")
     while True:
         health.beat = time.monotonic()
-        if health.beat - last_check >= CHECK_INTERVAL_S:
+        since = health.beat - last_check
+        asked = nudged is not None and nudged.is_set() and since >= NUDGED_CHECK_INTERVAL_S
+        if asked or since >= CHECK_INTERVAL_S:
+            if nudged is not None:
+                nudged.clear()
             last_check = health.beat
             for name, check in checks.items():
-                ok = False
-                with contextlib.suppress(Exception):
+                error: BaseException | None = None
+                try:
                     await asyncio.wait_for(check(), CHECK_TIMEOUT_S)
-                    ok = True
-                health.set(name, ok)
-        await asyncio.sleep(BEAT_INTERVAL_S)
+                except Exception as exc:  # any failure means not ready
+                    error = exc
+                health.set(name, error is None)
+                if report is not None:
+                    report(name, error)
+        if nudged is None:
+            await asyncio.sleep(BEAT_INTERVAL_S)
+        elif nudged.is_set():  # asked again right after a check: not before the interval
+            await asyncio.sleep(NUDGED_CHECK_INTERVAL_S)
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(nudged.wait(), BEAT_INTERVAL_S)

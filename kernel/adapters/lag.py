@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from kernel.adapters.dependencies import DEPENDENCIES, which_dependency
+from kernel.adapters.logs import RecurringFailure
 from kernel.adapters.metrics import CONSUMER_LAG
 
 log = logging.getLogger(__name__)
@@ -97,11 +99,18 @@ class LagMonitor:
 
     async def run(self, every_s: float = LAG_SAMPLE_S) -> None:
         """Report every ``every_s`` until cancelled."""
+        failing = RecurringFailure(log, "lag report failed")
         while True:
             try:
                 await self.report()
             except Exception as exc:  # never let the sampler die: the gauge would go stale
-                log.warning("lag report failed", extra={"error": repr(exc)})
+                if which_dependency(exc) is not None or isinstance(exc, OSError | TimeoutError):
+                    DEPENDENCIES.failed(exc)  # an outage: said once by the dependency monitor
+                    log.debug("lag report failed", extra={"error": repr(exc)})
+                else:
+                    failing.failed(exc)
+            else:
+                failing.succeeded()
             await asyncio.sleep(every_s)
 
 

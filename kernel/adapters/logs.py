@@ -11,12 +11,15 @@ import contextlib
 import json
 import logging
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from types import MappingProxyType
 from typing import Any
 
 from opentelemetry import trace
+
+from kernel.adapters.dependencies import DEPENDENCIES, LibraryLogFilter
 
 _BOUND: ContextVar[Mapping[str, str]] = ContextVar(
     "toolfleet_log_context", default=MappingProxyType({})
@@ -69,8 +72,55 @@ def configure_logging(service: str, level: str = "INFO") -> None:
     """Send every log record of the process to stderr as JSON lines tagged with ``service``."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service))
+    # aiokafka and redis-py log every reconnect attempt: folded into one line when Kafka or
+    # Redis goes away and one when it is back (kernel.adapters.dependencies).
+    handler.addFilter(LibraryLogFilter(DEPENDENCIES, debug=level.upper() == "DEBUG"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # aiokafka logs every reconnect at WARNING/ERROR; keep it, but not its chatty INFO.
+    # Not aiokafka's chatty INFO (every group join, every metadata refresh).
     logging.getLogger("aiokafka").setLevel(max(logging.WARNING, root.level))
+
+
+class RecurringFailure:
+    """A failure that may repeat on every pass of a loop, logged without flooding: the first
+    with its traceback, then at most one line per ``every_s`` with how many passes failed
+    since, and one line when a pass succeeds again.
+
+    A loop that fails every 50 ms (admission's tick against a Redis that is away) wrote a
+    traceback every 50 ms; dependency outages are said by the dependency monitor instead, and
+    this is for everything else (a bug, a script the server refuses).
+    """
+
+    def __init__(self, logger: logging.Logger, what: str, *, every_s: float = 60.0) -> None:
+        self.logger = logger
+        self.what = what
+        self.every_s = every_s
+        self.failures = 0
+        self._unsaid = 0
+        self._said_at = float("-inf")
+
+    def failed(self, exc: BaseException) -> None:
+        """One more failed pass."""
+        self.failures += 1
+        now = time.monotonic()
+        if self.failures == 1:
+            self.logger.error("%s", self.what, exc_info=exc)
+            self._said_at = now
+        elif now - self._said_at >= self.every_s:
+            self.logger.error(
+                "%s again (%d times in %.0f s): %r",
+                self.what,
+                self._unsaid + 1,
+                now - self._said_at,
+                exc,
+            )
+            self._said_at, self._unsaid = now, 0
+        else:
+            self._unsaid += 1
+
+    def succeeded(self) -> None:
+        """A pass worked: say so if passes had failed."""
+        if self.failures:
+            self.logger.warning("%s: works again after %d failed passes", self.what, self.failures)
+        self.failures, self._unsaid = 0, 0

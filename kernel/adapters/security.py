@@ -135,7 +135,7 @@ def explain_connection_error(exc: BaseException, settings: Settings) -> Infrastr
                 "TOOLFLEET_KAFKA_SASL_USERNAME / TOOLFLEET_KAFKA_SASL_PASSWORD"
             )
         return InfrastructureError(
-            f"Redis refused the credentials of REDIS_URL ({_redacted(settings.redis_address())}): "
+            f"Redis refused the credentials of REDIS_URL ({redact_url(settings.redis_address())}): "
             f"{text}; check the user and password in REDIS_URL (an ACL user: "
             "rediss://user:password@host:port/0)"
         )
@@ -158,7 +158,9 @@ def _refusal(exc: BaseException) -> BaseException:
     return exc
 
 
-def _redacted(url: str) -> str:
+def redact_url(url: str) -> str:
+    """``url`` with the password of its user info hidden (``redis://user:***@host:6379/0``),
+    for log lines and messages."""
     scheme, sep, rest = url.partition("://")
     if "@" not in rest:
         return url

@@ -11,23 +11,32 @@ import contextlib
 import gc
 import logging
 import signal
+import time
 from collections.abc import Callable
 from typing import Protocol
 
 import uvloop
-from aiokafka.admin import AIOKafkaAdminClient
 from redis.asyncio import Redis
 
+from kernel.adapters.backoff import DEPENDENCY, Interrupted, nap
 from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, KafkaBus
+from kernel.adapters.dependencies import (
+    DEPENDENCIES,
+    DependencyUnavailable,
+    Probes,
+    StartRefused,
+    check_dependencies,
+    what_was_seen,
+)
 from kernel.adapters.health import HEALTH, watch
 from kernel.adapters.lag import LAG
 from kernel.adapters.logs import configure_logging
 from kernel.adapters.metrics import configure_metrics, serve_metrics
 from kernel.adapters.redis import connect_redis
-from kernel.adapters.security import explain_connection_error, kafka_options, refused
+from kernel.adapters.security import explain_connection_error, refused
 from kernel.adapters.topics import TopicsMissingError, ensure_topics
 from kernel.adapters.tracing import configure_tracing
-from kernel.errors import CutOffError, InfrastructureError
+from kernel.errors import ConfigurationError, CutOffError, InfrastructureError
 from kernel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -58,9 +67,13 @@ def run_service(
     """Run a service in this process until SIGTERM or SIGINT, serving ``/metrics``.
 
     ``make(bus, redis)`` builds the service over connections made for it; after a cut-off or
-    an outage at start it is built again over fresh ones.
+    an outage at start it is built again over fresh ones. Kafka and Redis are checked first:
+    while one does not answer, the service says so once and waits (backoff); when one refuses
+    it (credentials, a certificate, a cluster node named as one server) it says what to change
+    and exits with status 78 (EX_CONFIG).
     """
     configure_logging(name, settings.log_level)
+    DEPENDENCIES.configure(settings)
     tracing = configure_tracing(name, settings)
     configure_metrics(name, tool_label=settings.metrics_tool_label)
     serve_metrics(settings.metrics_port)
@@ -69,12 +82,18 @@ def run_service(
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         try:
             runner.run(_main(name, settings, make, pools))
-        except InfrastructureError as exc:
+        except StartRefused:
+            raise SystemExit(EXIT_CONFIG) from None  # the monitor said why, in one line
+        except (ConfigurationError, InfrastructureError) as exc:
             log.error("cannot start: %s", exc)
-            raise SystemExit(f"toolfleet {name}: {exc}") from None
+            raise SystemExit(EXIT_CONFIG) from None
         finally:
             if tracing is not None:
                 tracing.shutdown()  # exports the spans still queued
+
+
+EXIT_CONFIG = 78
+"""The exit status of a service whose configuration cannot work (sysexits' EX_CONFIG)."""
 
 
 async def _main(
@@ -93,12 +112,29 @@ async def _main(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
-    probes = _Probes(settings)
-    watcher = asyncio.create_task(watch({"kafka": probes.kafka, "redis": probes.redis}))
+    probes = Probes(settings)
+    DEPENDENCIES.watching = True  # aiokafka's and redis-py's records become check details
+    started = asyncio.Event()
+
+    def report(check: str, error: BaseException | None) -> None:
+        # The start-up check speaks first (it may refuse to start); then the watcher.
+        if started.is_set() and check in ("kafka", "redis"):
+            DEPENDENCIES.checked(check, error)  # type: ignore[arg-type]
+
+    watcher = asyncio.create_task(
+        watch(
+            {"kafka": probes.kafka, "redis": probes.redis},
+            report=report,
+            nudged=DEPENDENCIES.nudged(),
+        )
+    )
     lag = asyncio.create_task(LAG.run())  # toolfleet_consumer_lag of every consumer made
     try:
-        await _serve(name, settings, make, pools=pools, stopping=stopping, current=current)
+        await _serve(
+            name, settings, make, pools=pools, stopping=stopping, current=current, started=started
+        )
     finally:
+        DEPENDENCIES.watching = False
         watcher.cancel()
         lag.cancel()
         await probes.close()
@@ -112,146 +148,92 @@ async def _serve(
     pools: tuple[str, ...],
     stopping: asyncio.Event,
     current: list[Service],
+    started: asyncio.Event,
 ) -> None:
     """Build the service and run it; after a cut-off or an outage, build it again."""
+    cut_off = False
+    failures = 0
     while not stopping.is_set():
         HEALTH.set("assigned", False)
         HEALTH.set("serving", True)
         try:
-            await check_credentials(settings)
+            await wait_until_reachable(settings, stopping, started=started)
+            if stopping.is_set():
+                return
+            if cut_off:
+                log.warning("Kafka and Redis reachable again: rejoining")
+                cut_off = False
             await ensure_topics(settings, pools)
             redis = connect_redis(settings)
+            began = time.monotonic()
             try:
                 current[:] = [make(KafkaBus(settings, service=name), redis)]
                 await current[0].run()
             finally:
                 await redis.aclose()
+                if time.monotonic() - began > RAN_WELL_S:
+                    failures = 0
             return
         except CutOffError as exc:
             # The service closed its consumers on the way out: the group has rebalanced and
             # healthy peers own its partitions. Come back once both dependencies answer.
             log.error("cut off, giving up its partitions: %s", exc)
+            cut_off = True
+            continue
         except TopicsMissingError as exc:
             # Topics are created on purpose in this deployment: wait for them (not ready
             # meanwhile), saying which ones and how, rather than restarting in a loop.
             log.error("%s", exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), timeout=TOPICS_RECHECK_S)
+            with contextlib.suppress(Interrupted):
+                await nap(TOPICS_RECHECK_S, until=stopping)
             continue
+        except StartRefused:
+            raise
         except Exception as exc:
             if refused(exc):
                 # Credentials or TLS: waiting does not fix them. Say which connection and why.
                 raise explain_connection_error(exc, settings) from exc
             if not isinstance(exc, _UNREACHABLE):
                 raise
-            # Started (or restarted) while Kafka or Redis is away: wait instead of exiting,
-            # so an outage never turns into a crash loop.
-            log.error("Kafka or Redis unreachable at start: %r; waiting for them", exc)
-        await wait_until_reachable(settings, stopping)
-        if not stopping.is_set():
-            log.warning("Kafka and Redis reachable again: rejoining")
+            # Kafka or Redis went away while the service started or ran: the dependency
+            # monitor says which (once); the next round waits for both, with backoff.
+            DEPENDENCIES.failed(exc)
+            failures += 1
+            if failures == 1:  # once: an outage's own line comes from the monitor
+                log.warning(
+                    "stopped by Kafka or Redis (%s); starting again once both answer",
+                    what_was_seen(exc),
+                )
+            else:
+                log.debug("stopped again", extra={"error": repr(exc)})
+        with contextlib.suppress(Interrupted):
+            await nap(DEPENDENCY.delay(failures), until=stopping, wake=DEPENDENCIES.back)
 
 
-class _Probes:
-    """The readiness checks of ``/readyz``: Kafka answers a metadata request (for no topic),
-    Redis a PING.
+RAN_WELL_S = 60.0
+"""A service that ran this long before an outage stopped it starts again at once (its
+backoff starts over)."""
 
-    Each keeps one connection of its own, so a check costs one round trip.
+
+async def wait_until_reachable(
+    settings: Settings, stopping: asyncio.Event, *, started: asyncio.Event | None = None
+) -> None:
+    """Return once Kafka and Redis both answer (or ``stopping`` is set), checking with the
+    project's dependency backoff; the monitor says once which one is away and why.
+
+    Raises ``StartRefused`` when one refuses this process (said once, in one line).
     """
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._admin: AIOKafkaAdminClient | None = None
-        self._redis: Redis | None = None
-
-    async def kafka(self) -> None:
-        if self._admin is None:
-            admin = AIOKafkaAdminClient(**kafka_options(self.settings), request_timeout_ms=1500)
-            try:
-                await admin.start()
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await admin.close()
-                raise
-            self._admin = admin
-        try:
-            # A metadata request naming no topic (aiokafka's public describe_topics sends
-            # exactly that for an empty list): the broker answers with itself and its peers
-            # only. Listing every topic would have each service decode the whole cluster's
-            # metadata every few seconds (thousands of partitions on a shared cluster), and
-            # naming one topic could auto-create it.
-            await self._admin.describe_topics([])
-        except BaseException:
-            admin, self._admin = self._admin, None
-            with contextlib.suppress(Exception):
-                await admin.close()
-            raise
-
-    async def redis(self) -> None:
-        if self._redis is None:
-            self._redis = connect_redis(self.settings)
-        await self._redis.ping()
-
-    async def close(self) -> None:
-        if self._admin is not None:
-            with contextlib.suppress(Exception):
-                await self._admin.close()
-        if self._redis is not None:
-            with contextlib.suppress(Exception):
-                await self._redis.aclose()
-
-
-async def check_credentials(settings: Settings) -> None:
-    """Connect to a broker and to Redis once, raising at once if either refuses this process.
-
-    aiokafka reports a refused SASL login or an untrusted certificate only in a log line and
-    then "Unable to bootstrap", which the services would wait out as an outage; one direct
-    connection shows the real reason. Unreachable services are left to the usual waiting.
-    """
-    from aiokafka.conn import create_conn
-
-    options = kafka_options(settings)
-    servers = str(options.pop("bootstrap_servers")).split(",")
-    for server in servers:
-        host, _, port = server.strip().rpartition(":")
-        try:
-            conn = await asyncio.wait_for(create_conn(host, int(port), **options), 15)
-        except Exception as exc:
-            if refused(exc):
-                raise explain_connection_error(exc, settings) from exc
-            continue
-        conn.close()
-        break
-    redis = connect_redis(settings)
+    retrying = DEPENDENCY.retrying(DependencyUnavailable, until=stopping, wake=DEPENDENCIES.back)
     try:
-        await asyncio.wait_for(redis.ping(), 15)
-    except Exception as exc:
-        if refused(exc):
-            raise explain_connection_error(exc, settings) from exc
-    finally:
-        await redis.aclose()
-
-
-async def wait_until_reachable(settings: Settings, stopping: asyncio.Event) -> None:
-    """Return once Redis answers PING and Kafka lists its topics (or ``stopping`` is set)."""
-    delay = 0.5
-    while not stopping.is_set():
-        redis = connect_redis(settings)
-        admin = AIOKafkaAdminClient(**kafka_options(settings))
-        try:
-            await asyncio.wait_for(redis.ping(), timeout=5)
-            await asyncio.wait_for(admin.start(), timeout=10)
-            await asyncio.wait_for(admin.list_topics(), timeout=10)
-            return
-        except _UNREACHABLE:
-            pass
-        finally:
-            await redis.aclose()
-            with contextlib.suppress(Exception):
-                await admin.close()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), timeout=delay)
-        delay = min(delay * 2, 10.0)
+        async for attempt in retrying:
+            with attempt:
+                try:
+                    await check_dependencies(settings, DEPENDENCIES)
+                finally:
+                    if started is not None:
+                        started.set()
+    except Interrupted:
+        return
 
 
 def tune_gc(thresholds: tuple[int, int, int]) -> None:
