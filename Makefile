@@ -14,11 +14,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-## setup: virtualenv, Python packages, redis-server, chromium (the console's browser tests),
-## Kafka jars; then start Kafka and Redis
+## setup: virtualenv, Python packages, redis-server, chromium and the OIDC provider (npm; the
+## console's browser and login tests), Kafka jars; then start Kafka and Redis
 setup: $(STAMP)
 	bash scripts/install-redis.sh
 	bash scripts/install-chromium.sh
+	sh scripts/install-oidc-provider.sh
 	$(BIN)/toolfleet infra up
 
 ## chart-tools: helm and kubeconform (go install), for the chart checks in the tests

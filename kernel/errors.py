@@ -15,7 +15,7 @@ Catch the branch that says what you can do about it::
     │   ├── AlreadyDecidedError          (toolfleet.app.operations) decided already, or ran
     │   └── NotAllowedError              (toolfleet.app.operations) another tenant's data, or
     │       │                            fleet-wide, for an operator scoped to one tenant
-    │       ├── NoOperatorError          (toolfleet.app.console) a decision with no operator
+    │       ├── NotAuthenticatedError    (toolfleet.app.console) not signed in (HTTP 401)
     │       └── CrossSiteRequestError    (toolfleet.app.console) not sent by the console's page
     ├── UnavailableError                 a dependency is away: retry, nothing is wrong with you
     │   ├── InfrastructureError          Kafka or Redis could not be started, reached or stopped

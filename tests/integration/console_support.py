@@ -1,17 +1,22 @@
-"""What the console's tests share: the fleet they run, the turns they submit, and the console
-served for real (uvicorn on a free port, in this process or as ``toolfleet console``)."""
+"""What the console's tests share: the fleet they run, the turns they submit, the console
+served for real (uvicorn on a free port, in this process or as ``toolfleet console``), its API
+tokens, and a real OpenID Connect provider (panva's oidc-provider on Node)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
+import os
+import shutil
 import socket
 import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,8 +38,40 @@ FLEET_ENV = {
     "TOOLFLEET_CIRCUIT_CACHE_S": "0",
 }
 TRACE_TEMPLATE = "http://traces.example/trace/{trace_id}"
-DECIDE = {"X-Toolfleet-Console": "1"}
-"""The header the console's page sends with every decision."""
+ROOT = Path(__file__).parents[2]
+OIDC_DIR = Path(__file__).parent / "oidc"
+"""The test OpenID Connect provider: package.json, package-lock.json and provider.mjs."""
+
+TOKENS: dict[str, tuple[str, list[str]]] = {
+    "alice": ("operator", ["*"]),
+    "bob": ("operator", ["*"]),
+    "root": ("admin", ["*"]),
+    "vera": ("viewer", ["*"]),
+    "acme-ops": ("operator", ["acme"]),
+    "acme-admin": ("admin", ["acme"]),
+}
+"""The console's API tokens in these tests: name -> (role, tenants); each token's value is
+``secret-NAME``."""
+
+
+def tokens_setting(tokens: dict[str, tuple[str, list[str]]] = TOKENS) -> str:
+    """TOOLFLEET_CONSOLE_TOKENS for ``tokens``: only the sha256 of each value is kept."""
+    return json.dumps(
+        [
+            {
+                "name": name,
+                "sha256": hashlib.sha256(f"secret-{name}".encode()).hexdigest(),
+                "role": role,
+                "tenants": tenants,
+            }
+            for name, (role, tenants) in tokens.items()
+        ]
+    )
+
+
+def bearer(name: str) -> dict[str, str]:
+    """The Authorization header of the test token ``name``."""
+    return {"Authorization": f"Bearer secret-{name}"}
 
 
 def console_fleet(settings: Settings) -> LocalFleet:
@@ -80,20 +117,27 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
-def _free_socket() -> socket.socket:
+def free_socket() -> socket.socket:
+    """A socket bound to a free port of 127.0.0.1 (not listening yet): a console's URL is
+    known before it starts, for the redirect URI an identity provider registers."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     return sock
 
 
+def url_of(sock: socket.socket) -> str:
+    """The console URL a socket of ``free_socket`` will serve."""
+    return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
 @asynccontextmanager
 async def served_console(
-    settings: Settings, options: ConsoleOptions | None = None
+    settings: Settings, options: ConsoleOptions | None = None, *, sock: socket.socket | None = None
 ) -> AsyncIterator[str]:
-    """A console served by uvicorn in this event loop on a free port; its base URL, once its
-    feed reads the topics."""
-    sock = _free_socket()
+    """A console served by uvicorn in this event loop on a free port (or ``sock``); its base
+    URL, once its feed reads the topics."""
+    sock = sock or free_socket()
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         create_app(settings, options),
@@ -127,14 +171,18 @@ async def console_live(url: str, within: float = 30.0) -> None:
 
 
 class ConsoleProcess:
-    """``toolfleet console`` as a child process of the fleet's settings."""
+    """``toolfleet console`` as a child process of the fleet's settings (and no sign-in
+    settings but those of ``env``)."""
 
     def __init__(self, fleet: LocalFleet, *args: str, env: dict[str, str] | None = None) -> None:
         self.argv = [sys.executable, "-m", "toolfleet", "console", "--port", "0", *args]
-        self.env = {**fleet.env(), **(env or {})}
+        inherited = {k: v for k, v in fleet.env().items() if not k.startswith("TOOLFLEET_CONSOLE_")}
+        self.env = {**inherited, **(env or {})}
         self.log = (fleet.log_dir / "console.log").open("ab")
         self.popen: subprocess.Popen[str] | None = None
         self.url = ""
+        self.line = ""
+        """The line it printed when it started (``console: URL``)."""
 
     def _spawn(self) -> subprocess.Popen[str]:
         return subprocess.Popen(
@@ -147,7 +195,8 @@ class ConsoleProcess:
         assert self.popen.stdout is not None
         line = await asyncio.wait_for(asyncio.to_thread(self.popen.stdout.readline), within)
         assert line.startswith("console: "), f"console did not start: {line!r}"
-        self.url = line.removeprefix("console: ").strip().rstrip("/")
+        self.line = line.strip()
+        self.url = self.line.removeprefix("console: ").split("?")[0].rstrip("/")
         await console_live(self.url, within)
         return self.url
 
@@ -184,3 +233,59 @@ async def records(settings: Settings, topic: str) -> list[bytes]:
         return found
     finally:
         await consumer.stop()
+
+
+class OidcProvider:
+    """A real OpenID Connect provider: panva's oidc-provider (OpenID Certified) run by Node
+    from ``tests/integration/oidc`` (installed with ``npm ci`` from its lock file), with its
+    development login form (any password; the login name is the account), one client per
+    entry of ``clients`` and the ``accounts`` given (their claims)."""
+
+    def __init__(
+        self, clients: list[dict[str, Any]], accounts: dict[str, dict[str, Any]], log_dir: Path
+    ) -> None:
+        self.config = log_dir / f"oidc-{uuid.uuid4().hex[:8]}.json"
+        self.config.write_text(json.dumps({"clients": clients, "accounts": accounts}))
+        self.log = (log_dir / "oidc-provider.log").open("ab")
+        self.popen: subprocess.Popen[str] | None = None
+        self.issuer = ""
+
+    async def start(self, within: float = 60.0) -> str:
+        """Install it when needed, start it, and return its issuer URL once it listens."""
+        node = shutil.which("node")
+        assert node, "node is missing: install Node.js 20 or later (make setup checks it)"
+        install = await asyncio.to_thread(
+            subprocess.run,
+            ["sh", str(ROOT / "scripts" / "install-oidc-provider.sh")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert install.returncode == 0, f"npm ci failed: {install.stderr}"
+        self.popen = self._spawn(node)
+        assert self.popen.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(self.popen.stdout.readline), within)
+        assert line.startswith("oidc-provider: "), f"oidc-provider did not start: {line!r}"
+        self.issuer = line.removeprefix("oidc-provider: ").strip()
+        return self.issuer
+
+    def _spawn(self, node: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [node, str(OIDC_DIR / "provider.mjs"), str(self.config)],
+            cwd=OIDC_DIR,
+            env={**os.environ, "NODE_ENV": "test"},
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+        )
+
+    def stop(self) -> None:
+        """SIGTERM it and wait."""
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self.log.close()

@@ -1,18 +1,23 @@
-"""The console's HTTP API against the real Kafka, Redis and fleet: the live feed, the call
-page, human tasks and approvals decided as the CLI decides them, circuits and versions, and
-a console for one tenant that never shows or touches another's."""
+"""The console's HTTP API against the real Kafka, Redis and fleet: nobody in without
+credentials, the live feed, the call page, human tasks and approvals decided as the CLI
+decides them and signed for the identity signed in, circuits and versions for admins only,
+an operator of one tenant who never sees or touches another's, a trusted proxy, and a
+browser session's CSRF token."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 from redis.asyncio import Redis
 
 from kernel.rules.auth import DecisionAuth
@@ -23,15 +28,16 @@ from kernel.stores.tasks import StoredTask, TaskStore
 from schemas import ApprovalDecision, ModelResponseEvent, TaskResolution
 from tests.conftest import wait_for
 from tests.integration.console_support import (
-    DECIDE,
     TRACE_TEMPLATE,
+    bearer,
     console_fleet,
     records,
     served_console,
+    tokens_setting,
     turn,
 )
 from tests.integration.console_tools import runs_key
-from toolfleet.app.console import ConsoleOptions
+from toolfleet.app.console import CSRF_HEADER, ConsoleOptions
 from toolfleet.client import FleetClient
 from toolfleet.testing import LocalFleet, connected_client, result_of
 
@@ -52,46 +58,71 @@ async def client(fleet: LocalFleet, settings: Settings) -> AsyncIterator[FleetCl
 
 @pytest.fixture(scope="module")
 def console_settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={"trace_url_template": TRACE_TEMPLATE})
+    """API tokens (``console_support.TOKENS``) are the only way in."""
+    update = {"trace_url_template": TRACE_TEMPLATE, "console_tokens": SecretStr(tokens_setting())}
+    return settings.model_copy(update=update)
 
 
 @pytest.fixture(scope="module")
 async def console(console_settings: Settings, client: FleetClient) -> AsyncIterator[str]:
-    """Every tenant; the operator comes from the proxy's X-Forwarded-User header."""
+    """Every tenant; who may see what comes from the caller's token."""
     async with served_console(console_settings) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
 async def acme_console(console_settings: Settings, client: FleetClient) -> AsyncIterator[str]:
-    """Tenant acme only, with a fixed operator."""
-    options = ConsoleOptions(tenant="acme", operator="acme-ops")
-    async with served_console(console_settings, options) as url:
+    """Tenant acme only, whoever signs in."""
+    async with served_console(console_settings, ConsoleOptions(tenant="acme")) as url:
         yield url
 
 
 @pytest.fixture
 async def http(console: str) -> AsyncIterator[httpx.AsyncClient]:
+    """The console as alice, an operator of every tenant (by her API token)."""
+    async with httpx.AsyncClient(base_url=console, timeout=10, headers=bearer("alice")) as session:
+        yield session
+
+
+@pytest.fixture
+async def anonymous(console: str) -> AsyncIterator[httpx.AsyncClient]:
+    """The console as nobody."""
     async with httpx.AsyncClient(base_url=console, timeout=10) as session:
         yield session
 
 
 @pytest.fixture
 async def acme(acme_console: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=acme_console, timeout=10) as session:
+    """The console for acme only, as root (an admin of every tenant)."""
+    async with httpx.AsyncClient(
+        base_url=acme_console, timeout=10, headers=bearer("root")
+    ) as session:
         yield session
 
 
-def _as(operator: str) -> dict[str, str]:
-    return {**DECIDE, "X-Forwarded-User": operator}
+def _as(name: str) -> dict[str, str]:
+    """Headers of a request by the test token ``name`` (bearer tokens need no CSRF token)."""
+    return bearer(name)
+
+
+async def _published(settings: Settings) -> tuple[int, int]:
+    return (
+        len(await records(settings, "task-resolutions")),
+        len(await records(settings, "approvals")),
+    )
 
 
 async def _events(
-    http: httpx.AsyncClient, query: str, until: Any, within: float = 20.0
+    http: httpx.AsyncClient,
+    query: str,
+    until: Any,
+    within: float = 20.0,
+    headers: dict[str, str] | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
     """Server-sent events of ``/events?query`` until one satisfies ``until(kind, data)``."""
     seen: list[tuple[str, dict[str, Any]]] = []
-    async with asyncio.timeout(within), http.stream("GET", f"/events?{query}") as response:
+    stream = http.stream("GET", f"/events?{query}", headers=headers)
+    async with asyncio.timeout(within), stream as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         kind = ""
@@ -131,9 +162,64 @@ async def test_the_console_serves_its_pages_its_script_and_a_health_probe(
         assert "script-src 'self'" in page.headers["content-security-policy"]
     script = await http.get("/static/console.js")
     assert script.status_code == 200 and "EventSource" in script.text
-    config = (await http.get("/api/config", headers={"X-Forwarded-User": "alice"})).json()
-    assert (config["operator"], config["tenant"]) == ("alice", None)
-    assert (await http.get("/api/config")).json()["operator"] is None
+    config = (await http.get("/api/config")).json()
+    assert (config["operator"], config["role"], config["tenant"]) == (
+        "token:alice",
+        "operator",
+        None,
+    )
+    assert (config["tenants"], config["can_decide"], config["fleet_wide"]) == (None, True, False)
+    assert config["csrf"] is None  # a bearer token is no browser session: no CSRF token needed
+    viewer = (await http.get("/api/config", headers=_as("vera"))).json()
+    assert (viewer["operator"], viewer["role"], viewer["can_decide"]) == (
+        "token:vera",
+        "viewer",
+        False,
+    )
+    root = (await http.get("/api/config", headers=_as("root"))).json()
+    assert (root["role"], root["fleet_wide"]) == ("admin", True)
+
+
+async def test_nobody_reads_or_decides_without_credentials_and_a_forwarded_user_counts_for_nothing(
+    anonymous: httpx.AsyncClient, settings: Settings
+) -> None:
+    before = await _published(settings)
+    # The issue's reproduction: a decision naming boss@corp in a header anyone can send.
+    forged = await anonymous.post(
+        "/api/approvals/decide",
+        json={"tenant_id": "acme", "run_id": "r", "call_id": "c", "approve": True},
+        headers={"X-Toolfleet-Console": "1", "X-Forwarded-User": "boss@corp"},
+    )
+    assert forged.status_code == 401, forged.text
+    assert "not signed in" in forged.json()["error"]
+    assert forged.headers["www-authenticate"].startswith("Bearer")
+    reads = [
+        "/api/config", "/api/recent", "/api/tasks", "/api/approvals", "/api/circuits",
+        "/api/calls/acme/call-1?run=r", "/events",
+    ]  # fmt: skip
+    for path in reads:
+        for headers in ({}, {"X-Forwarded-User": "boss@corp"}):
+            refused = await anonymous.get(path, headers=headers)
+            assert refused.status_code == 401, (path, refused.text)
+            assert "Authorization: Bearer" in refused.json()["error"]
+    for path in ("/", "/tasks", "/circuits", "/calls/acme/call-1?run=r"):
+        page = await anonymous.get(path)
+        assert page.status_code == 401 and "Not signed in" in page.text
+        assert "/static/console.js" not in page.text
+    posts = [
+        "/api/tasks/t/resolve", "/api/circuits/quote@2/resume", "/api/tools/quote/rollback",
+        "/api/tools/quote/unpin",
+    ]  # fmt: skip
+    for path in posts:
+        assert (await anonymous.post(path, json={})).status_code == 401
+    wrong = await anonymous.get("/api/tasks", headers={"Authorization": "Bearer secret-nobody"})
+    assert wrong.status_code == 401 and "TOOLFLEET_CONSOLE_TOKENS" in wrong.json()["error"]
+    basic = await anonymous.get("/api/tasks", headers={"Authorization": "Basic YTpi"})
+    assert basic.status_code == 401 and "Bearer" in basic.json()["error"]
+    # Open: the health probe, and the page's script and style (no data in them).
+    assert (await anonymous.get("/healthz")).status_code == 200
+    assert (await anonymous.get("/static/console.css")).status_code == 200
+    assert await _published(settings) == before  # nothing was signed or sent
 
 
 async def test_the_live_feed_streams_turn_results_and_outcomes_filtered_on_the_server(
@@ -199,11 +285,9 @@ async def test_a_task_resolution_is_signed_for_the_operator_and_the_reconciler_c
     assert (shown["kind"], shown["status"], shown["call_id"]) == ("unknown_effect", "open", call_id)
 
     answer = {"resolution": "applied", "output": "noted n1", "note": "seen upstream"}
-    sent = await http.post(
-        f"/api/tasks/{task.task.task_id}/resolve", json=answer, headers=_as("alice")
-    )
+    sent = await http.post(f"/api/tasks/{task.task.task_id}/resolve", json=answer)
     assert sent.status_code == 202, sent.text
-    assert sent.json()["sent"]["decided_by"] == "alice"
+    assert sent.json()["sent"]["decided_by"] == "token:alice"
 
     result = await result_of(fleet, client, event.run_id)
     assert (result.status, result.outputs[0].output) == ("completed", "noted n1")
@@ -212,49 +296,56 @@ async def test_a_task_resolution_is_signed_for_the_operator_and_the_reconciler_c
         for raw in await records(settings, "task-resolutions")
         if task.task.task_id.encode() in raw
     ]
-    assert [r.decided_by for r in published] == ["alice"]
+    assert [r.decided_by for r in published] == ["token:alice"]
     DecisionAuth.of(settings).verify(published[0])  # signed with the tenant's key
     everything = (await http.get("/api/tasks", params={"all": "1"})).json()["tasks"]
     [done] = [t for t in everything if t["task_id"] == task.task.task_id]
-    assert done["status"] == "resolved" and done["resolution"]["decided_by"] == "alice"
+    assert done["status"] == "resolved" and done["resolution"]["decided_by"] == "token:alice"
     assert "signature" not in done["resolution"]
     page = (await http.get(f"/api/calls/acme/{call_id}", params={"run": event.run_id})).json()
     [verdict] = [e for e in page["audit"] if e["event"] == "human_resolution"]
     assert (verdict["by"], verdict["resolution"], verdict["note"]) == (
-        "alice", "applied", "seen upstream",
+        "token:alice", "applied", "seen upstream",
     )  # fmt: skip
 
 
-async def test_decisions_without_an_operator_or_from_another_page_are_refused_unsent(
+async def test_a_viewer_reads_but_every_decision_of_hers_is_refused_naming_the_role(
     http: httpx.AsyncClient, settings: Settings
 ) -> None:
-    before = (
-        len(await records(settings, "task-resolutions")),
-        len(await records(settings, "approvals")),
-    )
+    before = await _published(settings)
+    viewer = _as("vera")
+    for path in ("/api/tasks", "/api/approvals", "/api/circuits", "/api/recent"):
+        assert (await http.get(path, headers=viewer)).status_code == 200, path
     answer = {"resolution": "not_applied"}
-    nobody = await http.post("/api/tasks/task-x/resolve", json=answer, headers=DECIDE)
-    assert nobody.status_code == 403
-    assert "X-Forwarded-User" in nobody.json()["error"]
-    assert "--operator" in nobody.json()["error"]
-    no_header = await http.post(
-        "/api/tasks/task-x/resolve", json=answer, headers={"X-Forwarded-User": "mallory"}
-    )
-    assert no_header.status_code == 403 and "X-Toolfleet-Console" in no_header.json()["error"]
-    form = await http.post(
-        "/api/approvals/decide", data={"approve": "true"}, headers=_as("mallory")
-    )
+    refused = [
+        await http.post("/api/tasks/task-x/resolve", json=answer, headers=viewer),
+        await http.post(
+            "/api/approvals/decide",
+            json={"tenant_id": "acme", "run_id": "r", "call_id": "c", "approve": True},
+            headers=viewer,
+        ),
+    ]
+    for response in refused:
+        assert response.status_code == 403
+        assert "needs the operator role; token:vera has the viewer role" in response.json()["error"]
+    fleet_wide = await http.post("/api/circuits/quote@2/resume", json={}, headers=viewer)
+    assert fleet_wide.status_code == 403 and "needs the admin role" in fleet_wide.json()["error"]
+    assert await _published(settings) == before
+
+
+async def test_decisions_that_are_not_json_or_name_nothing_are_refused_unsent(
+    http: httpx.AsyncClient, settings: Settings
+) -> None:
+    before = await _published(settings)
+    answer = {"resolution": "not_applied"}
+    form = await http.post("/api/approvals/decide", data={"approve": "true"})
     assert form.status_code == 403 and "application/json" in form.json()["error"]
     assert (await http.get("/api/tasks/task-x/resolve")).status_code == 405
-    missing = await http.post("/api/tasks/task-x/resolve", json=answer, headers=_as("ops"))
+    missing = await http.post("/api/tasks/task-x/resolve", json=answer)
     assert missing.status_code == 404 and "no task task-x" in missing.json()["error"]
-    bad = await http.post("/api/tasks/task-x/resolve", json={"resolution": "?"}, headers=_as("o"))
+    bad = await http.post("/api/tasks/task-x/resolve", json={"resolution": "?"})
     assert bad.status_code == 400
-    after = (
-        len(await records(settings, "task-resolutions")),
-        len(await records(settings, "approvals")),
-    )
-    assert after == before  # nothing was published
+    assert await _published(settings) == before  # nothing was published
 
 
 async def test_a_pending_approval_is_listed_and_decided_for_the_operator_like_the_cli_decides(
@@ -292,7 +383,7 @@ async def test_a_pending_approval_is_listed_and_decided_for_the_operator_like_th
     )  # fmt: skip
     published = [ApprovalDecision.decode(raw) for raw in await records(settings, "approvals")]
     mine = {d.call_id: d for d in published if d.call_id in (a.call_id, r.call_id)}
-    assert (mine[a.call_id].decided_by, mine[a.call_id].approve) == ("bob", True)
+    assert (mine[a.call_id].decided_by, mine[a.call_id].approve) == ("token:bob", True)
     assert (mine[r.call_id].decided_by, mine[r.call_id].approve) == ("carol", False)
     for decision in mine.values():
         DecisionAuth.of(settings).verify(decision)
@@ -307,8 +398,12 @@ async def test_a_pending_approval_is_listed_and_decided_for_the_operator_like_th
 
     await wait_for(recorded)
     decided = {p["call_id"]: p for p in (await http.get("/api/approvals")).json()["approvals"]}
-    assert decided[a.call_id]["decision"]["by"] == "bob"
+    assert decided[a.call_id]["decision"]["by"] == "token:bob"
     assert decided[a.call_id]["decision"]["approve"] is True
+    # The planner's audit chain names who decided: the identity signed in, not a header.
+    page = (await http.get(f"/api/calls/acme/{a.call_id}", params={"run": approve.run_id})).json()
+    [verdict] = [e for e in page["audit"] if e["event"] == "approval_decision"]
+    assert (verdict["by"], verdict["approve"]) == ("token:bob", True)
 
     # The agent runtime resumes the turns: the approved call runs, the rejected one never.
     done = await client.run_turn(approve.model_copy(update={"resume": True}))
@@ -367,25 +462,32 @@ async def test_circuits_and_versions_are_listed_resumed_and_rolled_back(
     )  # fmt: skip
     result = await client.run_turn(failing)
     assert [c.status for c in result.calls] == ["failed"] * 3
-    view = (await http.get("/api/circuits")).json()
+    view = (await http.get("/api/circuits", headers=_as("root"))).json()
     assert [c["ref"] for c in view["circuits"]] == ["quote@2"] and view["actions"] is True
+    # A circuit or a pin touches every tenant: operators see them, only admins act.
+    assert (await http.get("/api/circuits")).json()["actions"] is False
+    operator = await http.post("/api/tools/quote/rollback", json={"version": "1"})
+    assert operator.status_code == 403
+    assert "needs the admin role; token:alice has the operator role" in operator.json()["error"]
+    assert await pinned_version(redis, keys, "quote") is None
     [quote] = [t for t in view["tools"] if t["name"] == "quote"]
     assert quote["new_calls"]["version"] == "1" and quote["new_calls"]["route"] == "rolled_back"
     assert [v["version"] for v in quote["versions"]] == ["2", "1"]
     assert quote["versions"][0]["circuit"]["failed"] == 3
 
-    pinned = await http.post("/api/tools/quote/rollback", json={"version": "1"}, headers=_as("o"))
+    root = _as("root")
+    pinned = await http.post("/api/tools/quote/rollback", json={"version": "1"}, headers=root)
     assert pinned.status_code == 200 and "new calls go to quote@1" in pinned.json()["message"]
     assert await pinned_version(redis, keys, "quote") == "1"
-    not_live = await http.post("/api/tools/quote/rollback", json={"version": "9"}, headers=_as("o"))
+    not_live = await http.post("/api/tools/quote/rollback", json={"version": "9"}, headers=root)
     assert not_live.status_code == 400 and "quote@9 is not live" in not_live.json()["error"]
-    assert (await http.post("/api/tools/quote/unpin", json={}, headers=_as("o"))).json() == {
+    assert (await http.post("/api/tools/quote/unpin", json={}, headers=root)).json() == {
         "name": "quote",
         "unpinned": True,
     }
     assert await pinned_version(redis, keys, "quote") is None
 
-    resumed = await http.post("/api/circuits/quote@2/resume", json={}, headers=_as("o"))
+    resumed = await http.post("/api/circuits/quote@2/resume", json={}, headers=root)
     assert resumed.json() == {"ref": "quote@2", "closed": True}
     assert await redis.get(keys.circuit("state", "quote@2")) is None
     assert (await http.get("/api/circuits")).json()["circuits"] == []
@@ -413,7 +515,8 @@ async def test_a_console_for_one_tenant_never_shows_or_acts_on_another_tenants_d
         return [e for e in events if e["kind"] == "turn"]
 
     assert {e["tenant_id"] for e in await wait_for(shown)} == {"acme"}
-    assert (await acme.get("/api/config")).json()["tenant"] == "acme"
+    config = (await acme.get("/api/config")).json()
+    assert (config["tenant"], config["tenants"], config["fleet_wide"]) == ("acme", ["acme"], False)
     assert (await acme.get("/api/recent", params={"tenant": "globex"})).status_code == 403
     assert (await acme.get("/events", params={"tenant": "globex"})).status_code == 403
     call_page = await acme.get(f"/api/calls/globex/{other_call}", params={"run": other.run_id})
@@ -423,9 +526,7 @@ async def test_a_console_for_one_tenant_never_shows_or_acts_on_another_tenants_d
     assert all(t["kind"] != "circuit_open" for t in tasks)  # they list every tenant's calls
 
     answer = {"resolution": "applied", "output": "x"}
-    refused = await acme.post(
-        f"/api/tasks/{other_task.task.task_id}/resolve", json=answer, headers=DECIDE
-    )
+    refused = await acme.post(f"/api/tasks/{other_task.task.task_id}/resolve", json=answer)
     assert refused.status_code == 403 and "another tenant" in refused.json()["error"]
     decision = {
         "tenant_id": "globex",
@@ -433,22 +534,223 @@ async def test_a_console_for_one_tenant_never_shows_or_acts_on_another_tenants_d
         "call_id": other_call,
         "approve": True,
     }
-    assert (
-        await acme.post("/api/approvals/decide", json=decision, headers=DECIDE)
-    ).status_code == 403
+    assert (await acme.post("/api/approvals/decide", json=decision)).status_code == 403
     fleet_wide = [
-        await acme.post("/api/circuits/quote@2/resume", json={}, headers=DECIDE),
-        await acme.post("/api/tools/quote/rollback", json={"version": "1"}, headers=DECIDE),
-        await acme.post("/api/tools/quote/unpin", json={}, headers=DECIDE),
+        await acme.post("/api/circuits/quote@2/resume", json={}),
+        await acme.post("/api/tools/quote/rollback", json={"version": "1"}),
+        await acme.post("/api/tools/quote/unpin", json={}),
     ]
     assert [r.status_code for r in fleet_wide] == [403, 403, 403]
     assert (await acme.get("/api/circuits")).json()["actions"] is False
     stored = await TaskStore(redis, keys).get(other_task.task.task_id)
     assert stored is not None and stored.status == "open"
 
-    # The unscoped console settles it (and the fixed operator is not needed there).
-    sent = await http.post(
-        f"/api/tasks/{other_task.task.task_id}/resolve", json=answer, headers=_as("dora")
-    )
+    # The console for every tenant settles it.
+    sent = await http.post(f"/api/tasks/{other_task.task.task_id}/resolve", json=answer)
     assert sent.status_code == 202
     assert (await result_of(fleet, client, other.run_id)).status == "completed"
+
+
+async def test_an_operator_of_one_tenant_never_reads_or_decides_anything_of_another(
+    *,
+    http: httpx.AsyncClient,
+    client: FleetClient,
+    fleet: LocalFleet,
+    redis: Redis,
+    keys: Keys,
+    settings: Settings,
+) -> None:
+    ops = _as("acme-ops")  # an operator of tenant acme only, on the console for every tenant
+    run = f"shared-{time.monotonic_ns()}"
+    theirs = turn("globex", ("g", "lookup", {"city": "Oslo"}), run_id=run)
+    ours = turn("acme", ("a", "lookup", {"city": "Porto"}), run_id=run, turn_id=1)
+    for event in (theirs, ours):
+        await client.run_turn(event)
+    waiting = turn("globex", ("t", "transfer", {"amount": 7, "to": "x"}))
+    assert (await client.run_turn(waiting)).status == "interrupted"
+    waiting_call = waiting.function_calls[0].call_id
+    task_run = turn("globex", ("g", "note", {"text": "g2", "mode": "apply_then_drop"}))
+    task_call = await _submitted(client, task_run)
+    task = await _task_for(redis, keys, task_call)
+    before = await _published(settings)
+
+    async def shown() -> list[dict[str, Any]]:
+        events = (await http.get("/api/recent", params={"run": run}, headers=ops)).json()
+        return [e for e in events["events"] if e["kind"] == "turn"]
+
+    assert {e["tenant_id"] for e in await wait_for(shown)} == {"acme"}
+    # The live stream carries acme's turns only, the other tenant's never.
+    seen = await _events(
+        http,
+        f"run={run}",
+        lambda kind, data: kind == "turn" and data["tenant_id"] == "acme",
+        headers=ops,
+    )
+    assert {d["tenant_id"] for k, d in seen if k == "turn"} == {"acme"}
+    for path, params in (
+        ("/api/recent", {"tenant": "globex"}),
+        ("/events", {"tenant": "globex"}),
+        (f"/api/calls/globex/{waiting_call}", {"run": waiting.run_id}),
+    ):
+        refused = await http.get(path, params=params, headers=ops)
+        assert refused.status_code == 403, path
+        assert "tenant globex is not in the scope of token:acme-ops" in refused.json()["error"]
+    tasks = (await http.get("/api/tasks", params={"all": "1"}, headers=ops)).json()["tasks"]
+    assert {t["tenant_id"] for t in tasks} <= {"acme"}
+    approvals = (await http.get("/api/approvals", headers=ops)).json()["approvals"]
+    assert waiting_call not in {a["call_id"] for a in approvals}
+    assert waiting_call in {
+        a["call_id"] for a in (await http.get("/api/approvals")).json()["approvals"]
+    }
+
+    decision = {
+        "tenant_id": "globex",
+        "run_id": waiting.run_id,
+        "call_id": waiting_call,
+        "approve": True,
+    }
+    refused = await http.post("/api/approvals/decide", json=decision, headers=ops)
+    assert refused.status_code == 403 and "tenant globex" in refused.json()["error"]
+    answer = {"resolution": "not_applied"}
+    refused = await http.post(f"/api/tasks/{task.task.task_id}/resolve", json=answer, headers=ops)
+    assert refused.status_code == 403 and "another tenant" in refused.json()["error"]
+    # An admin of acme only is no admin of the fleet: circuits and pins touch every tenant.
+    fleet_wide = await http.post("/api/tools/quote/unpin", json={}, headers=_as("acme-admin"))
+    assert fleet_wide.status_code == 403 and "touches every tenant" in fleet_wide.json()["error"]
+    assert await _published(settings) == before  # nothing was signed or sent
+
+    # An operator of every tenant settles both.
+    assert (await http.post("/api/approvals/decide", json=decision)).status_code == 202
+    sent = await http.post(f"/api/tasks/{task.task.task_id}/resolve", json=answer)
+    assert sent.status_code == 202
+
+
+PROXY_SECRET = "proxy-secret-of-this-test-0123456789"
+
+
+@pytest.fixture(scope="module")
+async def proxied_console(settings: Settings, client: FleetClient) -> AsyncIterator[str]:
+    """A console behind a trusted proxy: identity headers count only with the proxy secret."""
+    update = {"console_proxy_secret": SecretStr(PROXY_SECRET)}
+    async with served_console(settings.model_copy(update=update)) as url:
+        yield url
+
+
+async def test_a_proxy_names_the_person_only_with_the_shared_secret_and_its_decisions_need_csrf(
+    proxied_console: str, client: FleetClient, redis: Redis, keys: Keys, settings: Settings
+) -> None:
+    person = {
+        "X-Forwarded-User": "bob@corp",
+        "X-Forwarded-Roles": "viewer, operator",
+        "X-Forwarded-Tenants": "acme",
+    }
+    trusted = {**person, "X-Toolfleet-Proxy-Secret": PROXY_SECRET}
+    event = turn("acme", ("t", "transfer", {"amount": 3, "to": "x"}))
+    assert (await client.run_turn(event)).status == "interrupted"
+    call_id = event.function_calls[0].call_id
+    body = {"tenant_id": "acme", "run_id": event.run_id, "call_id": call_id, "approve": False}
+    async with httpx.AsyncClient(base_url=proxied_console, timeout=10) as proxy:
+        before = await _published(settings)
+        # Headers from a client that does not know the secret are ignored: nobody.
+        ignored = await proxy.get("/api/config", headers=person)
+        assert ignored.status_code == 401
+        wrong = await proxy.get(
+            "/api/config", headers={**person, "X-Toolfleet-Proxy-Secret": "guess-guess-guess"}
+        )
+        assert wrong.status_code == 401 and "proxy secret" in wrong.json()["error"]
+        no_role = await proxy.get("/api/config", headers={**trusted, "X-Forwarded-Roles": "reader"})
+        assert no_role.status_code == 403 and "no console role" in no_role.json()["error"]
+        assert (
+            await proxy.post("/api/approvals/decide", json=body, headers=person)
+        ).status_code == 401
+
+        config = (await proxy.get("/api/config", headers=trusted)).json()
+        assert (config["operator"], config["role"], config["tenants"]) == (
+            "proxy:bob@corp", "operator", ["acme"],
+        )  # fmt: skip
+        # A browser behind the proxy sends the proxy's cookie with any request: decisions
+        # carry the CSRF token the page read from /api/config.
+        no_csrf = await proxy.post("/api/approvals/decide", json=body, headers=trusted)
+        assert no_csrf.status_code == 403 and CSRF_HEADER in no_csrf.json()["error"]
+        assert await _published(settings) == before
+        sent = await proxy.post(
+            "/api/approvals/decide", json=body, headers={**trusted, CSRF_HEADER: config["csrf"]}
+        )
+        assert sent.status_code == 202, sent.text
+        assert sent.json()["sent"]["decided_by"] == "proxy:bob@corp"
+
+        async def recorded() -> dict[str, Any] | None:
+            page = (
+                await proxy.get(
+                    f"/api/calls/acme/{call_id}", params={"run": event.run_id}, headers=trusted
+                )
+            ).json()
+            return next((e for e in page["audit"] if e["event"] == "approval_decision"), None)
+
+        verdict = await wait_for(recorded)
+        assert (verdict["by"], verdict["approve"]) == ("proxy:bob@corp", False)
+        other = await proxy.get("/api/recent", params={"tenant": "globex"}, headers=trusted)
+        assert other.status_code == 403
+
+
+LOCAL_TOKEN = "local-token-of-this-test-0123456789"
+
+
+@pytest.fixture(scope="module")
+async def local_console(settings: Settings, client: FleetClient) -> AsyncIterator[str]:
+    """A console on one's own machine: no sign-in configured, a login token for the process."""
+    async with served_console(settings, ConsoleOptions(local_token=LOCAL_TOKEN)) as url:
+        yield url
+
+
+async def test_a_browser_session_from_the_local_login_url_needs_its_csrf_token_to_decide(
+    local_console: str, settings: Settings
+) -> None:
+    async with httpx.AsyncClient(base_url=local_console, timeout=10) as browser:
+        assert (await browser.get("/api/config")).status_code == 401
+        wrong = await browser.get("/", params={"token": "not-the-token"})
+        assert wrong.status_code == 401 and "login URL" in wrong.text
+        login = await browser.get("/tasks", params={"token": LOCAL_TOKEN, "x": "1"})
+        assert login.status_code == 303 and login.headers["location"] == "/tasks?x=1"
+        cookie = login.headers["set-cookie"].lower()
+        assert cookie.startswith("toolfleet_console=")
+        assert "httponly" in cookie and "samesite=lax" in cookie and "secure" not in cookie
+        config = (await browser.get("/api/config")).json()
+        assert config["operator"].startswith("local:") and config["role"] == "admin"
+        assert config["tenants"] is None and config["session"] is True and config["csrf"]
+
+        before = await _published(settings)
+        answer = {"resolution": "not_applied"}
+        for headers in ({}, {CSRF_HEADER: "forged"}):
+            refused = await browser.post("/api/tasks/task-x/resolve", json=answer, headers=headers)
+            assert refused.status_code == 403 and CSRF_HEADER in refused.json()["error"]
+        passed = await browser.post(
+            "/api/tasks/task-x/resolve", json=answer, headers={CSRF_HEADER: config["csrf"]}
+        )
+        assert passed.status_code == 404  # past the CSRF check: there is no such task
+        assert await _published(settings) == before
+
+        assert (await browser.post("/auth/logout")).status_code == 403  # no CSRF token
+        out = await browser.post("/auth/logout", headers={CSRF_HEADER: config["csrf"]})
+        assert out.json() == {"redirect": "/auth/signed-out"}
+        assert (await browser.get("/api/config")).status_code == 401
+    # A script on the same machine: the same token as a bearer token, no CSRF token needed.
+    async with httpx.AsyncClient(base_url=local_console, timeout=10) as script:
+        local = {"Authorization": f"Bearer {LOCAL_TOKEN}"}
+        assert (await script.get("/api/config", headers=local)).json()["role"] == "admin"
+
+
+def test_a_console_without_sign_in_refuses_to_listen_beyond_this_machine(
+    fleet: LocalFleet,
+) -> None:
+    env = {k: v for k, v in fleet.env().items() if not k.startswith("TOOLFLEET_CONSOLE_")}
+    refused = subprocess.run(
+        [sys.executable, "-m", "toolfleet", "console", "--host", "0.0.0.0", "--port", "0"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused
+    message = " ".join(refused.stderr.split())
+    assert "no sign-in is configured" in message
+    for setting in ("OIDC_ISSUER", "TOKENS", "PROXY_SECRET"):
+        assert f"TOOLFLEET_CONSOLE_{setting}" in message
+    assert refused.stdout == ""  # no URL: it never listened

@@ -8,15 +8,16 @@ and raises a ``UsageError`` that says what to fix when it cannot act:
   key (``DecisionAuth.of(settings).sign``, ``kernel/rules/auth.py``) and published; the
   reconciler or the planner verifies the signature and carries them out;
 - circuits and tool pins are written to Redis directly, as they always were;
-- ``tenant`` scopes an operator to one tenant (a console started with ``--tenant``): another
-  tenant's task, call or approval is refused (``NotAllowedError``) and never listed, and so
-  are fleet-wide actions (circuits, pins), which touch every tenant;
+- ``tenant`` scopes an operator to one tenant or a set of tenants (a console started with
+  ``--tenant``, a console user's tenants): another tenant's task, call or approval is refused
+  (``NotAllowedError``) and never listed, and so are fleet-wide actions (circuits, pins),
+  which touch every tenant; a decision is signed only after this check;
 - a call is shown with its arguments' digest, never their values (``call_fields``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -48,6 +49,7 @@ __all__ = [
     "NotFoundError",
     "PendingApproval",
     "Resolution",
+    "TenantScope",
     "ToolVersions",
     "VersionView",
     "call_fields",
@@ -77,6 +79,9 @@ RESOLUTIONS: tuple[Resolution, ...] = (
 )
 """What an operator may answer to a human task (``TaskResolution.resolution``)."""
 
+TenantScope = str | Collection[str] | None
+"""The tenants an operator acts for: one, a set of them, or None for every tenant."""
+
 
 class NotFoundError(UsageError):
     """No such task, call or tool version: check the id (the message says where to look)."""
@@ -91,28 +96,47 @@ class AlreadyDecidedError(UsageError):
     """The call was decided already, or has run: a second decision would change nothing."""
 
 
-def _check_tenant(tenant: str | None, owner: str, what: str) -> None:
-    if tenant is not None and owner != tenant:
-        raise NotAllowedError(f"{what} belongs to another tenant; this operator acts for {tenant}")
+def _allowed(tenant: TenantScope) -> frozenset[str] | None:
+    if tenant is None:
+        return None
+    return frozenset((tenant,)) if isinstance(tenant, str) else frozenset(tenant)
 
 
-def _fleet_wide(tenant: str | None, what: str) -> None:
-    if tenant is not None:
+def _names(allowed: frozenset[str]) -> str:
+    return ", ".join(sorted(allowed)) or "no tenant"
+
+
+def _check_tenant(tenant: TenantScope, owner: str, what: str) -> None:
+    allowed = _allowed(tenant)
+    if allowed is not None and owner not in allowed:
         raise NotAllowedError(
-            f"{what} touches every tenant; an operator scoped to tenant {tenant} may not"
+            f"{what} belongs to another tenant; this operator acts for {_names(allowed)}"
+        )
+
+
+def _fleet_wide(tenant: TenantScope, what: str) -> None:
+    allowed = _allowed(tenant)
+    if allowed is not None:
+        raise NotAllowedError(
+            f"{what} touches every tenant; an operator scoped to {_names(allowed)} may not"
         )
 
 
 # --- human tasks ------------------------------------------------------------------------------
-def _visible(stored: StoredTask, tenant: str | None) -> bool:
+def _visible(stored: StoredTask, tenant: TenantScope) -> bool:
     """A circuit's task lists calls of every tenant: only an unscoped operator sees it."""
-    if tenant is None:
+    allowed = _allowed(tenant)
+    if allowed is None:
         return True
-    return stored.task.tenant_id == tenant and stored.task.kind != "circuit_open"
+    return stored.task.tenant_id in allowed and stored.task.kind != "circuit_open"
 
 
 async def list_tasks(
-    redis: Redis, settings: Settings, *, include_resolved: bool = False, tenant: str | None = None
+    redis: Redis,
+    settings: Settings,
+    *,
+    include_resolved: bool = False,
+    tenant: TenantScope = None,
 ) -> list[StoredTask]:
     """Open (or all) human tasks, oldest first; of ``tenant`` only, when given."""
     found = await TaskStore(redis, Keys.of(settings)).all()
@@ -131,16 +155,22 @@ async def resolve_task(
     decided_by: str,
     output: str | None = None,
     note: str | None = None,
-    tenant: str | None = None,
+    tenant: TenantScope = None,
+    fleet_wide: bool = True,
 ) -> TaskResolution:
     """Answer a human task: a TaskResolution signed with the task's tenant's key, published
-    on ``task-resolutions`` for the reconciler to carry out. Returns what was sent."""
+    on ``task-resolutions`` for the reconciler to carry out. Returns what was sent.
+    ``fleet_wide=False`` refuses a task that touches every tenant (an open circuit's) even to
+    an operator of every tenant (a console user without the admin role)."""
     stored = await TaskStore(redis, Keys.of(settings)).get(task_id)
     if stored is None:
         raise NotFoundError(f"no task {task_id}; see `toolfleet tasks list`")
     _check_tenant(tenant, stored.task.tenant_id, f"task {task_id}")
     if stored.task.kind == "circuit_open":
-        _fleet_wide(tenant, f"task {task_id} (an open circuit's)")
+        what = f"task {task_id} (an open circuit's)"
+        _fleet_wide(tenant, what)
+        if not fleet_wide:
+            raise NotAllowedError(f"{what} touches every tenant: it needs the admin role")
     message = TaskResolution(
         tenant_id=stored.task.tenant_id,
         task_id=task_id,
@@ -185,7 +215,7 @@ async def read_call(
     run_id: str,
     call_id: str,
     *,
-    tenant: str | None = None,
+    tenant: TenantScope = None,
 ) -> CallView:
     """A call's ledger entry and audit chain (``run_id`` may be '' with tenant identity
     scope)."""
@@ -217,7 +247,7 @@ async def pending_approvals(
     redis: Redis,
     settings: Settings,
     *,
-    tenant: str | None = None,
+    tenant: TenantScope = None,
     also: Iterable[tuple[str, str, str]] = (),
     limit: int = 500,
 ) -> list[PendingApproval]:
@@ -226,12 +256,19 @@ async def pending_approvals(
     interruptions seen in turn results, such as calls held after a wrong effect) that is
     still undecided."""
     ledger = Ledger(redis, Keys.of(settings), settings.ledger_retention_s)
-    entries = await ledger.pending_approvals(tenant, limit=limit)
+    allowed = _allowed(tenant)
+    only = next(iter(allowed)) if allowed is not None and len(allowed) == 1 else None
+    entries = [
+        e
+        for e in await ledger.pending_approvals(only, limit=limit)
+        if allowed is None or e.tenant_id in allowed
+    ]
     seen = {(e.tenant_id, e.run_id, e.call_id) for e in entries}
-    for tenant_id, run_id, call_id in also:
-        if (tenant is not None and tenant_id != tenant) or (tenant_id, run_id, call_id) in seen:
+    for asked in also:
+        tenant_id, run_id, call_id = asked
+        if asked in seen or (allowed is not None and tenant_id not in allowed):
             continue
-        seen.add((tenant_id, run_id, call_id))
+        seen.add(asked)
         entry = (await ledger.read(tenant_id, run_id, [call_id])).get(call_id)
         if entry is not None and _undecided(entry):
             entries.append(entry)
@@ -254,7 +291,7 @@ async def decide_approval(
     approve: bool,
     decided_by: str,
     message: str | None = None,
-    tenant: str | None = None,
+    tenant: TenantScope = None,
 ) -> ApprovalDecision:
     """Approve or reject a call that waits for approval: an ApprovalDecision signed with the
     tenant's key, published on ``approvals`` (as ``FleetClient.decide`` does). The planner
@@ -289,7 +326,7 @@ async def open_circuits(redis: Redis, settings: Settings) -> dict[str, dict[str,
 
 
 async def resume_circuit(
-    redis: Redis, settings: Settings, ref: str, *, tenant: str | None = None
+    redis: Redis, settings: Settings, ref: str, *, tenant: TenantScope = None
 ) -> bool:
     """Close an open circuit (after reconciling the calls its task lists); False when it was
     not open."""
@@ -346,7 +383,7 @@ async def tool_versions(redis: Redis, settings: Settings, name: str) -> ToolVers
 
 
 async def pin_tool(
-    redis: Redis, settings: Settings, name: str, version: str, *, tenant: str | None = None
+    redis: Redis, settings: Settings, name: str, version: str, *, tenant: TenantScope = None
 ) -> str:
     """Send new calls of ``name`` to a live ``version`` (a rollback, or a pin); the ledger and
     human tasks are left as they are. Returns what happened, for the operator."""
@@ -367,7 +404,7 @@ async def pin_tool(
 
 
 async def unpin_tool(
-    redis: Redis, settings: Settings, name: str, *, tenant: str | None = None
+    redis: Redis, settings: Settings, name: str, *, tenant: TenantScope = None
 ) -> bool:
     """Drop ``name``'s pin: new calls go to the newest healthy live version again. False: it
     was not pinned."""

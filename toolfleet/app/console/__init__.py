@@ -5,18 +5,30 @@ It shows turns and outcomes as they happen (its own Kafka consumer of ``turn-res
 call's ledger entry, audit chain, upstream reference and trace link, the human task queue and
 the calls waiting for approval, and circuits and tool versions. Its decisions (resolve a task,
 approve or reject a call, resume a circuit, roll a tool back) are the operator commands' own
-(``toolfleet.app.operations``), taken for the operator named by the auth proxy's header (or
-``--operator``) and sent only by the console's page.
+(``toolfleet.app.operations``), signed for the identity that is signed in.
+
+Nobody uses it anonymously: people sign in with OpenID Connect, scripts send an API token, or
+a trusted proxy (one that knows the proxy secret) names the person; on one's own machine, with
+none of these configured, it serves 127.0.0.1 only and prints a login URL for that process
+(docs/console-access.md). Every identity has a role (viewer, operator, admin) and tenants.
 
 - ``create_app(settings, options)``: the ASGI application;
-- ``ConsoleOptions``: tenant scope, operator identity, buffer sizes;
-- ``serve``: run it with uvicorn; ``console``: the click command.
+- ``ConsoleOptions``: the console's tenant, the local login token, buffer sizes;
+- ``serve``: run it with uvicorn; ``console``: the click command;
+- ``Identity``, ``Role``: who is signed in; ``CSRF_HEADER``: what the page sends with a
+  decision; ``NotAuthenticatedError`` (401) and ``CrossSiteRequestError`` (403).
 """
 
 from typing import TYPE_CHECKING, Any
 
 from kernel.errors import MissingExtraError
-from toolfleet.app.console._access import CSRF_HEADER, CrossSiteRequestError, NoOperatorError
+from toolfleet.app.console._access import (
+    CSRF_HEADER,
+    CrossSiteRequestError,
+    Identity,
+    NotAuthenticatedError,
+    Role,
+)
 from toolfleet.app.console._command import console, serve
 
 if TYPE_CHECKING:
@@ -40,7 +52,9 @@ __all__ = [
     "CSRF_HEADER",
     "ConsoleOptions",
     "CrossSiteRequestError",
-    "NoOperatorError",
+    "Identity",
+    "NotAuthenticatedError",
+    "Role",
     "console",
     "create_app",
     "serve",

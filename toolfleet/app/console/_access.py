@@ -1,85 +1,151 @@
-"""Who may see and decide what on a console: the operator's identity, the tenant scope, and
-the check that a decision was sent by the console's own page."""
+"""Who may see and decide what on a console: an identity with a role and a set of tenants, the
+role each action needs, the tenants a request may touch, and the check that a decision was
+sent by the console's own page."""
 
 from __future__ import annotations
 
+import hmac
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from toolfleet.app.operations import NotAllowedError
 
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-CSRF_HEADER = "X-Toolfleet-Console"
-"""Sent by the console's script with every decision. A form or link on another site cannot
-send a custom header, and a cross-site script cannot either without a CORS preflight, which
-the console never answers."""
+Role = Literal["viewer", "operator", "admin"]
+"""What an identity may do: read (viewer); read and decide for its tenants (operator); that,
+and the fleet-wide actions (circuits, pins) when its tenants are every tenant (admin)."""
+ROLES: tuple[Role, ...] = ("viewer", "operator", "admin")
+"""The roles, weakest first: each may do everything the ones before it may."""
 
-_NAME_MAX = 200
+CSRF_HEADER = "X-Toolfleet-CSRF"
+"""The header that carries a cookie session's CSRF token with every decision. The page reads
+the token from ``/api/config``, which another site's script cannot read (the console answers
+no CORS request), and a form on another site cannot send a header at all."""
+
+EVERY_TENANT = "*"
+"""In a tenants claim, header or token entry: every tenant."""
 
 
-class NoOperatorError(NotAllowedError):
-    """A console decision came with nobody to decide: no identity header from the auth proxy
-    and no fixed ``--operator``; the message says what to configure."""
+class NotAuthenticatedError(NotAllowedError):
+    """No credentials, or credentials that do not check out (HTTP 401): the message says how
+    to sign in."""
 
 
 class CrossSiteRequestError(NotAllowedError):
-    """A decision that the console's own page did not send (no ``X-Toolfleet-Console``
-    header, or not JSON): refused, as a cross-site request could be."""
+    """A decision that the console's own page did not send (no CSRF token, a wrong one, or not
+    JSON): refused, as a cross-site request could be."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Someone signed in: who (as the audit chain names them), their role and tenants."""
+
+    name: str
+    """``oidc:alice@corp``, ``token:ci-bot``, ``proxy:bob`` or ``local:ana``: what decisions
+    carry as ``decided_by`` and the audit chain keeps."""
+    role: Role
+    tenants: frozenset[str] | None
+    """The tenants this identity may see and act for; None: every tenant."""
+    csrf: str | None = None
+    """The token a decision must carry in ``X-Toolfleet-CSRF`` (a browser's session); None:
+    none is needed (a bearer token, which no browser adds on its own)."""
+
+    def may(self, role: Role) -> bool:
+        """Whether this identity's role includes ``role``."""
+        return ROLES.index(self.role) >= ROLES.index(role)
+
+    @property
+    def scope_text(self) -> str:
+        """Its tenants, for messages."""
+        if self.tenants is None:
+            return "every tenant"
+        return ", ".join(sorted(self.tenants)) or "no tenant"
+
+
+def best_role(values: Iterable[str]) -> Role | None:
+    """The strongest console role among ``values`` (other values are ignored); None: none."""
+    found = {v.strip().lower() for v in values}
+    for role in reversed(ROLES):
+        if role in found:
+            return role
+    return None
+
+
+def tenant_set(values: Iterable[str]) -> frozenset[str] | None:
+    """The tenants ``values`` name, without blanks; None when one of them is ``*``."""
+    names = frozenset(v.strip() for v in values if v.strip())
+    return None if EVERY_TENANT in names else names
 
 
 @dataclass(frozen=True)
 class Access:
-    """A console's access rules, from its options."""
+    """What a request may see and do, from the identity that sent it and the console's own
+    tenant (``--tenant``)."""
 
     tenant: str | None = None
     """The only tenant this console shows and acts for (None: every tenant)."""
-    operator: str | None = None
-    """A fixed operator name, for a console on one's own machine."""
-    operator_header: str | None = "X-Forwarded-User"
-    """The request header an authenticating proxy sets to the operator's name."""
 
-    def who(self, request: Request) -> tuple[str | None, str]:
-        """The operator of ``request`` (None: unknown) and where that came from."""
-        if self.operator is not None:
-            return self.operator, "--operator"
-        if self.operator_header:
-            name = request.headers.get(self.operator_header, "").strip()
-            if name and len(name) <= _NAME_MAX and name.isprintable():
-                return name, f"header {self.operator_header}"
-        return None, "none"
+    def tenants(self, who: Identity) -> frozenset[str] | None:
+        """The tenants ``who`` may see on this console (None: every tenant)."""
+        if self.tenant is None:
+            return who.tenants
+        if who.tenants is None or self.tenant in who.tenants:
+            return frozenset((self.tenant,))
+        return frozenset()
 
-    def operator_of(self, request: Request) -> str:
-        """The operator who decides, or NoOperatorError saying what to configure."""
-        name, _source = self.who(request)
-        if name is None:
-            header = self.operator_header
-            via = (
-                f"the {header} header, which the auth proxy in front of the console sets "
-                "(--operator-header names another)"
-                if header
-                else "an identity header (--operator-header)"
+    def require(self, who: Identity, role: Role, what: str) -> None:
+        """Refuse ``what`` unless ``who`` has ``role``; the message names the role."""
+        if not who.may(role):
+            raise NotAllowedError(
+                f"{what} needs the {role} role; {who.name} has the {who.role} role (roles come "
+                "from the identity provider, the token's entry or the proxy's roles header)"
             )
-            raise NoOperatorError(
-                f"decisions need an operator: this console takes the operator from {via}, or, "
-                "on your own machine, start it with --operator NAME"
-            )
-        return name
 
-    def check_decision(self, request: Request) -> None:
-        """Refuse a decision the console's page did not send."""
-        if request.headers.get(CSRF_HEADER) != "1":
-            raise CrossSiteRequestError(
-                f"decisions must come from the console's page (header {CSRF_HEADER}: 1)"
+    def check_tenant(self, who: Identity, tenant: str) -> None:
+        """Refuse anything of ``tenant`` unless ``who`` may see it here; names the tenant."""
+        allowed = self.tenants(who)
+        if allowed is not None and tenant not in allowed:
+            here = f" on this console (for tenant {self.tenant} only)" if self.tenant else ""
+            raise NotAllowedError(
+                f"tenant {tenant} is not in the scope of {who.name} (it may see "
+                f"{who.scope_text}){here}"
             )
+
+    def scope(self, who: Identity, requested: str | None) -> frozenset[str] | None:
+        """The tenants a read may return: the requested one if ``who`` may see it (else
+        NotAllowedError naming it), or every tenant ``who`` may see here."""
+        if requested:
+            self.check_tenant(who, requested)
+            return frozenset((requested,))
+        return self.tenants(who)
+
+    def fleet_wide(self, who: Identity, what: str) -> None:
+        """Refuse a fleet-wide action (a circuit, a pin) unless ``who`` is an admin of every
+        tenant on a console for every tenant."""
+        self.require(who, "admin", what)
+        if self.tenants(who) is not None:
+            raise NotAllowedError(
+                f"{what} touches every tenant; {who.name} may act for {who.scope_text} only"
+                + (" and this console shows one tenant" if self.tenant else "")
+            )
+
+    def may_act_fleet_wide(self, who: Identity) -> bool:
+        """Whether ``fleet_wide`` lets ``who`` through (the page shows the buttons then)."""
+        return who.may("admin") and self.tenants(who) is None
+
+    @staticmethod
+    def check_decision(request: Request, who: Identity) -> None:
+        """Refuse a decision the console's page did not send: a browser's session must carry
+        its CSRF token (compared in constant time), and every decision is JSON."""
+        if who.csrf is not None:
+            sent = request.headers.get(CSRF_HEADER, "")
+            if not hmac.compare_digest(sent.encode(), who.csrf.encode()):
+                raise CrossSiteRequestError(
+                    f"decisions from a browser must carry the session's CSRF token in "
+                    f"{CSRF_HEADER} (the console's page sends it; reload the page)"
+                )
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             raise CrossSiteRequestError("decisions are sent as application/json")
-
-    def scope(self, requested: str | None) -> str | None:
-        """The tenant a request may see: this console's own, or what it asked for; asking
-        for another tenant on a console for one tenant is refused."""
-        requested = requested or None
-        if self.tenant is not None and requested is not None and requested != self.tenant:
-            raise NotAllowedError(f"this console shows tenant {self.tenant} only")
-        return self.tenant or requested

@@ -1,5 +1,22 @@
 """The console's web application: HTML pages, a JSON API under ``/api``, the live feed as
-server-sent events on ``/events``, and ``/healthz``."""
+server-sent events on ``/events``, sign-in under ``/auth``, and ``/healthz``.
+
+Every route but ``/healthz``, ``/auth/*`` and ``/static/*`` (the page's script and style) needs
+an identity (``_auth``) with a minimum role, and every read and decision is limited to the
+tenants that identity may see (``_access``):
+
+=====================================================  ========  ==========================
+route                                                  role      tenants
+=====================================================  ========  ==========================
+pages, ``/api/config``                                 viewer    (the page asks the API)
+``/events``, ``/api/recent``                           viewer    the filter's, within scope
+``/api/calls/T/ID``, ``/api/tasks``, ``/api/approvals``  viewer    T / the scope's only
+``/api/circuits``                                      viewer    fleet-wide facts, no ids
+``POST /api/tasks/ID/resolve``                         operator  the task's, within scope
+``POST /api/approvals/decide``                         operator  the call's, within scope
+``POST /api/circuits/REF/resume``, ``/api/tools/*``       admin     every tenant ("*")
+=====================================================  ========  ==========================
+"""
 
 from __future__ import annotations
 
@@ -12,13 +29,15 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
+from urllib.parse import urlencode
 
 from redis.asyncio import Redis
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -35,8 +54,17 @@ from kernel.errors import (
 from kernel.rules.versions import version_ref
 from kernel.settings import Settings
 from toolfleet.app import operations
-from toolfleet.app.console._access import Access
+from toolfleet.app.console._access import Access, Identity, NotAuthenticatedError, Role
+from toolfleet.app.console._auth import SESSION_COOKIE, Authenticator
 from toolfleet.app.console._feed import Dropped, FeedEvent, Filter, LiveFeed, StatusChange
+from toolfleet.app.console._login import (
+    CALLBACK_PATH,
+    LOGIN_PATH,
+    LOGOUT_PATH,
+    SIGNED_OUT_PATH,
+    Login,
+    page,
+)
 from toolfleet.app.console._views import (
     approval_json,
     call_json,
@@ -56,14 +84,14 @@ _PING_S = 15.0
 
 @dataclass(frozen=True)
 class ConsoleOptions:
-    """How one console runs: whom it shows, who decides, how much it keeps."""
+    """How one console runs: whom it shows, who may sign in, how much it keeps."""
 
     tenant: str | None = None
-    """Show and act for this tenant only (None: every tenant)."""
-    operator: str | None = None
-    """A fixed operator name, for a console on one's own machine."""
-    operator_header: str | None = "X-Forwarded-User"
-    """The header the authenticating proxy in front of the console sets to the operator."""
+    """Show and act for this tenant only (None: every tenant), whatever a user's scope."""
+    local_token: str | None = None
+    """This process's local login token (``toolfleet console`` on 127.0.0.1 with no sign-in
+    configured): it signs a browser in as an admin of every tenant (``/?token=...``), or a
+    script (``Authorization: Bearer``). None: no local login."""
     ring_size: int = 500
     """Recent turns (and outcomes) kept for a page that has just opened."""
     queue_size: int = 1_000
@@ -79,6 +107,8 @@ class _Unavailable(UnavailableError):
 
 
 def _status_of(exc: ToolfleetError) -> int:
+    if isinstance(exc, NotAuthenticatedError):
+        return 401
     if isinstance(exc, operations.NotAllowedError):
         return 403
     if isinstance(exc, operations.NotFoundError):
@@ -132,7 +162,9 @@ class Console:
     def __init__(self, settings: Settings, options: ConsoleOptions) -> None:
         self.settings = settings
         self.options = options
-        self.access = Access(options.tenant, options.operator, options.operator_header)
+        self.access = Access(options.tenant)
+        self.auth = Authenticator(settings, local_token=options.local_token)
+        self.login = Login(settings, self.auth)
         self.feed = LiveFeed(
             settings,
             tenant=options.tenant,
@@ -191,8 +223,21 @@ class Console:
         return self.bus
 
     # --- pages and probes ---------------------------------------------------------------------
-    async def page(self, _request: Request) -> Response:
-        """Every page is the same document; its script renders what the path names."""
+    async def page(self, request: Request) -> Response:
+        """Every page is the same document; its script renders what the path names. Nobody
+        signed in: to the identity provider's login (or a page saying how to sign in)."""
+        signed_in = self.login.local(request)
+        if signed_in is not None:
+            return signed_in
+        try:
+            self.auth.identify(request)
+        except NotAuthenticatedError as exc:
+            if self.auth.oidc:
+                here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                return RedirectResponse(f"{LOGIN_PATH}?{urlencode({'next': here})}", 302)
+            return page("Not signed in", f"{str(exc).capitalize()}.", status=401)
+        except operations.NotAllowedError as exc:
+            return page("Not allowed", f"{exc}.", status=403)
         return HTMLResponse(self._page)
 
     async def healthz(self, _request: Request) -> Response:
@@ -209,15 +254,20 @@ class Console:
         body = {"ok": not problems, "feed": self.feed.state, "problems": problems}
         return JSONResponse(body, status_code=200 if not problems else 503)
 
-    async def config(self, request: Request) -> Response:
-        """What the page needs to know: the tenant scope, the operator, the refresh."""
-        operator, source = self.access.who(request)
+    async def config(self, _request: Request, who: Identity) -> Response:
+        """What the page needs to know: who is signed in (role, tenants, the session's CSRF
+        token), the console's tenant, the refresh."""
+        tenants = self.access.tenants(who)
         return JSONResponse(
             {
                 "tenant": self.options.tenant,
-                "operator": operator,
-                "operator_source": source,
-                "operator_header": self.options.operator_header,
+                "operator": who.name,
+                "role": who.role,
+                "tenants": None if tenants is None else sorted(tenants),
+                "can_decide": who.may("operator"),
+                "fleet_wide": self.access.may_act_fleet_wide(who),
+                "csrf": who.csrf,
+                "session": self.auth.session_identity(_request) is not None,
                 "decision_auth": self.settings.decision_auth,
                 "refresh_s": self.options.refresh_s,
                 "feed": {"state": self.feed.state, "error": self.feed.error},
@@ -225,24 +275,24 @@ class Console:
         )
 
     # --- the live feed ------------------------------------------------------------------------
-    def _filter(self, request: Request) -> Filter:
+    def _filter(self, request: Request, who: Identity) -> Filter:
         q = request.query_params
-        tenant = self.access.scope(q.get("tenant"))
-        return Filter(tenant=tenant, run=q.get("run") or None, tool=q.get("tool") or None)
+        tenants = self.access.scope(who, q.get("tenant"))
+        return Filter(tenants=tenants, run=q.get("run") or None, tool=q.get("tool") or None)
 
-    async def recent(self, request: Request) -> Response:
+    async def recent(self, request: Request, who: Identity) -> Response:
         """Recent turns (and outcomes, unless outcomes=0) that pass the filter, oldest first."""
-        flt = self._filter(request)
+        flt = self._filter(request, who)
         outcomes = request.query_params.get("outcomes", "1") != "0"
         limit = _int(request.query_params.get("limit"), 200, high=self.options.ring_size * 2)
         events = self.feed.recent(flt, outcomes=outcomes, limit=limit)
         return JSONResponse({"events": [e.data for e in events], "feed": self.feed.state})
 
-    async def events(self, request: Request) -> Response:
+    async def events(self, request: Request, who: Identity) -> Response:
         """The live feed as server-sent events: ``status``, then the recent events that pass
         the filter, then each new one as it is read (``turn``, ``outcome``), and ``dropped``
         when this browser fell too far behind."""
-        flt = self._filter(request)
+        flt = self._filter(request, who)
         outcomes = request.query_params.get("outcomes", "1") != "0"
         after = _int(request.headers.get("last-event-id"), 0)
         subscribed = self.feed.subscribe(flt, outcomes=outcomes, after=after)
@@ -275,34 +325,35 @@ class Console:
         return EventSourceResponse(stream(), ping=_PING_S, headers={"X-Accel-Buffering": "no"})
 
     # --- calls, tasks, approvals --------------------------------------------------------------
-    async def call(self, request: Request) -> Response:
+    async def call(self, request: Request, who: Identity) -> Response:
         """A call's ledger entry (arguments as their digest), audit chain, upstream reference
         and trace link."""
         tenant = request.path_params["tenant"]
-        self.access.scope(tenant)
+        self.access.check_tenant(who, tenant)
         view = await operations.read_call(
             self.redis,
             self.settings,
             tenant,
             request.query_params.get("run", ""),
             request.path_params["call_id"],
-            tenant=self.options.tenant,
+            tenant=self.access.tenants(who),
         )
         return JSONResponse(call_json(view, self.settings.trace_url_template))
 
-    async def tasks(self, request: Request) -> Response:
+    async def tasks(self, request: Request, who: Identity) -> Response:
         """Open human tasks (all=1: resolved ones too), oldest first."""
         found = await operations.list_tasks(
             self.redis,
             self.settings,
             include_resolved=request.query_params.get("all") == "1",
-            tenant=self.options.tenant,
+            tenant=self.access.tenants(who),
         )
         return JSONResponse({"tasks": [task_json(t) for t in found]})
 
-    async def resolve(self, request: Request) -> Response:
-        """Answer a human task (signed, published; the reconciler carries it out)."""
-        operator = self._decider(request)
+    async def resolve(self, request: Request, who: Identity) -> Response:
+        """Answer a human task (signed for ``who``, published; the reconciler carries it
+        out)."""
+        self._decider(request, who, "resolving a task")
         body = await _body(request)
         resolution = body.get("resolution")
         if resolution not in operations.RESOLUTIONS:
@@ -314,33 +365,35 @@ class Console:
             self.settings,
             task_id,
             resolution,
-            decided_by=operator,
+            decided_by=who.name,
             output=_text(body, "output"),
             note=_text(body, "note"),
-            tenant=self.options.tenant,
+            tenant=self.access.tenants(who),
+            fleet_wide=self.access.may_act_fleet_wide(who),
         )
         log.info(
             "console decision",
-            extra={"operator": operator, "task": task_id, "resolution": resolution},
+            extra={"operator": who.name, "task": task_id, "resolution": resolution},
         )
         return JSONResponse({"sent": sent.model_dump(mode="json", exclude={"signature"})}, 202)
 
-    async def approvals(self, _request: Request) -> Response:
+    async def approvals(self, _request: Request, who: Identity) -> Response:
         """Calls waiting for approval: the ledger's index, and interruptions seen live."""
+        tenants = self.access.tenants(who)
         seen = [
             (e.tenant_id, e.run_id, i["call_id"])
-            for e in self.feed.recent(Filter(tenant=self.options.tenant), outcomes=False)
+            for e in self.feed.recent(Filter(tenants=tenants), outcomes=False)
             for i in e.data["interruptions"]
         ]
         found = await operations.pending_approvals(
-            self.redis, self.settings, tenant=self.options.tenant, also=seen
+            self.redis, self.settings, tenant=tenants, also=seen
         )
         return JSONResponse({"approvals": [approval_json(p) for p in found]})
 
-    async def decide(self, request: Request) -> Response:
-        """Approve or reject a call waiting for approval (signed, published; the planner
-        records it, and the agent runtime's resumed turn acts on it)."""
-        operator = self._decider(request)
+    async def decide(self, request: Request, who: Identity) -> Response:
+        """Approve or reject a call waiting for approval (signed for ``who``, published; the
+        planner records it, and the agent runtime's resumed turn acts on it)."""
+        self._decider(request, who, "deciding an approval")
         body = await _body(request)
         approve = body.get("approve")
         if not isinstance(approve, bool):
@@ -349,7 +402,7 @@ class Console:
         missing = [k for k, v in ids.items() if not v]
         if missing:
             raise UsageError(f"missing {', '.join(missing)}")
-        self.access.scope(ids["tenant_id"])
+        self.access.check_tenant(who, str(ids["tenant_id"]))
         sent = await operations.decide_approval(
             self.redis,
             self._started_bus(),
@@ -358,18 +411,18 @@ class Console:
             run_id=str(ids["run_id"]),
             call_id=str(ids["call_id"]),
             approve=approve,
-            decided_by=operator,
+            decided_by=who.name,
             message=_text(body, "message"),
-            tenant=self.options.tenant,
+            tenant=self.access.tenants(who),
         )
         log.info(
             "console decision",
-            extra={"operator": operator, "call": sent.call_id, "approve": approve},
+            extra={"operator": who.name, "call": sent.call_id, "approve": approve},
         )
         return JSONResponse({"sent": sent.model_dump(mode="json", exclude={"signature"})}, 202)
 
     # --- circuits and versions ----------------------------------------------------------------
-    async def circuits(self, _request: Request) -> Response:
+    async def circuits(self, _request: Request, who: Identity) -> Response:
         """Every tool's live versions (where new calls go, pins) and their open circuits
         (read per live version: ``toolfleet tools circuits`` scans the whole keyspace, too
         slow for a page that refreshes every few seconds)."""
@@ -387,49 +440,60 @@ class Console:
             {
                 "circuits": circuits_json(opened),
                 "tools": [tool_json(v) for v in views],
-                "actions": self.options.tenant is None,
+                "actions": self.access.may_act_fleet_wide(who),
             }
         )
 
-    async def resume(self, request: Request) -> Response:
+    async def resume(self, request: Request, who: Identity) -> Response:
         """Close an open circuit."""
-        operator = self._decider(request)
-        await _body(request)
         ref = request.path_params["ref"]
+        self._fleet_wide(request, who, f"resuming {ref}")
+        await _body(request)
         closed = await operations.resume_circuit(
-            self.redis, self.settings, ref, tenant=self.options.tenant
+            self.redis, self.settings, ref, tenant=self.access.tenants(who)
         )
-        log.info("console decision", extra={"operator": operator, "resume": ref})
+        log.info("console decision", extra={"operator": who.name, "resume": ref})
         return JSONResponse({"ref": ref, "closed": closed})
 
-    async def rollback(self, request: Request) -> Response:
+    async def rollback(self, request: Request, who: Identity) -> Response:
         """Pin new calls of a tool to one of its live versions."""
-        operator = self._decider(request)
+        name = request.path_params["name"]
+        self._fleet_wide(request, who, f"pinning {name}")
         body = await _body(request)
         version = _text(body, "version")
         if not version:
             raise UsageError("missing version")
-        name = request.path_params["name"]
         said = await operations.pin_tool(
-            self.redis, self.settings, name, version, tenant=self.options.tenant
+            self.redis, self.settings, name, version, tenant=self.access.tenants(who)
         )
-        log.info("console decision", extra={"operator": operator, "pin": f"{name}@{version}"})
+        log.info("console decision", extra={"operator": who.name, "pin": f"{name}@{version}"})
         return JSONResponse({"name": name, "version": version, "message": said})
 
-    async def unpin(self, request: Request) -> Response:
+    async def unpin(self, request: Request, who: Identity) -> Response:
         """Drop a tool's pin."""
-        operator = self._decider(request)
-        await _body(request)
         name = request.path_params["name"]
+        self._fleet_wide(request, who, f"unpinning {name}")
+        await _body(request)
         unpinned = await operations.unpin_tool(
-            self.redis, self.settings, name, tenant=self.options.tenant
+            self.redis, self.settings, name, tenant=self.access.tenants(who)
         )
-        log.info("console decision", extra={"operator": operator, "unpin": name})
+        log.info("console decision", extra={"operator": who.name, "unpin": name})
         return JSONResponse({"name": name, "unpinned": unpinned})
 
-    def _decider(self, request: Request) -> str:
-        self.access.check_decision(request)
-        return self.access.operator_of(request)
+    def _decider(self, request: Request, who: Identity, what: str) -> None:
+        """Refuse a decision unless ``who`` is an operator and the console's page sent it."""
+        self.access.require(who, "operator", what)
+        self.access.check_decision(request, who)
+
+    def _fleet_wide(self, request: Request, who: Identity, what: str) -> None:
+        self.access.fleet_wide(who, what)
+        self.access.check_decision(request, who)
+
+    # --- signing out --------------------------------------------------------------------------
+    async def logout(self, request: Request) -> Response:
+        """Sign this browser out (the page's fetch, with the session's CSRF token): where to
+        go next, the identity provider's logout when it has one."""
+        return await self.login.logout(request)
 
 
 def _sse(event: FeedEvent) -> ServerSentEvent:
@@ -468,16 +532,25 @@ async def _body(request: Request) -> dict[str, Any]:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+Authorised = Callable[[Request, Identity], Awaitable[Response]]
+
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="toolfleet console"'}
 
 
-def _guarded(handler: Handler) -> Handler:
-    """Errors as JSON with the status that says what they are; Redis or Kafka away: 503."""
+def _guarded(console: Console, role: Role, handler: Authorised) -> Handler:
+    """``handler`` for the identity of the request, when it has ``role`` at least; errors as
+    JSON with the status that says what they are (401 nobody, 403 not allowed); Redis or
+    Kafka away: 503."""
 
     async def guarded(request: Request) -> Response:
         try:
-            return await handler(request)
+            who = console.auth.identify(request)
+            console.access.require(who, role, f"{request.method} {request.url.path}")
+            return await handler(request, who)
         except ToolfleetError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=_status_of(exc))
+            status = _status_of(exc)
+            headers = _CHALLENGE if status == 401 else None
+            return JSONResponse({"error": str(exc)}, status_code=status, headers=headers)
         except TRANSIENT_ERRORS as exc:
             return JSONResponse({"error": f"unavailable, retry: {exc!r}"}, status_code=503)
 
@@ -489,25 +562,45 @@ def create_app(settings: Settings, options: ConsoleOptions | None = None) -> Sta
     """The console as an ASGI application (serve it with uvicorn; ``toolfleet console``
     does)."""
     console = Console(settings, options or ConsoleOptions())
-    g = _guarded
+
+    def viewer(handler: Authorised) -> Handler:
+        return _guarded(console, "viewer", handler)
+
+    # Decisions need more than a viewer: each handler checks its own role (operator, or
+    # admin for the fleet-wide ones) and the tenant, and names what is missing.
+    decision = viewer
     routes = [
         *(Route(path, console.page) for path in PAGES),
         Route("/calls/{tenant}/{call_id:path}", console.page),
         Route("/healthz", console.healthz),
-        Route("/events", g(console.events)),
-        Route("/api/config", console.config),
-        Route("/api/recent", g(console.recent)),
-        Route("/api/calls/{tenant}/{call_id:path}", g(console.call)),
-        Route("/api/tasks", g(console.tasks)),
-        Route("/api/tasks/{task_id}/resolve", g(console.resolve), methods=["POST"]),
-        Route("/api/approvals", g(console.approvals)),
-        Route("/api/approvals/decide", g(console.decide), methods=["POST"]),
-        Route("/api/circuits", g(console.circuits)),
-        Route("/api/circuits/{ref}/resume", g(console.resume), methods=["POST"]),
-        Route("/api/tools/{name}/rollback", g(console.rollback), methods=["POST"]),
-        Route("/api/tools/{name}/unpin", g(console.unpin), methods=["POST"]),
+        Route(LOGIN_PATH, console.login.login),
+        Route(CALLBACK_PATH, console.login.callback),
+        Route(LOGOUT_PATH, console.logout, methods=["POST"]),
+        Route(SIGNED_OUT_PATH, console.login.signed_out),
+        Route("/events", viewer(console.events)),
+        Route("/api/config", viewer(console.config)),
+        Route("/api/recent", viewer(console.recent)),
+        Route("/api/calls/{tenant}/{call_id:path}", viewer(console.call)),
+        Route("/api/tasks", viewer(console.tasks)),
+        Route("/api/tasks/{task_id}/resolve", decision(console.resolve), methods=["POST"]),
+        Route("/api/approvals", viewer(console.approvals)),
+        Route("/api/approvals/decide", decision(console.decide), methods=["POST"]),
+        Route("/api/circuits", viewer(console.circuits)),
+        Route("/api/circuits/{ref}/resume", decision(console.resume), methods=["POST"]),
+        Route("/api/tools/{name}/rollback", decision(console.rollback), methods=["POST"]),
+        Route("/api/tools/{name}/unpin", decision(console.unpin), methods=["POST"]),
         Mount("/static", StaticFiles(packages=[(__package__ or "", "static")]), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=console.lifespan, middleware=[Middleware(_Headers)])
+    session = Middleware(
+        SessionMiddleware,
+        secret_key=console.auth.session_secret,
+        session_cookie=SESSION_COOKIE,
+        max_age=settings.console_session_max_age_s,
+        same_site="lax",
+        https_only=console.auth.secure_cookie,
+    )
+    app = Starlette(
+        routes=routes, lifespan=console.lifespan, middleware=[Middleware(_Headers), session]
+    )
     app.state.console = console
     return app

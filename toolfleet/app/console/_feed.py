@@ -50,11 +50,14 @@ class Filter:
     tenant: str | None = None
     run: str | None = None
     tool: str | None = None
+    tenants: frozenset[str] | None = None
+    """The tenants whose events may pass at all (the viewer's scope; None: every tenant)."""
 
     def matches(self, event: FeedEvent) -> bool:
         """Whether ``event`` passes this filter."""
         return (
             (self.tenant is None or event.tenant_id == self.tenant)
+            and (self.tenants is None or event.tenant_id in self.tenants)
             and (self.run is None or event.run_id == self.run)
             and (self.tool is None or self.tool in event.tools)
         )

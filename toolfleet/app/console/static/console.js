@@ -32,16 +32,30 @@
     const init = { method: options.method || "GET", headers: { Accept: "application/json" } };
     if (options.body !== undefined) {
       init.headers["Content-Type"] = "application/json";
-      init.headers["X-Toolfleet-Console"] = "1"; // decisions: only this page can send it
       init.body = JSON.stringify(options.body);
+    }
+    if (init.method !== "GET" && state.config && state.config.csrf) {
+      // The session's CSRF token: only this page can read it (from /api/config) and send it.
+      init.headers["X-Toolfleet-CSRF"] = state.config.csrf;
     }
     const response = await fetch(path, init);
     let data = null;
     try { data = await response.json(); } catch (_) { data = null; }
+    if (response.status === 401) signedOut();
     if (!response.ok) {
       throw new Error((data && data.error) || `${response.status} ${response.statusText}`);
     }
     return data;
+  }
+
+  // The session ended (expired, or signed out elsewhere): load the page again, which sends
+  // the browser to sign in; once only, so that a console that keeps refusing shows why.
+  function signedOut() {
+    const last = Number(sessionStorage.getItem("toolfleet-signed-out") || 0);
+    if (Date.now() - last > 10000) {
+      sessionStorage.setItem("toolfleet-signed-out", String(Date.now()));
+      location.reload();
+    }
   }
   const post = (path, body) => api(path, { method: "POST", body: body || {} });
 
@@ -78,10 +92,11 @@
     el.title = feed.error || "";
   }
 
-  const canDecide = () => Boolean(state.config && state.config.operator);
+  // Viewers see no decision buttons at all (the API refuses them anyway, with 403).
+  const canDecide = () => Boolean(state.config && state.config.can_decide);
   function decisionButton(label, onclick, extra = {}) {
-    const title = canDecide() ? extra.title : "decisions are off: the console knows no operator";
-    return h("button", { type: "button", onclick, disabled: !canDecide(), ...extra, title }, label);
+    if (!canDecide()) return null;
+    return h("button", { type: "button", onclick, ...extra }, label);
   }
 
   // --- selection and keys --------------------------------------------------------------------
@@ -310,7 +325,15 @@
       source.onopen = () => { document.body.dataset.stream = "open"; };
       source.onerror = () => {
         document.body.dataset.stream = "closed";
-        setFeed({ state: "connecting", error: "lost the console; reconnecting" });
+        if (source.readyState !== EventSource.CLOSED) {
+          setFeed({ state: "connecting", error: "lost the console; reconnecting" });
+          return;
+        }
+        // Refused (not a lost connection): the API says why, e.g. a tenant out of scope.
+        setFeed({ state: "down", error: "the console refused this stream" });
+        api(`/api/recent?${new URLSearchParams({ ...Object.fromEntries(query), limit: "0" })}`)
+          .then(() => banner("The live stream closed: reload the page.", "warn"))
+          .catch((error) => banner(`Not shown: ${error.message}`, "bad"));
       };
     }
     function apply() {
@@ -478,10 +501,10 @@
       h("table", { id: "circuits" }, h("thead", {}, h("tr", {}, ["tool version", "open since", "failed", ""].map((t) => h("th", {}, t)))), circuitsBody),
       h("h2", {}, "Tool versions"),
       h("table", { id: "tools" }, h("thead", {}, h("tr", {}, ["tool", "version", "pool", "effect class", "circuit", "new calls", ""].map((t) => h("th", {}, t)))), toolsBody));
-    let actions = true;
+    let actions = false;
     filter.addEventListener("input", () => { for (const row of $$("tr.row", main)) row.hidden = !row.textContent.toLowerCase().includes(filter.value.trim().toLowerCase()); });
-    const fleetWide = (label, onclick, extra = {}) => actions ? decisionButton(label, onclick, extra)
-      : h("button", { type: "button", disabled: true, title: "fleet-wide: not on a console for one tenant" }, label);
+    // Fleet-wide actions touch every tenant: only an admin of every tenant sees their buttons.
+    const fleetWide = (label, onclick, extra = {}) => actions ? decisionButton(label, onclick, extra) : null;
 
     function resume(row, c) {
       decisionForm(row, 4, () => withLabel([h("span", {}, `Close the circuit of ${c.ref}? Reconcile the calls its task lists first.`)], "Confirm resume"), async () => {
@@ -598,14 +621,20 @@
     const c = state.config;
     setFeed(c.feed);
     const op = $("#operator");
-    if (c.operator) {
-      op.textContent = `operator: ${c.operator}`;
-      op.title = `from ${c.operator_source}`;
-    } else {
-      op.textContent = "no operator: decisions off";
-      op.className = "pill down";
-      const how = c.operator_header ? `the ${c.operator_header} header from the auth proxy` : "an identity header (--operator-header)";
-      op.title = `Decisions need an operator: ${how}, or --operator NAME on your own machine.`;
+    op.textContent = `${c.operator} · ${c.role}`;
+    op.dataset.role = c.role;
+    op.title = `signed in as ${c.operator} (${c.role}); tenants: ${c.tenants ? c.tenants.join(", ") || "none" : "every tenant"}`;
+    if (c.session) {
+      const out = $("#logout");
+      out.hidden = false;
+      out.addEventListener("click", async () => {
+        try {
+          const done = await api("/auth/logout", { method: "POST" });
+          location.href = done.redirect;
+        } catch (error) {
+          banner(`Not signed out: ${error.message}`, "bad");
+        }
+      });
     }
     if (c.tenant) {
       const scope = $("#scope");
