@@ -22,9 +22,11 @@ setup: $(STAMP)
 	sh scripts/install-oidc-provider.sh
 	$(BIN)/toolfleet infra up
 
-## chart-tools: helm and kubeconform (go install), for the chart checks in the tests
+## chart-tools: helm and kubeconform (go install), etcd (Debian), kube-apiserver (built from
+## Go modules, about 5 minutes once) and the KEDA/Prometheus Operator CRDs, for the chart tests
 chart-tools:
 	bash scripts/install-chart-tools.sh
+	bash scripts/install-kube-test-tools.sh
 
 ## image-check: the Dockerfile's steps without Docker: every wheel built, installed offline
 ## into a fresh virtualenv, and the entrypoint run (needs PyPI; CI runs it)

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from kernel.settings import Settings
+from tests.chart._crd_schemas import CUSTOM_KINDS, write_crd_schemas
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "toolfleet"
 FULL = CHART / "ci" / "full-values.yaml"
@@ -30,8 +31,6 @@ BAD_POOL = CHART / "ci" / "bad-pool-values.yaml"
 KUBERNETES = "1.31.0"
 """The Kubernetes version the manifests are validated against (the chart's kubeVersion is
 >=1.27)."""
-CUSTOM_RESOURCES = "ServiceMonitor,ScaledObject,PrometheusRule"
-"""Kinds whose schemas (Prometheus Operator, KEDA) are not among the offline ones."""
 
 
 def _tool(name: str) -> str:
@@ -100,20 +99,60 @@ def _standalone_schemas(objects: list[dict[str, Any]], into: Path) -> Path:
     return into
 
 
+def _kubeconform(rendered: str, into: Path) -> subprocess.CompletedProcess[str]:
+    """kubeconform -strict over ``rendered``: the built-in kinds against kubernetes-validate's
+    schemas, the custom resources against their CRDs' (tests/chart/_crd_schemas.py)."""
+    schemas = _standalone_schemas(_objects(rendered), into)
+    kinds = write_crd_schemas(into)
+    missing = set(CUSTOM_KINDS) - set(kinds)
+    if missing:
+        pytest.fail(f"the CRDs of {sorted(missing)} are not installed: run `make chart-tools`")
+    location = f"{schemas}/{{{{ .ResourceKind }}}}{{{{ .KindSuffix }}}}.json"
+    return subprocess.run(
+        [_tool("kubeconform"), "-strict", "-verbose", "-summary", "-output", "json",
+         "-kubernetes-version", KUBERNETES, "-schema-location", location, "-"],
+        input=rendered, capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+
+
+def _validated(done: subprocess.CompletedProcess[str]) -> dict[str, list[str]]:
+    """kubeconform's verdict per status (valid, invalid, error, skipped): 'Kind name' lists."""
+    verdicts: dict[str, list[str]] = {}
+    for resource in json.loads(done.stdout)["resources"]:
+        verdicts.setdefault(resource["status"].removeprefix("status"), []).append(
+            f"{resource['kind']} {resource['name']}: {resource.get('msg', '')}".rstrip(": ")
+        )
+    return verdicts
+
+
 @pytest.mark.parametrize("values", [(), (FULL,)], ids=["defaults", "full"])
 def test_kubeconform_strict_accepts_every_rendered_object(
     values: tuple[Path, ...], tmp_path: Path
 ) -> None:
     rendered = _render(*values)
-    schemas = _standalone_schemas(_objects(rendered), tmp_path / "schemas")
-    location = f"{schemas}/{{{{ .ResourceKind }}}}{{{{ .KindSuffix }}}}.json"
-    done = subprocess.run(
-        [_tool("kubeconform"), "-strict", "-summary", "-kubernetes-version", KUBERNETES,
-         "-schema-location", location, "-skip", CUSTOM_RESOURCES, "-"],
-        input=rendered, capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "Invalid: 0, Errors: 0" in done.stdout
+    done = _kubeconform(rendered, tmp_path / "schemas")
+    verdicts = _validated(done)
+    assert done.returncode == 0 and set(verdicts) == {"Valid"}, verdicts
+    if values:  # every custom resource was checked against its CRD, none skipped
+        checked = {entry.split()[0] for entry in verdicts["Valid"]}
+        assert set(CUSTOM_KINDS) <= checked
+
+
+def test_the_crd_schemas_refuse_a_misplaced_field(tmp_path: Path) -> None:
+    """The CRD schemas have teeth: the ScaledObject with authenticationRef under the trigger's
+    metadata (where KEDA would ignore it) and a PrometheusRule with a misspelt field fail."""
+    objects = _objects(_render(FULL))
+    (scaled,) = [o for o in objects if o["kind"] == "ScaledObject"]
+    trigger = scaled["spec"]["triggers"][0]
+    trigger["metadata"]["authenticationRef"] = trigger.pop("authenticationRef")
+    (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
+    rule["spec"]["groups"][0]["rules"][0]["for_"] = rule["spec"]["groups"][0]["rules"][0].pop("for")
+    rendered = yaml.safe_dump_all([scaled, rule])
+    verdicts = _validated(_kubeconform(rendered, tmp_path / "schemas"))
+    assert sorted(e.split(":")[0] for e in verdicts.get("Invalid", [])) == [
+        "PrometheusRule fleet-toolfleet",
+        "ScaledObject fleet-toolfleet-worker-default",
+    ], verdicts
 
 
 @pytest.mark.parametrize(
@@ -138,8 +177,7 @@ def test_every_deployment_is_ready_for_production() -> None:
     }  # fmt: skip
     (container,) = console["spec"]["template"]["spec"]["containers"]
     assert container["args"] == [
-        "console", "--host", "0.0.0.0", "--port", "8080",
-        "--operator-header", "X-Forwarded-User", "--tenant", "acme",
+        "console", "--host", "0.0.0.0", "--port", "8080", "--tenant", "acme",
     ]  # fmt: skip
     assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True

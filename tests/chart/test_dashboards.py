@@ -196,14 +196,21 @@ def test_the_alerts_look_at_this_release_only_unless_told_otherwise() -> None:
 
 
 def test_the_chart_ships_the_dashboard_for_grafanas_sidecar() -> None:
-    assert not [o for o in _objects(_render()) if o["kind"] == "ConfigMap"]  # off by default
-    (config,) = [o for o in _objects(_render(FULL)) if o["kind"] == "ConfigMap"]
+    def dashboards(rendered: str) -> list[dict[str, Any]]:
+        return [
+            o
+            for o in _objects(rendered)
+            if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-dashboards")
+        ]
+
+    assert not dashboards(_render())  # off by default
+    (config,) = dashboards(_render(FULL))
     assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert config["metadata"]["annotations"] == {"grafana_folder": "toolfleet"}
     assert json.loads(config["data"]["toolfleet.json"]) == dashboard()
     label = ("grafana.dashboards.label=dashboards", "grafana.dashboards.labelValue=toolfleet")
     relabelled = _render(FULL, sets=label)
-    (config,) = [o for o in _objects(relabelled) if o["kind"] == "ConfigMap"]
+    (config,) = dashboards(relabelled)
     assert config["metadata"]["labels"]["dashboards"] == "toolfleet"
 
 

@@ -42,6 +42,16 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
+{{/* The ServiceAccount of the pre-install/pre-upgrade hooks (the topics Job): a hook of its
+     own when the chart creates ServiceAccounts (see serviceaccount.yaml). */}}
+{{- define "toolfleet.hookServiceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- printf "%s-topics" (include "toolfleet.fullname" .) }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
 {{- define "toolfleet.image" -}}
 {{- $image := .image | default dict -}}
 {{- $repository := $image.repository | default .root.Values.image.repository -}}
@@ -172,10 +182,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/* The pod spec of one component: call with dict "root" $ "component" name "args" list
-     "resources" map "image" map. */}}
+     "resources" map "image" map, and "serviceAccount" name to run as another than the
+     release's. */}}
 {{- define "toolfleet.podSpec" -}}
 {{- $root := .root -}}
-serviceAccountName: {{ include "toolfleet.serviceAccountName" $root }}
+serviceAccountName: {{ .serviceAccount | default (include "toolfleet.serviceAccountName" $root) }}
 automountServiceAccountToken: {{ $root.Values.serviceAccount.automountToken }}
 {{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
@@ -262,4 +273,76 @@ volumes:
 {{- define "toolfleet.alertSelector" -}}
 {{- $default := printf "job=%q, namespace=%q" (printf "%s-metrics" (include "toolfleet.fullname" .)) .Release.Namespace -}}
 {{- .Values.prometheusRule.selector | default $default -}}
+{{- end }}
+
+{{/* A secret's env var from {existingSecret, key} (call with list NAME REF). */}}
+{{- define "toolfleet.secretEnv" -}}
+{{- $name := index . 0 }}{{- $ref := index . 1 -}}
+- name: {{ $name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $ref.existingSecret }}
+      key: {{ required (printf "the key of %s's Secret" $name) $ref.key }}
+{{- end }}
+
+{{/* The console's access settings (console.auth) as TOOLFLEET_CONSOLE_* environment. */}}
+{{- define "toolfleet.consoleAuthEnv" -}}
+{{- $c := .Values.console -}}
+{{- $auth := $c.auth -}}
+{{- with $c.publicUrl }}
+- name: TOOLFLEET_CONSOLE_PUBLIC_URL
+  value: {{ . | quote }}
+{{- end }}
+{{- with $auth.oidc }}
+{{- if .issuer }}
+- name: TOOLFLEET_CONSOLE_OIDC_ISSUER
+  value: {{ .issuer | quote }}
+- name: TOOLFLEET_CONSOLE_OIDC_CLIENT_ID
+  value: {{ .clientId | quote }}
+- name: TOOLFLEET_CONSOLE_OIDC_SCOPES
+  value: {{ .scopes | quote }}
+- name: TOOLFLEET_CONSOLE_OIDC_ROLES_CLAIM
+  value: {{ .rolesClaim | quote }}
+- name: TOOLFLEET_CONSOLE_OIDC_TENANTS_CLAIM
+  value: {{ .tenantsClaim | quote }}
+{{- if .clientSecret.existingSecret }}
+{{ include "toolfleet.secretEnv" (list "TOOLFLEET_CONSOLE_OIDC_CLIENT_SECRET" .clientSecret) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $auth.sessionSecret.existingSecret }}
+{{ include "toolfleet.secretEnv" (list "TOOLFLEET_CONSOLE_SESSION_SECRET" $auth.sessionSecret) }}
+{{- end }}
+{{- if $auth.tokens.existingSecret }}
+{{ include "toolfleet.secretEnv" (list "TOOLFLEET_CONSOLE_TOKENS" $auth.tokens) }}
+{{- end }}
+{{- with $auth.proxy }}
+{{- if .secret.existingSecret }}
+{{ include "toolfleet.secretEnv" (list "TOOLFLEET_CONSOLE_PROXY_SECRET" .secret) }}
+- name: TOOLFLEET_CONSOLE_PROXY_SECRET_HEADER
+  value: {{ .secretHeader | quote }}
+- name: TOOLFLEET_CONSOLE_PROXY_USER_HEADER
+  value: {{ .userHeader | quote }}
+- name: TOOLFLEET_CONSOLE_PROXY_ROLES_HEADER
+  value: {{ .rolesHeader | quote }}
+- name: TOOLFLEET_CONSOLE_PROXY_TENANTS_HEADER
+  value: {{ .tenantsHeader | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The console's access, checked again at render time (the values schema says the same;
+     this holds with --skip-schema-validation too). */}}
+{{- define "toolfleet.consoleAuthCheck" -}}
+{{- $auth := .Values.console.auth -}}
+{{- $oidc := $auth.oidc.issuer -}}
+{{- if not (or $oidc $auth.tokens.existingSecret $auth.proxy.secret.existingSecret) }}
+{{- fail "console.auth: the console is enabled with no way to sign in, and it admits no anonymous access: set console.auth.oidc.issuer (OpenID Connect), console.auth.tokens.existingSecret (static API tokens) or console.auth.proxy.secret.existingSecret (a trusted proxy)" }}
+{{- end }}
+{{- if and $oidc (not $auth.oidc.clientId) }}
+{{- fail "console.auth.oidc.clientId: OpenID Connect login needs the console's client id at the issuer" }}
+{{- end }}
+{{- if and $oidc (not $auth.sessionSecret.existingSecret) }}
+{{- fail "console.auth.sessionSecret.existingSecret: OpenID Connect login needs a Secret with a long random string that signs the session cookie" }}
+{{- end }}
 {{- end }}
