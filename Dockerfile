@@ -1,10 +1,15 @@
 # syntax=docker/dockerfile:1.7
-# toolfleet's image: every service (`toolfleet planner|aggregator|reconciler|worker ...`).
+# toolfleet's image: every service (`toolfleet planner|aggregator|reconciler|worker ...`)
+# and the console (`toolfleet console`).
 # Build:  docker build -t toolfleet:0.1.0 .
 # A worker pool that runs your tools needs them in its image: see examples/worker-image.
+# EXTRAS: the optional parts it carries (docs/install.md): the console, OTLP export and the
+# Agents SDK for SDK tools on workers; --build-arg EXTRAS=console,otlp leaves the SDK out.
 ARG PYTHON_VERSION=3.11.7
+ARG EXTRAS=agents,console,otlp
 
 FROM python:${PYTHON_VERSION}-slim-bookworm AS build
+ARG EXTRAS
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY docker/steps.sh docker/steps.sh
@@ -15,9 +20,10 @@ COPY executors executors
 COPY aggregator aggregator
 COPY reconciler reconciler
 COPY toolfleet toolfleet
-RUN docker/steps.sh wheels /wheels
+RUN TOOLFLEET_EXTRAS="$EXTRAS" docker/steps.sh wheels /wheels
 
 FROM python:${PYTHON_VERSION}-slim-bookworm AS runtime
+ARG EXTRAS
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -27,7 +33,8 @@ ENV PYTHONUNBUFFERED=1 \
     XDG_CACHE_HOME=/tmp/cache
 COPY --from=build /wheels /wheels
 COPY docker/steps.sh /usr/local/bin/toolfleet-steps
-RUN toolfleet-steps install /wheels && rm -rf /wheels && toolfleet-steps check \
+RUN export TOOLFLEET_EXTRAS="$EXTRAS" \
+    && toolfleet-steps install /wheels && rm -rf /wheels && toolfleet-steps check \
     && groupadd --system --gid 10001 toolfleet \
     && useradd --system --uid 10001 --gid 10001 --no-create-home toolfleet
 USER 10001:10001
