@@ -1,5 +1,10 @@
 """The console in a real browser: headless Chromium (Debian's ``chromium``, driven by
-Playwright) against ``toolfleet console`` and a real fleet.
+Playwright) against the console and a real fleet, signing in through a real OpenID Connect
+provider's login page (panva's oidc-provider, started by the test): an operator decides, a
+viewer sees no decision buttons and is refused by the API, an operator of one tenant sees and
+decides nothing of another, an identity without a role is refused, sign-out ends the session
+at the provider too, and ``toolfleet console`` with nothing configured signs in through the
+login URL it prints.
 
 Screenshots of every test go to ``.artifacts/console/``; with
 ``TOOLFLEET_CONSOLE_SCREENSHOT=docs/console.png`` (``make console-screenshot``) the live page's
@@ -8,15 +13,19 @@ is also written there, for the README.
 
 from __future__ import annotations
 
+import getpass
 import os
 import re
 import shutil
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from playwright.async_api import Browser, Locator, Page, async_playwright, expect
+from playwright.async_api import Browser, BrowserContext, Locator, Page, async_playwright, expect
+from pydantic import SecretStr
 from redis.asyncio import Redis
 
 from kernel.settings import Settings
@@ -26,10 +35,15 @@ from tests.conftest import wait_for
 from tests.integration.console_support import (
     TRACE_TEMPLATE,
     ConsoleProcess,
+    OidcProvider,
     console_fleet,
+    free_socket,
+    served_console,
     turn,
+    url_of,
 )
 from tests.integration.console_tools import runs_key
+from toolfleet.app.console import ConsoleOptions
 from toolfleet.client import FleetClient
 from toolfleet.testing import LocalFleet, connected_client, result_of
 
@@ -37,9 +51,26 @@ pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).parents[2] / ".artifacts" / "console"
-OPERATOR = {"X-Forwarded-User": "alice"}
-"""What the auth proxy in front of the console adds to every request."""
 LIVE_WITHIN_S = 2.0
+CLIENT_ID = "toolfleet-console"
+CLIENT_SECRET = "client-secret-of-this-test-0123456789"
+ACCOUNTS: dict[str, dict[str, Any]] = {
+    "alice": {
+        "email": "alice@corp", "email_verified": True, "name": "Alice",
+        "toolfleet_roles": ["operator"], "toolfleet_tenants": ["*"],
+    },
+    "ana": {
+        "email": "ana@acme.example", "email_verified": True,
+        "toolfleet_roles": ["operator"], "toolfleet_tenants": ["acme"],
+    },
+    "victor": {
+        "email": "victor@corp", "email_verified": True,
+        "toolfleet_roles": ["viewer"], "toolfleet_tenants": ["*"],
+    },
+    "nemo": {"email": "nemo@corp", "email_verified": True, "toolfleet_tenants": ["*"]},
+}  # fmt: skip
+"""The identity provider's accounts (the login name) and their claims."""
+ALICE = "oidc:alice@corp"
 
 
 @pytest.fixture(scope="module")
@@ -55,15 +86,52 @@ async def client(fleet: LocalFleet, settings: Settings) -> AsyncIterator[FleetCl
 
 
 @pytest.fixture(scope="module")
-async def console(fleet: LocalFleet, client: FleetClient) -> AsyncIterator[str]:
-    """``toolfleet console`` behind a (simulated) auth proxy: the operator is the header's."""
-    process = ConsoleProcess(
-        fleet, "--refresh-s", "0.5", env={"TOOLFLEET_TRACE_URL_TEMPLATE": TRACE_TEMPLATE}
-    )
+def console_socket() -> Iterator[socket.socket]:
+    """The console's socket, bound first: its URL is the redirect URI the provider knows."""
+    sock = free_socket()
+    yield sock
+    sock.close()
+
+
+@pytest.fixture(scope="module")
+async def provider(fleet: LocalFleet, console_socket: socket.socket) -> AsyncIterator[str]:
+    """A real OpenID Connect provider with the console as its client; its issuer URL."""
+    console_url = url_of(console_socket)
+    client = {
+        "client_id": CLIENT_ID,
+        "client_secret": CLIENT_SECRET,
+        "redirect_uris": [f"{console_url}/auth/callback"],
+        "post_logout_redirect_uris": [f"{console_url}/auth/signed-out"],
+        "grant_types": ["authorization_code"],
+        "response_types": ["code"],
+    }
+    running = OidcProvider([client], ACCOUNTS, fleet.log_dir)
     try:
-        yield await process.start()
+        yield await running.start()
     finally:
-        process.stop()
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+async def console(
+    settings: Settings, client: FleetClient, provider: str, console_socket: socket.socket
+) -> AsyncIterator[str]:
+    """The console with OpenID Connect login through ``provider`` (the roles and tenants come
+    from the provider's claims)."""
+    update = {
+        "trace_url_template": TRACE_TEMPLATE,
+        "console_public_url": url_of(console_socket),
+        "console_oidc_issuer": provider,
+        "console_oidc_client_id": CLIENT_ID,
+        "console_oidc_client_secret": SecretStr(CLIENT_SECRET),
+        "console_oidc_scopes": "openid email profile toolfleet",
+        "console_session_secret": SecretStr("session-secret-of-this-test-0123456789"),
+    }
+    options = ConsoleOptions(refresh_s=0.5)
+    async with served_console(
+        settings.model_copy(update=update), options, sock=console_socket
+    ) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -85,24 +153,64 @@ async def browser(chromium: Path) -> AsyncIterator[Browser]:
         await launched.close()
 
 
-@pytest.fixture
-async def page(
-    browser: Browser, console: str, request: pytest.FixtureRequest
-) -> AsyncIterator[Page]:
-    """A fresh page as operator alice; its last state is screenshotted when the test ends."""
+async def new_context(browser: Browser, base_url: str) -> BrowserContext:
+    """A fresh browser profile (no cookies) that reaches nothing but this machine."""
     context = await browser.new_context(
-        base_url=console,
-        extra_http_headers=OPERATOR,
+        base_url=base_url,
         viewport={"width": 1440, "height": 900},
         color_scheme="dark",  # 3 a.m.
         reduced_motion="reduce",  # screenshots without a row's highlight half faded
     )
-    tab = await context.new_page()
+    await context.route(re.compile(r"^https?://(?!127\.0\.0\.1[:/])"), lambda r: r.abort())
+    return context
+
+
+async def sign_in(page: Page, login: str, path: str = "/") -> None:
+    """Open ``path``: the console sends the browser to the provider, whose login form and
+    consent page a person fills in; back on the console, the page has loaded."""
+    await page.goto(path)
+    form = page.locator("input[name=login]")
+    await expect(form).to_be_visible()
+    await form.fill(login)
+    await page.locator("input[name=password]").fill("any password")
+    await page.get_by_role("button", name="Sign-in").click()
+    await page.get_by_role("button", name="Continue").click()  # consent, the first time
+
+
+@pytest.fixture
+async def signed_in(
+    browser: Browser, console: str, request: pytest.FixtureRequest
+) -> AsyncIterator[Any]:
+    """Sign in as an account of the provider: ``await signed_in("alice")`` gives a fresh
+    page, signed in; every page's last state is screenshotted when the test ends."""
+    contexts: list[tuple[BrowserContext, Page]] = []
+
+    async def open_as(login: str, path: str = "/") -> Page:
+        context = await new_context(browser, console)
+        tab = await context.new_page()
+        contexts.append((context, tab))
+        await sign_in(tab, login, path)
+        return tab
+
     try:
-        yield tab
+        yield open_as
     finally:
-        await shot(tab, f"{request.node.name}-end")
-        await context.close()
+        for n, (context, tab) in enumerate(contexts):
+            await shot(tab, f"{request.node.name}-end{'' if n == 0 else f'-{n}'}")
+            await context.close()
+
+
+@pytest.fixture
+async def page(signed_in: Any) -> Page:
+    """A fresh page, signed in as alice (an operator of every tenant) at the live page."""
+    tab: Page = await signed_in("alice")
+    await expect(page_ready(tab)).to_have_count(1)
+    return tab
+
+
+def page_ready(page: Page) -> Locator:
+    """Present once the console's script has rendered the page."""
+    return page.locator("body[data-ready]:not([data-ready=none])")
 
 
 async def shot(page: Page, name: str) -> Path:
@@ -146,7 +254,7 @@ async def test_the_console_loads_shows_turns_live_and_opens_a_call_from_the_keyb
 ) -> None:
     await open_live(page)
     await expect(page).to_have_title("toolfleet console")
-    await expect(page.locator("#operator")).to_have_text("operator: alice")
+    await expect(page.locator("#operator")).to_have_text(f"{ALICE} · operator")
     await page.keyboard.press("?")
     await expect(page.locator("#help")).to_be_visible()
     await page.keyboard.press("Escape")
@@ -259,7 +367,7 @@ async def test_an_operator_resolves_a_human_task_by_clicking(
     await expect(row).to_have_count(0)  # resolved: no longer in the queue
     stored = await TaskStore(redis, keys).get(task.task.task_id)
     assert stored is not None and stored.resolution is not None
-    assert stored.resolution["decided_by"] == "alice"
+    assert stored.resolution["decided_by"] == ALICE
 
 
 async def test_an_operator_approves_a_pending_call_by_clicking_and_it_then_runs(
@@ -275,13 +383,13 @@ async def test_an_operator_approves_a_pending_call_by_clicking_and_it_then_runs(
     await expect(row).not_to_contain_text("DE02")  # the arguments' digest, not their values
     await row.get_by_role("button", name="Approve").click()
     await page.get_by_role("button", name="Confirm approve").click()
-    await expect(page.locator("#banner")).to_contain_text(f"Approved {call_id} as alice")
+    await expect(page.locator("#banner")).to_contain_text(f"Approved {call_id} as {ALICE}")
 
     async def recorded() -> bool:  # the planner has the decision
         return bool(await redis.hexists(keys.approvals("acme", event.run_id), f"call:{call_id}"))
 
     await wait_for(recorded)
-    await expect(row).to_contain_text("approved by alice")
+    await expect(row).to_contain_text(f"approved by {ALICE}")
     assert int(await redis.get(runs_key(call_id)) or 0) == 0  # nothing ran yet
 
     # The agent runtime resumes the turn: the approved call runs, once.
@@ -291,4 +399,181 @@ async def test_an_operator_approves_a_pending_call_by_clicking_and_it_then_runs(
     await expect(row).to_have_count(0)
     await page.goto(f"/calls/acme/{call_id}?run={event.run_id}")
     decision = page.locator("#audit tr[data-event=approval_decision]")
-    await expect(decision).to_contain_text('"by":"alice"')
+    await expect(decision).to_contain_text(f'"by":"{ALICE}"')
+
+
+async def _fetch(page: Page, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    """``path`` fetched by the page's own script context (its session cookie; a POST with the
+    session's CSRF token, as the console's page sends it): status and JSON."""
+    status, data = await page.evaluate(
+        """async ([path, body]) => {
+          const config = await (await fetch("/api/config")).json();
+          const init = body === null ? {} : {
+            method: "POST", body: JSON.stringify(body),
+            headers: { "Content-Type": "application/json", "X-Toolfleet-CSRF": config.csrf },
+          };
+          const response = await fetch(path, init);
+          return [response.status, await response.json()];
+        }""",
+        [path, body],
+    )
+    return int(status), data
+
+
+async def test_a_viewer_sees_no_decision_buttons_and_the_api_refuses_her_decisions(
+    signed_in: Any, client: FleetClient, redis: Redis, keys: Keys
+) -> None:
+    event = turn("acme", ("t", "transfer", {"amount": 9, "to": "y"}))
+    assert (await client.run_turn(event)).status == "interrupted"
+    call_id = event.function_calls[0].call_id
+    page: Page = await signed_in("victor", "/tasks")
+    await expect(page.locator("#operator")).to_have_text("oidc:victor@corp · viewer")
+    row = page.locator(f'#approvals tr[data-call="{call_id}"]')
+    await expect(row).to_be_visible()  # a viewer reads
+    await expect(row.get_by_role("button")).to_have_count(0)  # and has nothing to press
+    await page.goto("/circuits")
+    await expect(page_ready(page)).to_have_count(1)
+    await expect(page.locator("#tools")).to_be_visible()
+    await expect(page.locator("main button")).to_have_count(0)
+
+    body = {"tenant_id": "acme", "run_id": event.run_id, "call_id": call_id, "approve": True}
+    status, data = await _fetch(page, "/api/approvals/decide", body)
+    assert status == 403, data
+    assert "needs the operator role; oidc:victor@corp has the viewer role" in data["error"]
+    assert not await redis.hexists(keys.approvals("acme", event.run_id), f"call:{call_id}")
+
+
+async def test_an_operator_of_one_tenant_sees_and_decides_nothing_of_another(
+    signed_in: Any, client: FleetClient, redis: Redis, keys: Keys
+) -> None:
+    page: Page = await signed_in("ana")
+    await open_live(page)
+    await expect(page.locator("#operator")).to_have_text("oidc:ana@acme.example · operator")
+    run = f"shared-{time.monotonic_ns()}"
+    theirs = turn("globex", ("a", "lookup", {"city": "Oslo"}), run_id=run)
+    ours = turn("acme", ("a", "lookup", {"city": "Porto"}), run_id=run, turn_id=1)
+    for event in (theirs, ours):
+        await client.run_turn(event)
+    await expect(turn_row(page, run, 1)).to_be_visible()  # after the other one, same partition
+    await expect(turn_row(page, run, 0)).to_have_count(0)
+    await expect(page.locator('#turns tr[data-tenant="globex"]')).to_have_count(0)
+    await expect(page.locator('#outcomes tr[data-tenant="globex"]')).to_have_count(0)
+
+    # Asking for the other tenant is refused, and the page says why.
+    await page.keyboard.press("/")
+    await page.keyboard.type("globex")
+    await page.keyboard.press("Enter")
+    await expect(page.locator("#banner")).to_contain_text(
+        "tenant globex is not in the scope of oidc:ana@acme.example"
+    )
+    await expect(page.locator("#turns tr.row")).to_have_count(0)
+
+    waiting = turn("globex", ("t", "transfer", {"amount": 11, "to": "z"}))
+    assert (await client.run_turn(waiting)).status == "interrupted"
+    call_id = waiting.function_calls[0].call_id
+    await page.goto(f"/calls/globex/{call_id}?run={waiting.run_id}")
+    await expect(page.locator("main .error")).to_contain_text("tenant globex is not in the scope")
+    await page.goto("/tasks")
+    await expect(page_ready(page)).to_have_count(1)
+    await expect(page.locator("#approvals tr.row, #approvals tr.empty")).not_to_have_count(0)
+    await expect(page.locator('#approvals tr[data-tenant="globex"]')).to_have_count(0)
+    await expect(page.locator('#tasks tr[data-tenant="globex"]')).to_have_count(0)
+    body = {"tenant_id": "globex", "run_id": waiting.run_id, "call_id": call_id, "approve": True}
+    status, data = await _fetch(page, "/api/approvals/decide", body)
+    assert status == 403 and "tenant globex" in data["error"], data
+    status, data = await _fetch(page, f"/api/calls/globex/{call_id}?run={waiting.run_id}")
+    assert status == 403, data
+    assert not await redis.hexists(keys.approvals("globex", waiting.run_id), f"call:{call_id}")
+
+
+async def test_an_identity_with_no_console_role_is_refused_at_sign_in(
+    browser: Browser, console: str
+) -> None:
+    context = await new_context(browser, console)
+    try:
+        page = await context.new_page()
+        await sign_in(page, "nemo")
+        await expect(page.locator("h1")).to_have_text("Not allowed")
+        await expect(page.locator("#auth-message")).to_contain_text(
+            "oidc:nemo@corp has no console role: the claim toolfleet_roles"
+        )
+        assert (await page.request.get("/api/config")).status == 401  # no session was made
+        await shot(page, "no-role")
+    finally:
+        await context.close()
+
+
+async def test_signing_out_ends_the_console_session_and_the_providers(
+    browser: Browser, console: str, provider: str
+) -> None:
+    context = await new_context(browser, console)
+    try:
+        page = await context.new_page()
+        await sign_in(page, "alice")
+        await expect(page.locator("#operator")).to_have_text(f"{ALICE} · operator")
+        await page.get_by_role("button", name="Sign out").click()
+        await expect(page).to_have_url(re.compile(f"^{re.escape(provider)}/session/end"))
+        await page.get_by_role("button", name="Yes, sign me out").click()
+        await expect(page).to_have_url(f"{console}/auth/signed-out")
+        await expect(page.locator("h1")).to_have_text("Signed out")
+        assert (await page.request.get("/api/config")).status == 401
+        await page.goto("/")  # the provider asks for the login again: its session ended too
+        await expect(page.locator("input[name=login]")).to_be_visible()
+    finally:
+        await context.close()
+
+
+async def test_a_callback_replayed_in_another_browser_signs_nobody_in(
+    browser: Browser, console: str
+) -> None:
+    first = await new_context(browser, console)
+    other = await new_context(browser, console)
+    try:
+        page = await first.new_page()
+        callbacks: list[str] = []
+        page.on("request", lambda r: callbacks.append(r.url) if "/auth/callback" in r.url else None)
+        await sign_in(page, "alice")
+        await expect(page_ready(page)).to_have_count(1)
+        [callback] = callbacks
+        assert "code=" in callback and "state=" in callback
+        # Its state lives in the first browser's session only (and the code is spent).
+        intruder = await other.new_page()
+        response = await intruder.goto(callback)
+        assert response is not None and response.status == 401
+        await expect(intruder.locator("h1")).to_have_text("Sign-in failed")
+        assert (await intruder.request.get("/api/config")).status == 401
+    finally:
+        await first.close()
+        await other.close()
+
+
+async def test_toolfleet_console_with_nothing_configured_signs_in_with_the_url_it_prints(
+    fleet: LocalFleet, browser: Browser, client: FleetClient
+) -> None:
+    process = ConsoleProcess(fleet)
+    try:
+        url = await process.start()
+        assert re.fullmatch(r"console: http://127\.0\.0\.1:\d+/\?token=[\w-]{40,}", process.line)
+        login_url = process.line.removeprefix("console: ")
+        stranger = await new_context(browser, url)
+        try:
+            page = await stranger.new_page()
+            response = await page.goto("/")
+            assert response is not None and response.status == 401
+            await expect(page.locator("#auth-message")).to_contain_text("login URL")
+        finally:
+            await stranger.close()
+        context = await new_context(browser, url)
+        try:
+            page = await context.new_page()
+            await page.goto(login_url)
+            await expect(page).to_have_url(f"{url}/")  # the token is out of the address bar
+            await expect(page.locator("#operator")).to_have_text(
+                f"local:{getpass.getuser()} · admin"
+            )
+            await open_live(page)
+            await shot(page, "local-login")
+        finally:
+            await context.close()
+    finally:
+        process.stop()

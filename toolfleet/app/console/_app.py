@@ -235,7 +235,8 @@ class Console:
             if self.auth.oidc:
                 here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 return RedirectResponse(f"{LOGIN_PATH}?{urlencode({'next': here})}", 302)
-            return page("Not signed in", f"{str(exc).capitalize()}.", status=401)
+            message = str(exc)
+            return page("Not signed in", f"{message[:1].upper()}{message[1:]}.", status=401)
         except operations.NotAllowedError as exc:
             return page("Not allowed", f"{exc}.", status=403)
         return HTMLResponse(self._page)
