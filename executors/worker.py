@@ -67,10 +67,10 @@ from kernel.settings import Settings
 from kernel.stores.admission import Admission
 from kernel.stores.circuit import CircuitBreaker
 from kernel.stores.keys import Keys
-from kernel.stores.ledger import Ledger
+from kernel.stores.ledger import CallFailure, Ledger
 from kernel.stores.registry import publish_tools
 from kernel.stores.tasks import TaskStore, new_task_id
-from kernel.tools import Tool, ToolRegistry, run_call, run_compensate, run_probe
+from kernel.tools import Tool, ToolFailure, ToolRegistry, run_call, run_compensate, run_probe
 from schemas import CallError, CallOutcome, CancelRequest, ExecutionCommand, HumanTask
 
 T = TypeVar("T")
@@ -411,6 +411,7 @@ class Worker:
         async def record_upstream(ref: str) -> None:
             await _persist(lambda: self.ledger.record_upstream_ref(command, ref))
 
+        raised: list[ToolFailure] = []  # what user code raised (logged by the runner)
         try:
             outcome = await run_call(
                 tool,
@@ -422,6 +423,7 @@ class Worker:
                 record_upstream=record_upstream,
                 max_output_bytes=self.settings.max_output_bytes,
                 phase=self._phase,
+                on_failure=raised.append,
             )
         except _NotStarted as refused:
             return await self._refused(command, refused.verdict)
@@ -448,7 +450,8 @@ class Worker:
             return outcome
         outcome = self._as_reported(tool, command, outcome)
         final = outcome
-        if await _persist(lambda: self.ledger.finish(final)) == "stale":
+        failure = _call_failure(raised, command, self.worker_id)
+        if await _persist(lambda: self.ledger.finish(final, failure)) == "stale":
             log.info("dropping a fenced-off attempt's outcome", extra={"call": command.call_id})
             return None
         return outcome
@@ -702,6 +705,24 @@ async def _persist(step: Callable[[], Awaitable[T]]) -> T:
             log.debug("dependency unavailable after the call ran", extra={"error": repr(exc)})
             attempt += 1
             await nap(STEP.delay(attempt), wake=DEPENDENCIES.back)
+
+
+def _call_failure(
+    raised: list[ToolFailure], command: ExecutionCommand, worker_id: str
+) -> CallFailure | None:
+    """What the call's ledger entry keeps of the first thing user code raised (the root
+    cause: a failure formatter that raised too comes after the body's exception)."""
+    if not raised:
+        return None
+    first = raised[0]
+    return CallFailure(
+        type=first.type,
+        message=first.message,
+        traceback=first.traceback,
+        attempt=command.attempt,
+        worker_id=worker_id,
+        at=time.time(),
+    )
 
 
 def _describe_span(outcome: CallOutcome) -> None:

@@ -65,6 +65,8 @@ class JsonFormatter(logging.Formatter):
         entry.update((k, v) for k, v in record.__dict__.items() if k not in _STANDARD_FIELDS)
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:  # a traceback kept as text (a tool's, with arguments redacted)
+            entry["exc"] = record.exc_text
         return json.dumps(entry, default=str)
 
 

@@ -153,6 +153,35 @@ class NewCall:
 
 
 @dataclass(frozen=True)
+class CallFailure:
+    """What user code raised in the latest failed attempt of a call, for operators: class
+    name, message and traceback (bounded, the call's argument values redacted by the worker
+    that ran it). A later attempt that succeeds leaves it in place: it says which attempt."""
+
+    type: str
+    message: str
+    traceback: str
+    attempt: int
+    worker_id: str | None = None
+    at: float = 0.0
+
+    def encode(self) -> str:
+        """The ledger field's value."""
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, raw: str | None) -> CallFailure | None:
+        """The record a ledger field holds (None when it holds none, or not one of these)."""
+        if not raw:
+            return None
+        try:
+            data = json.loads(raw)
+            return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+        except (ValueError, TypeError):
+            return None
+
+
+@dataclass(frozen=True)
 class LedgerEntry:
     """A call's ledger entry as read from Redis."""
 
@@ -182,6 +211,8 @@ class LedgerEntry:
     policy: CallPolicy = CallPolicy()
     trace_id: str | None = None
     """The OpenTelemetry trace (32 hex digits) of the turn that planned the call."""
+    failure: CallFailure | None = None
+    """What the tool raised in its latest failed attempt (type, message, traceback)."""
 
     @property
     def arguments_digest(self) -> str:
@@ -217,6 +248,7 @@ class LedgerEntry:
             tool_version=h.get("tool_version") or None,
             policy=CallPolicy.decode(h.get("policy")),
             trace_id=h.get("trace_id") or None,
+            failure=CallFailure.decode(h.get("failure")),
         )
 
 
@@ -436,8 +468,9 @@ return 1
 """
 
 # Store the outcomes of current attempts, a batch at once (``SlotGroupBatches``). KEYS, three
-# per call: entry, audit chain, lease index. ARGV, six per call: token, outcome json,
-# status, effect, now, lease member. Returns ok, stale, done or missing per call.
+# per call: entry, audit chain, lease index. ARGV, seven per call: token, outcome json,
+# status, effect, now, lease member, failure json ('' when user code raised nothing).
+# Returns ok, stale, done or missing per call.
 _FINISH = """
 local function finish(entry, audit, leases, a)
   local h = redis.call('HMGET', entry, 'state', 'fencing_token', 'keep')
@@ -446,6 +479,7 @@ local function finish(entry, audit, leases, a)
   if h[1] == 'finished' or h[1] == 'committed' then return 'done' end
   redis.call('HSET', entry, 'state', 'finished', 'outcome', ARGV[a + 1], 'lease_until', 0,
     'finished_at', ARGV[a + 4])
+  if ARGV[a + 6] ~= '' then redis.call('HSET', entry, 'failure', ARGV[a + 6]) end
   redis.call('ZREM', leases, ARGV[a + 5])
   if h[3] then
     redis.call('RPUSH', audit, cjson.encode({event='finished', status=ARGV[a + 2],
@@ -455,7 +489,7 @@ local function finish(entry, audit, leases, a)
 end
 local out = {}
 for i = 1, #KEYS, 3 do
-  out[#out + 1] = finish(KEYS[i], KEYS[i + 1], KEYS[i + 2], (i - 1) / 3 * 6 + 1)
+  out[#out + 1] = finish(KEYS[i], KEYS[i + 1], KEYS[i + 2], (i - 1) / 3 * 7 + 1)
 end
 return out
 """
@@ -763,8 +797,9 @@ class Ledger:
             )
         )
 
-    async def finish(self, outcome: CallOutcome) -> str:
-        """Store the outcome of the current attempt: ``ok``, ``stale``, ``done`` or ``missing``."""
+    async def finish(self, outcome: CallOutcome, failure: CallFailure | None = None) -> str:
+        """Store the outcome of the current attempt: ``ok``, ``stale``, ``done`` or ``missing``;
+        with ``failure``, what the tool raised (kept until a later failure replaces it)."""
         tenant, run, call = outcome.tenant_id, outcome.run_id, outcome.call_id
         group = self.keys.group(tenant, run)
         step = _Step(
@@ -780,6 +815,7 @@ class Ledger:
                 outcome.effect,
                 time.time(),
                 lease_member(tenant, run, call),
+                failure.encode() if failure is not None else "",
             ],
         )
         (reply,) = await self._finishes.submit(group, step)

@@ -13,6 +13,7 @@ from kernel.tools._errors import (
     ToolTimeoutError,
     default_tool_timeout_error_message,
 )
+from kernel.tools._failures import ToolFailure
 from kernel.tools._guardrails import (
     GuardrailBehavior,
     GuardrailResult,
@@ -55,6 +56,7 @@ __all__ = [
     "ToolCancelledError",
     "ToolContext",
     "ToolErrorFunction",
+    "ToolFailure",
     "ToolInputGuardrailTripwireTriggered",
     "ToolOutputGuardrailTripwireTriggered",
     "ToolRegistry",

@@ -14,6 +14,7 @@ from typing import Any
 from kernel.errors import ConfigurationError, InvalidMessageError, ModelBehaviorError
 from kernel.tools._context import ProbeResult, ToolContext
 from kernel.tools._errors import ToolTimeoutError
+from kernel.tools._failures import TOOL_FAILURES, ToolFailure
 from kernel.tools._tool import Tool
 from schemas import ExecutionCommand
 
@@ -37,7 +38,9 @@ async def run_probe(
     except ToolTimeoutError:
         return ProbeResult.unknown(f"probe timed out after {tool.timeout or 0:g} seconds")
     except Exception as exc:
-        return ProbeResult.unknown(f"probe raised {type(exc).__name__}: {exc}")
+        failure = ToolFailure.of(exc, ctx.args)
+        TOOL_FAILURES.report(command.tool_name, failure, exc, part="probe of")
+        return ProbeResult.unknown(f"probe raised {failure.type}: {failure.message}")
     if not isinstance(result, ProbeResult):
         return ProbeResult.unknown(
             f"probe returned {type(result).__name__}; it must return a ProbeResult"
@@ -61,7 +64,12 @@ async def run_compensate(
         reason = "compensate command without original_output"
         raise InvalidMessageError(f"{reason} for call {command.call_id}", reason=reason)
     ctx = _context(tool, command, worker_id)
-    result = await _call(compensate, tool, ctx, command.original_output)
+    try:
+        result = await _call(compensate, tool, ctx, command.original_output)
+    except Exception as exc:
+        failure = ToolFailure.of(exc, ctx.args)
+        TOOL_FAILURES.report(command.tool_name, failure, exc, part="compensate action of")
+        raise
     return result if isinstance(result, str) else str(result)
 
 

@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
+import json
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
@@ -59,6 +60,7 @@ from kernel.tools._errors import (
     ToolOutputGuardrailTripwireTriggered,
     ToolTimeoutError,
 )
+from kernel.tools._failures import TOOL_FAILURES, ToolFailure
 from kernel.tools._guardrails import GuardrailResult, check_guardrail_result, guardrail_name
 from kernel.tools._tool import Tool
 from schemas import CallError, CallOutcome, CallStatus, Effect, ExecutionCommand, RetryHint
@@ -135,6 +137,7 @@ async def run_call(
     record_upstream: UpstreamRecorder | None = None,
     max_output_bytes: int | None = None,
     phase: Phase | None = None,
+    on_failure: Callable[[ToolFailure], None] | None = None,
 ) -> CallOutcome:
     """Run one call of ``tool`` as ``command`` describes and return its outcome.
 
@@ -145,6 +148,9 @@ async def run_call(
     An output longer than ``max_output_bytes`` is not kept: the call ends ``failed`` with a
     text that says so (its effect is what the body did). ``phase(name)`` wraps each phase
     of the call (``guardrails.input``, ``body``, ``guardrails.output``): the worker's spans.
+    Whatever user code raises is logged with its traceback (``kernel.tools._failures``: once
+    per call, rate-limited per tool, argument values redacted) and handed to ``on_failure``
+    (the worker keeps it in the call's ledger entry).
     """
     loop = asyncio.get_running_loop()
     run = _CallRun(
@@ -157,6 +163,7 @@ async def run_call(
         record_upstream=record_upstream,
         max_output_bytes=max_output_bytes,
         phase=phase or _no_phase,
+        on_failure=on_failure,
     )
     return await run.run()
 
@@ -176,8 +183,10 @@ class _CallRun:
         record_upstream: UpstreamRecorder | None = None,
         max_output_bytes: int | None = None,
         phase: Phase,
+        on_failure: Callable[[ToolFailure], None] | None = None,
     ) -> None:
         self.phase = phase
+        self.on_failure = on_failure
         self.tool = tool
         self.cancel_call = cancel_call
         self.command = command
@@ -334,6 +343,7 @@ class _CallRun:
             return _Body("succeeded", "applied", captured.value)
         if isinstance(exc, asyncio.CancelledError):
             return await (self._timed_out() if timed_out else self._cancelled(exc))
+        self._failed(exc)
         if isinstance(exc, Exception):
             error = error_of(exc, str(exc))
             verdict = self.tool.classify_failure(exc, now=time.time())
@@ -440,11 +450,19 @@ class _CallRun:
         except BaseException as exc:
             # Everything user code raises, KeyboardInterrupt included, is this call's failure;
             # the worker around it must keep serving other calls.
+            self._failed(exc)
             raise self._turn_failure(exc, effect) from None
         if self.parent_cancelled():
             # It swallowed a cancellation meant for the whole call: stop here, run nothing more.
             raise asyncio.CancelledError
         return result
+
+    def _failed(self, exc: BaseException) -> None:
+        """User code raised ``exc``: log it (rate-limited) and hand it to ``on_failure``."""
+        failure = ToolFailure.of(exc, self.ctx.args or _loose_arguments(self.command.arguments))
+        TOOL_FAILURES.report(self.command.tool_name, failure, exc)
+        if self.on_failure is not None:
+            self.on_failure(failure)
 
     def _turn_failure(self, exc: BaseException, effect: Effect) -> _TurnFailed:
         if isinstance(exc, asyncio.CancelledError):
@@ -487,6 +505,16 @@ class _CallRun:
             started_at=self.started_at,
             finished_at=time.time(),
         )
+
+
+def _loose_arguments(raw: str) -> dict[str, Any]:
+    """The arguments as far as they parse (their values are redacted from a failure even
+    when the tool's schema refused them)."""
+    try:
+        parsed = json.loads(raw)
+    except (ValueError, RecursionError):
+        return {}
+    return parsed if isinstance(parsed, dict) else {"arguments": raw}
 
 
 def output_text(output: Any) -> str:
