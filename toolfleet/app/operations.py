@@ -17,6 +17,7 @@ and raises a ``UsageError`` that says what to fix when it cannot act:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -200,11 +201,17 @@ class CallView:
 
 def call_fields(entry: LedgerEntry) -> dict[str, Any]:
     """A ledger entry's fields for operators: everything but the outcome (shown on its own)
-    and the arguments, whose sha256 digest names what was asked without printing it."""
+    and the arguments, whose sha256 digest names what was asked without printing it.
+
+    ``failure`` is what the tool raised in its latest failed attempt, as a dict: ``type``,
+    ``message``, ``traceback`` (at most 8 KiB, argument values redacted), ``attempt``,
+    ``worker_id`` and ``at``; None when no attempt raised.
+    """
     fields: dict[str, Any] = {
         k: v for k, v in vars(entry).items() if k not in ("outcome", "arguments")
     }
     fields["arguments_digest"] = entry.arguments_digest
+    fields["failure"] = dataclasses.asdict(entry.failure) if entry.failure is not None else None
     return fields
 
 
