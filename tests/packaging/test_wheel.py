@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 import uuid
 import zipfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from email.parser import Parser
@@ -30,12 +30,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
+from kernel.adapters.redis import connect_redis
+from kernel.settings import Settings
+from kernel.stores.keys import Keys
+from tests.docs.readme import run_readme
 from tests.integration.test_otlp_export import Receiver
 
 pytestmark = pytest.mark.packaging
 
 ROOT = Path(__file__).parents[2]
+README = ROOT / "README.md"
 PROBE = Path(__file__).with_name("probe.py")
 PACKAGES = ("schemas", "kernel", "planner", "executors", "aggregator", "reconciler", "toolfleet")
 EXTRA_SETS = ("", "agents", "console", "otlp")
@@ -312,15 +318,33 @@ def test_otlp_traces_with_the_extra_reach_a_collector(venvs: dict[str, Venv]) ->
 
 
 @pytest.fixture
-def fleet_env(infra_env: dict[str, str]) -> dict[str, str]:
-    """Where the real Kafka and Redis are, and topics no earlier run has used."""
-    return {
-        "KAFKA_BOOTSTRAP_SERVERS": infra_env["KAFKA_BOOTSTRAP_SERVERS"],
-        "REDIS_URL": infra_env["REDIS_URL"],
-        "TOOLFLEET_TOPIC_PREFIX": f"pkg-{uuid.uuid4().hex[:8]}.",
+async def fleet_env(settings: Settings) -> AsyncIterator[dict[str, str]]:
+    """Where the real Kafka and Redis are, and a namespace no earlier run has used (topics
+    and keys as on day one, made by the processes themselves), deleted afterwards."""
+    fresh = settings.model_copy(update={"topic_prefix": f"pkg-{uuid.uuid4().hex[:8]}."})
+    yield {
+        "KAFKA_BOOTSTRAP_SERVERS": fresh.kafka_servers(),
+        "REDIS_URL": fresh.redis_address(),
+        "TOOLFLEET_TOPIC_PREFIX": fresh.topic_prefix,
     }
+    admin = AIOKafkaAdminClient(bootstrap_servers=fresh.kafka_servers())
+    await admin.start()
+    try:
+        made = [t for t in await admin.list_topics() if t.startswith(fresh.topic_prefix)]
+        if made:
+            await admin.delete_topics(made)
+    finally:
+        await admin.close()
+    redis = connect_redis(fresh)
+    try:
+        pattern = f"{Keys.of(fresh).namespace}:*"
+        for key in [key async for key in redis.scan_iter(match=pattern, count=1000)]:
+            await redis.unlink(key)  # one key per command: any slot
+    finally:
+        await redis.aclose()
 
 
+@pytest.mark.integration
 def test_the_demo_runs_the_services_without_any_extra(
     venvs: dict[str, Venv], fleet_env: dict[str, str]
 ) -> None:
@@ -361,6 +385,7 @@ def console_process(venvs: dict[str, Venv], fleet_env: dict[str, str]) -> Iterat
             process.wait()
 
 
+@pytest.mark.integration
 def test_the_console_serves_with_its_extra(console_process: str) -> None:
     try:
         with urllib.request.urlopen(console_process, timeout=10) as response:
@@ -368,6 +393,25 @@ def test_the_console_serves_with_its_extra(console_process: str) -> None:
     except urllib.error.HTTPError as refused:  # locked: asks who is there, which is an answer
         status = refused.code
     assert status < 500
+
+
+@pytest.mark.integration
+def test_the_readme_runs_in_an_install_with_the_agents_extra(
+    venvs: dict[str, Venv], fleet_env: dict[str, str], tmp_path: Path
+) -> None:
+    # The README's path installs toolfleet[agents] (make demo does): its blocks run with that
+    # virtualenv as their .venv, in a shell that has nothing of this checkout's.
+    dev_bin = str(Path(sys.prefix) / "bin")
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("TOOLFLEET_") and key not in ("VIRTUAL_ENV", "PYTHONPATH")
+    }
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != dev_bin)
+    env.update(fleet_env)
+    run = run_readme(README, workdir=tmp_path, venv=venvs["agents"].path, env=env, timeout=240)
+    assert not run.leftovers, f"the README left processes running: {run.leftovers}"
+    assert any(block.runs and block.kind == "python" for block in run.blocks)
 
 
 # -- the image -------------------------------------------------------------------------------
