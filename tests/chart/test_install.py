@@ -119,8 +119,10 @@ def _manifest(api: ApiServer, namespace: str) -> str:
     ).stdout  # fmt: skip
 
 
-def _install_and_upgrade(api: ApiServer, namespace: str, values: tuple[Path, ...]) -> None:
+def _install_and_upgrade(api: ApiServer, namespace: str, values: tuple[Path, ...]) -> str:
+    """Installs then upgrades release "fleet"; returns what the install printed."""
     files = [a for v in values for a in ("-f", str(v))]
+    printed = ""
     for verb in ("install", "upgrade"):
         done, runner = _helm_with_hooks(api, namespace, verb, "fleet", str(CHART), *files)
         event = f"pre-{verb}"
@@ -129,6 +131,7 @@ def _install_and_upgrade(api: ApiServer, namespace: str, values: tuple[Path, ...
             f"{event}: the topics Job's pod could not run when its hook ran: {ran}\n" + done.stderr
         )
         assert done.returncode == 0, f"helm {verb}: {done.stdout}{done.stderr}"
+        printed = printed or done.stdout
         # The API server warns of a field a CRD's (or a built-in kind's) schema lacks.
         assert "unknown field" not in done.stderr, done.stderr
         # The hooks cleaned up after themselves (hook-succeeded): the Job and its account.
@@ -143,11 +146,15 @@ def _install_and_upgrade(api: ApiServer, namespace: str, values: tuple[Path, ...
         stored = api.get(PATHS[kind].format(ns=namespace) + f"/{name}")
         assert stored is not None, f"{kind} {name} of the release is not in the cluster"
         assert stored["metadata"]["annotations"]["meta.helm.sh/release-name"] == "fleet"
+    return printed
 
 
 def test_install_and_upgrade_with_every_optional_part(cluster: ApiServer) -> None:
     _namespace(cluster, "agents", USER_SECRETS)
-    _install_and_upgrade(cluster, "agents", (FULL,))
+    notes = _install_and_upgrade(cluster, "agents", (FULL,))
+    assert "Sign-in: OpenID Connect (https://login.example.com/realms/platform) API tokens." in (
+        notes
+    )
     kinds = {o["kind"] for o in _released_objects(_manifest(cluster, "agents"))}
     # Accepted by the API server against their CRDs' schemas.
     assert {"ScaledObject", "TriggerAuthentication", "ServiceMonitor", "PrometheusRule"} <= kinds

@@ -7,6 +7,7 @@ Kafka with the services' Secrets, the NetworkPolicies, extraObjects, and a plain
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +227,28 @@ def test_extra_objects_are_rendered_with_tpl(tmp_path: Path) -> None:
     values = tmp_path / "v.yaml"
     values.write_text(yaml.safe_dump({"extraObjects": ["apiVersion: v1\nkind: Namespace\n"]}))
     assert _kind(_render(values), "Namespace") == [{"apiVersion": "v1", "kind": "Namespace"}]
+
+
+def _leaves(node: Any, path: str = "") -> list[str]:
+    if isinstance(node, dict) and node:
+        return [leaf for key, value in node.items() for leaf in _leaves(value, f"{path}.{key}")]
+    if path == ".workers":
+        return [f".workers[].{key}" for key in node[0]]
+    return [path]
+
+
+def test_the_readme_documents_every_value() -> None:
+    """Each value of values.yaml is in the README's table, itself or a parent of it (a
+    row for `planner.resources` covers `planner.resources.requests.cpu`)."""
+    readme = (CHART / "README.md").read_text()
+    table = readme[readme.index("## Values") :]
+    rows = set(re.findall(r"`([A-Za-z][A-Za-z0-9.\[\]*]*)`", table))
+    rows |= {f"{name}.{key}" for name in ("planner", "aggregator", "reconciler")
+             for key in ("replicas", "resources", "pdb")}  # fmt: skip
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    undocumented = []
+    for leaf in (path.lstrip(".") for path in _leaves(values)):
+        parts = leaf.split(".")
+        if not any(".".join(parts[:n]) in rows for n in range(1, len(parts) + 1)):
+            undocumented.append(leaf)
+    assert undocumented == []
