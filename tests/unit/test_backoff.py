@@ -1,0 +1,84 @@
+"""The one backoff policy: capped exponential delays with equal jitter, on tenacity."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from kernel.adapters.backoff import DEPENDENCY, MESSAGE, STEP, TICK, Backoff, Interrupted, nap
+
+
+@pytest.mark.parametrize("policy", [DEPENDENCY, MESSAGE, STEP, TICK], ids=repr)
+def test_each_delay_is_between_half_its_step_and_its_step_and_the_step_doubles_to_the_cap(
+    policy: Backoff,
+) -> None:
+    for attempt in range(1, 30):
+        step = min(policy.cap_s, policy.first_s * 2 ** (attempt - 1))
+        delays = [policy.delay(attempt) for _ in range(200)]
+        assert all(step / 2 <= d <= step for d in delays), (attempt, min(delays), max(delays))
+        # Jittered: 200 draws are not all the same (instances that lost Redis together must
+        # not come back to it in step).
+        assert max(delays) - min(delays) > step / 10
+
+
+def test_a_policy_needs_a_positive_first_step_no_larger_than_its_cap() -> None:
+    with pytest.raises(ValueError, match="first_s <= cap_s"):
+        Backoff(first_s=0, cap_s=1)
+    with pytest.raises(ValueError, match="first_s <= cap_s"):
+        Backoff(first_s=2, cap_s=1)
+
+
+async def test_retrying_retries_the_named_errors_by_the_policy_and_raises_others() -> None:
+    attempts = 0
+
+    async def flaky() -> str:
+        nonlocal attempts
+        attempts += 1
+        if attempts < 4:
+            raise ConnectionError("not yet")
+        return "answered"
+
+    began = time.monotonic()
+    async for attempt in Backoff(0.01, 0.02).retrying(ConnectionError):
+        with attempt:
+            result = await flaky()
+    assert (result, attempts) == ("answered", 4)
+    assert time.monotonic() - began >= 0.005 + 0.01 + 0.01  # three waits, each at least half
+
+    with pytest.raises(KeyError):
+        async for attempt in Backoff(0.01, 0.02).retrying(ConnectionError):
+            with attempt:
+                raise KeyError("not retried")
+
+
+async def test_a_sleep_ends_with_interrupted_when_its_event_is_set_and_early_when_woken() -> None:
+    stopping = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.05, stopping.set)
+    began = time.monotonic()
+    with pytest.raises(Interrupted):
+        await nap(30, until=stopping)
+    assert time.monotonic() - began < 5
+
+    back = asyncio.Event()
+
+    async def wake() -> None:
+        await back.wait()
+
+    asyncio.get_running_loop().call_later(0.05, back.set)
+    began = time.monotonic()
+    await nap(30, until=asyncio.Event(), wake=wake)  # returns: the dependency is back
+    assert time.monotonic() - began < 5
+
+
+async def test_retrying_stops_with_interrupted_once_the_service_is_stopping() -> None:
+    stopping = asyncio.Event()
+    stopping.set()
+    tries = 0
+    with pytest.raises(Interrupted):
+        async for attempt in Backoff(10, 10).retrying(ConnectionError, until=stopping):
+            with attempt:
+                tries += 1
+                raise ConnectionError("away")
+    assert tries == 1
