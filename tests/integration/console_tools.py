@@ -1,5 +1,5 @@
-"""The tools behind the console's tests: a quick read, a write an operator settles by hand, a
-write that needs approval, a write that records its upstream reference, and a tool served in
+"""The tools behind the console's tests: a quick read, two writes an operator settles by hand,
+a write that needs approval, a write that records its upstream reference, and a tool served in
 two versions (the second fails on demand, for circuits and rollbacks)."""
 
 from __future__ import annotations
@@ -37,6 +37,19 @@ async def note(ctx: ToolContext, text: str, mode: Literal["ok", "apply_then_drop
     if mode == "apply_then_drop":
         await asyncio.sleep(_HANG_S)
     return f"noted {text}"
+
+
+@tools.tool(
+    effect="non_idempotent", timeout=0.5,
+    unattended="a memo: an operator settles an unknown one by hand",
+)  # fmt: skip
+async def memo(ctx: ToolContext, text: str, mode: Literal["ok", "apply_then_drop"] = "ok") -> str:
+    """Like note, with a circuit of its own: the tests' lost responses of note (three within
+    the circuit's window open it, TOOLFLEET_CIRCUIT_MIN_CALLS=3) never refuse a memo."""
+    side_effects().incr(runs_key(ctx.call_id))
+    if mode == "apply_then_drop":
+        await asyncio.sleep(_HANG_S)
+    return f"memo {text}"
 
 
 @tools.tool(effect="non_idempotent", needs_approval=True)

@@ -569,7 +569,7 @@ async def test_an_operator_of_one_tenant_never_reads_or_decides_anything_of_anot
     waiting = turn("globex", ("t", "transfer", {"amount": 7, "to": "x"}))
     assert (await client.run_turn(waiting)).status == "interrupted"
     waiting_call = waiting.function_calls[0].call_id
-    task_run = turn("globex", ("g", "note", {"text": "g2", "mode": "apply_then_drop"}))
+    task_run = turn("globex", ("g", "memo", {"text": "g2", "mode": "apply_then_drop"}))
     task_call = await _submitted(client, task_run)
     task = await _task_for(redis, keys, task_call)
     before = await _published(settings)

@@ -2,20 +2,19 @@
 server-sent events on ``/events``, sign-in under ``/auth``, and ``/healthz``.
 
 Every route but ``/healthz``, ``/auth/*`` and ``/static/*`` (the page's script and style) needs
-an identity (``_auth``) with a minimum role, and every read and decision is limited to the
-tenants that identity may see (``_access``):
+an identity (``_auth``) with a minimum role (``create_app`` names it route by route), and every
+read and decision is limited to the tenants that identity may see (``_access``):
 
-=====================================================  ========  ==========================
-route                                                  role      tenants
-=====================================================  ========  ==========================
-pages, ``/api/config``                                 viewer    (the page asks the API)
-``/events``, ``/api/recent``                           viewer    the filter's, within scope
-``/api/calls/T/ID``, ``/api/tasks``, ``/api/approvals``  viewer    T / the scope's only
-``/api/circuits``                                      viewer    fleet-wide facts, no ids
-``POST /api/tasks/ID/resolve``                         operator  the task's, within scope
-``POST /api/approvals/decide``                         operator  the call's, within scope
-``POST /api/circuits/REF/resume``, ``/api/tools/*``       admin     every tenant ("*")
-=====================================================  ========  ==========================
+==========================================================  ========  =====================
+route                                                       role      tenants
+==========================================================  ========  =====================
+pages, ``/api/config``                                      viewer    (the API's)
+``/events``, ``/api/recent``                                viewer    the filter's, in scope
+``/api/calls/T/ID``, ``/api/tasks``, ``/api/approvals``     viewer    in scope only
+``/api/circuits``                                           viewer    fleet-wide facts
+``POST /api/tasks/ID/resolve``, ``/api/approvals/decide``   operator  the task's or call's
+``POST /api/circuits/REF/resume``, ``/api/tools/NAME/*``    admin     every tenant ("*")
+==========================================================  ========  =====================
 """
 
 from __future__ import annotations
@@ -255,7 +254,7 @@ class Console:
         body = {"ok": not problems, "feed": self.feed.state, "problems": problems}
         return JSONResponse(body, status_code=200 if not problems else 503)
 
-    async def config(self, _request: Request, who: Identity) -> Response:
+    async def config(self, request: Request, who: Identity) -> Response:
         """What the page needs to know: who is signed in (role, tenants, the session's CSRF
         token), the console's tenant, the refresh."""
         tenants = self.access.tenants(who)
@@ -268,7 +267,7 @@ class Console:
                 "can_decide": who.may("operator"),
                 "fleet_wide": self.access.may_act_fleet_wide(who),
                 "csrf": who.csrf,
-                "session": self.auth.session_identity(_request) is not None,
+                "session": self.auth.session_identity(request) == who,  # it may sign out
                 "decision_auth": self.settings.decision_auth,
                 "refresh_s": self.options.refresh_s,
                 "feed": {"state": self.feed.state, "error": self.feed.error},
@@ -354,7 +353,7 @@ class Console:
     async def resolve(self, request: Request, who: Identity) -> Response:
         """Answer a human task (signed for ``who``, published; the reconciler carries it
         out)."""
-        self._decider(request, who, "resolving a task")
+        self.access.check_decision(request, who)
         body = await _body(request)
         resolution = body.get("resolution")
         if resolution not in operations.RESOLUTIONS:
@@ -394,7 +393,7 @@ class Console:
     async def decide(self, request: Request, who: Identity) -> Response:
         """Approve or reject a call waiting for approval (signed for ``who``, published; the
         planner records it, and the agent runtime's resumed turn acts on it)."""
-        self._decider(request, who, "deciding an approval")
+        self.access.check_decision(request, who)
         body = await _body(request)
         approve = body.get("approve")
         if not isinstance(approve, bool):
@@ -481,11 +480,6 @@ class Console:
         log.info("console decision", extra={"operator": who.name, "unpin": name})
         return JSONResponse({"name": name, "unpinned": unpinned})
 
-    def _decider(self, request: Request, who: Identity, what: str) -> None:
-        """Refuse a decision unless ``who`` is an operator and the console's page sent it."""
-        self.access.require(who, "operator", what)
-        self.access.check_decision(request, who)
-
     def _fleet_wide(self, request: Request, who: Identity, what: str) -> None:
         self.access.fleet_wide(who, what)
         self.access.check_decision(request, who)
@@ -567,9 +561,12 @@ def create_app(settings: Settings, options: ConsoleOptions | None = None) -> Sta
     def viewer(handler: Authorised) -> Handler:
         return _guarded(console, "viewer", handler)
 
-    # Decisions need more than a viewer: each handler checks its own role (operator, or
-    # admin for the fleet-wide ones) and the tenant, and names what is missing.
-    decision = viewer
+    def operator(handler: Authorised) -> Handler:
+        return _guarded(console, "operator", handler)
+
+    def admin(handler: Authorised) -> Handler:  # and every tenant: the handlers check it
+        return _guarded(console, "admin", handler)
+
     routes = [
         *(Route(path, console.page) for path in PAGES),
         Route("/calls/{tenant}/{call_id:path}", console.page),
@@ -583,13 +580,13 @@ def create_app(settings: Settings, options: ConsoleOptions | None = None) -> Sta
         Route("/api/recent", viewer(console.recent)),
         Route("/api/calls/{tenant}/{call_id:path}", viewer(console.call)),
         Route("/api/tasks", viewer(console.tasks)),
-        Route("/api/tasks/{task_id}/resolve", decision(console.resolve), methods=["POST"]),
+        Route("/api/tasks/{task_id}/resolve", operator(console.resolve), methods=["POST"]),
         Route("/api/approvals", viewer(console.approvals)),
-        Route("/api/approvals/decide", decision(console.decide), methods=["POST"]),
+        Route("/api/approvals/decide", operator(console.decide), methods=["POST"]),
         Route("/api/circuits", viewer(console.circuits)),
-        Route("/api/circuits/{ref}/resume", decision(console.resume), methods=["POST"]),
-        Route("/api/tools/{name}/rollback", decision(console.rollback), methods=["POST"]),
-        Route("/api/tools/{name}/unpin", decision(console.unpin), methods=["POST"]),
+        Route("/api/circuits/{ref}/resume", admin(console.resume), methods=["POST"]),
+        Route("/api/tools/{name}/rollback", admin(console.rollback), methods=["POST"]),
+        Route("/api/tools/{name}/unpin", admin(console.unpin), methods=["POST"]),
         Mount("/static", StaticFiles(packages=[(__package__ or "", "static")]), name="static"),
     ]
     session = Middleware(
