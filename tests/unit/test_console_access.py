@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ from toolfleet.app.console import (
 )
 from toolfleet.app.console._access import Access, best_role, tenant_set
 from toolfleet.app.console._auth import Authenticator, claims_identity, parse_tokens
-from toolfleet.app.console._login import safe_next
+from toolfleet.app.console._login import id_token_options, safe_next
 from toolfleet.app.operations import NotAllowedError
 
 PROXY_SECRET = "a-proxy-secret-0123456789"
@@ -321,3 +322,34 @@ def test_the_session_cookie_is_httponly_lax_and_secure_over_https(
     assert "httponly" in cookie and "samesite=lax" in cookie and "path=/" in cookie
     assert ("secure" in cookie) is secure
     assert f"max-age={settings.console_session_max_age_s}" in cookie
+
+
+# --- the ID token's claims --------------------------------------------------------------------
+def _id_token(**claims: Any) -> None:
+    from authlib.oidc.core import CodeIDToken  # type: ignore[import-untyped]
+
+    now = int(time.time())
+    base = {"iss": "https://idp", "sub": "u1", "aud": "console", "exp": now + 60, "iat": now,
+            "nonce": "n-1"}  # fmt: skip
+    token = CodeIDToken(
+        {**base, **claims}, {"alg": "RS256"}, id_token_options("https://idp", "console"),
+        {"nonce": "n-1", "client_id": "console"},
+    )  # fmt: skip
+    token.validate(leeway=0)
+
+
+def test_an_id_token_must_name_the_issuer_this_client_the_nonce_and_be_unexpired() -> None:
+    from joserfc.errors import JoseError
+
+    _id_token()
+    _id_token(aud=["console", "other"], azp="console")
+    refused = [
+        {"iss": "https://elsewhere"},
+        {"aud": "other"},
+        {"aud": ["other"], "azp": "console"},  # for another client, which names us as azp
+        {"nonce": "n-2"},
+        {"exp": int(time.time()) - 5},
+    ]
+    for claims in refused:
+        with pytest.raises(JoseError):
+            _id_token(**claims)

@@ -54,6 +54,17 @@ def page(title: str, message: str, *, status: int, link: tuple[str, str] | None 
     return HTMLResponse(body, status_code=status)
 
 
+def id_token_options(issuer: str, client_id: str | None) -> dict[str, Any]:
+    """How authlib checks an ID token's claims (besides its signature, nonce and times): it
+    must name the issuer, and this client among its audiences (authlib alone would accept a
+    token for another audience that names this client as its ``azp``)."""
+    return {
+        "iss": {"essential": True, "values": [issuer]},
+        "aud": {"essential": True, "values": [client_id]},
+        "exp": {"essential": True},
+    }
+
+
 def safe_next(raw: str | None) -> str:
     """Where to go after signing in: a path of this console only (never another site)."""
     if not raw or not raw.startswith("/") or raw.startswith(("//", "/\\")) or "\\" in raw:
@@ -167,12 +178,7 @@ class Login:
         retry = (LOGIN_PATH, "Sign in again")
         try:
             metadata = await self._metadata()
-            # Audience and issuer are checked explicitly: the ID token must be for this client.
-            options = {
-                "iss": {"essential": True, "values": [metadata["issuer"]]},
-                "aud": {"essential": True, "values": [self.settings.console_oidc_client_id]},
-                "exp": {"essential": True},
-            }
+            options = id_token_options(metadata["issuer"], self.settings.console_oidc_client_id)
             token = await self._client.authorize_access_token(request, claims_options=options)
             claims = token.get("userinfo")
             if claims is None:
