@@ -27,7 +27,7 @@ from toolfleet.app.console import (
 )
 from toolfleet.app.console._access import Access, best_role, tenant_set
 from toolfleet.app.console._auth import Authenticator, claims_identity, parse_tokens
-from toolfleet.app.console._login import id_token_options, safe_next
+from toolfleet.app.console._login import Login, id_token_options, safe_next
 from toolfleet.app.operations import NotAllowedError
 
 PROXY_SECRET = "a-proxy-secret-0123456789"
@@ -353,3 +353,39 @@ def test_an_id_token_must_name_the_issuer_this_client_the_nonce_and_be_unexpired
     for claims in refused:
         with pytest.raises(JoseError):
             _id_token(**claims)
+
+
+class _Discovery:
+    """What authlib's client answers for the provider's discovery document."""
+
+    def __init__(self, metadata: dict[str, Any]) -> None:
+        self.metadata = metadata
+
+    async def load_server_metadata(self) -> dict[str, Any]:
+        return self.metadata
+
+
+@pytest.mark.parametrize(
+    ("metadata", "says"),
+    [
+        ({"issuer": "https://idp.example/other"}, "names issuer 'https://idp.example/other'"),
+        ({"issuer": "https://idp.example/", "code_challenge_methods_supported": ["plain"]},
+         "PKCE with S256"),
+    ],
+)  # fmt: skip
+async def test_a_provider_whose_discovery_document_does_not_match_is_refused(
+    metadata: dict[str, Any], says: str
+) -> None:
+    settings = _settings(
+        console_oidc_issuer="https://idp.example",
+        console_oidc_client_id="console",
+        console_public_url="https://console.example",
+        console_session_secret=SecretStr("s" * 32),
+    )
+    login = Login(settings, Authenticator(settings))
+    login._client = _Discovery(metadata)
+    with pytest.raises(ConfigurationError) as caught:
+        await login._metadata()
+    assert says in str(caught.value)
+    login._client = _Discovery({"issuer": "https://idp.example/"})  # a trailing slash is the same
+    assert (await login._metadata())["issuer"] == "https://idp.example/"
