@@ -29,12 +29,18 @@ class Settings(BaseSettings):
 
     kafka_bootstrap_servers: str | None = Field(
         default=None,
+        description="Kafka's bootstrap servers, host:port[,host:port...] (unset: the broker "
+        "toolfleet infra up runs, 127.0.0.1 on kafka_port)",
         validation_alias=AliasChoices(
             "KAFKA_BOOTSTRAP_SERVERS", "TOOLFLEET_KAFKA_BOOTSTRAP_SERVERS"
         ),
     )
     redis_url: str | None = Field(
-        default=None, validation_alias=AliasChoices("REDIS_URL", "TOOLFLEET_REDIS_URL")
+        default=None,
+        description="The Redis that holds the fleet's state: redis://, rediss://, unix://, "
+        "redis+cluster:// or redis+sentinel:// (unset: the server toolfleet infra up runs, "
+        "127.0.0.1 on redis_port)",
+        validation_alias=AliasChoices("REDIS_URL", "TOOLFLEET_REDIS_URL"),
     )
     redis_max_connections: int = Field(default=128, ge=4, description="Per process")
 
@@ -117,7 +123,11 @@ class Settings(BaseSettings):
         description="How long `started` waits for the replicas; past it the call never runs "
         "and its effect is unknown (UnreplicatedWriteError)",
     )
-    topic_prefix: str = "toolfleet."
+    topic_prefix: str = Field(
+        default="toolfleet.",
+        description="Starts every topic's name; also names the deployment's Redis keys (under "
+        "tf: for the default, tf:<prefix without its dot>: otherwise)",
+    )
     partitions: int = Field(
         default=6,
         ge=1,
@@ -261,17 +271,42 @@ class Settings(BaseSettings):
         description="If set, a dead-lettered record too big for its letter is also written "
         "whole to <dir>/<sha256>.bin",
     )
-    max_items_per_response: int = Field(default=1_000, ge=1)
-    max_argument_bytes: int = Field(default=262_144, ge=1_024)
+    max_items_per_response: int = Field(
+        default=1_000,
+        ge=1,
+        description="Most function calls in one model response; a bigger one is dead-lettered",
+    )
+    max_argument_bytes: int = Field(
+        default=262_144,
+        ge=1_024,
+        description="Largest arguments of one call; a response with bigger ones is dead-lettered",
+    )
     max_json_depth: int = Field(
         default=64, ge=4, description="Deepest nesting accepted in a message or arguments"
     )
 
     # Recovery: the reconciler's budgets (RecoveryPolicy.of reads them).
-    recovery_max_attempts: int = Field(default=2, ge=1)
-    recovery_probe_budget: int = Field(default=4, ge=1)
-    recovery_probe_backoff_s: float = Field(default=0.5, gt=0)
-    recovery_report_after_s: float = Field(default=30.0, ge=0)
+    recovery_max_attempts: int = Field(
+        default=2,
+        ge=1,
+        description="Executions of one call in all, the first included (only replay-safe "
+        "calls are retried)",
+    )
+    recovery_probe_budget: int = Field(
+        default=4, ge=1, description="Probes of one unknown call before a human task is filed"
+    )
+    recovery_probe_backoff_s: float = Field(
+        default=0.5,
+        gt=0,
+        description="Delay before the second probe of an unknown call; doubles with each "
+        "further probe",
+    )
+    recovery_report_after_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="How long a turn of a reconcile_then_report tool waits for the verdict on "
+        "an unknown call before the model is told its outcome is under review",
+    )
     recovery_retry_backoff_s: float = Field(
         default=0.2,
         gt=0,
@@ -280,9 +315,21 @@ class Settings(BaseSettings):
     )
 
     # Circuit breaker per tool version (see kernel/stores/circuit.py).
-    circuit_window_s: float = Field(default=60.0, gt=0)
-    circuit_min_calls: int = Field(default=10, ge=1)
-    circuit_error_rate: float = Field(default=0.5, gt=0, le=1)
+    circuit_window_s: float = Field(
+        default=60.0, gt=0, description="Sliding window of a tool version's error rate"
+    )
+    circuit_min_calls: int = Field(
+        default=10,
+        ge=1,
+        description="Calls of a tool version in the window before its error rate can open "
+        "its circuit",
+    )
+    circuit_error_rate: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Share of failed calls in the window that opens a tool version's circuit",
+    )
     circuit_cache_s: float = Field(default=1.0, ge=0, description="How long workers cache it")
     circuit_half_open_after_s: float | None = Field(
         default=None, description="Let one call through after this long; None: operator only"
@@ -367,13 +414,23 @@ class Settings(BaseSettings):
 
     # Local infrastructure (toolfleet infra up).
     infra: str = Field(default="local", description="'local' processes or 'containers'")
-    state_dir: Path = Field(default_factory=lambda: _xdg("XDG_STATE_HOME", ".local/state"))
-    cache_dir: Path = Field(default_factory=lambda: _xdg("XDG_CACHE_HOME", ".cache"))
-    kafka_version: str = "4.1.1"
-    kafka_port: int = 19092
-    kafka_controller_port: int = 19093
-    kafka_heap: str = "768m"
-    redis_port: int = 16379
+    state_dir: Path = Field(
+        default_factory=lambda: _xdg("XDG_STATE_HOME", ".local/state"),
+        description="Where toolfleet infra keeps Kafka's log dirs, Redis's AOF, pid files and "
+        "logs ($XDG_STATE_HOME/toolfleet when that is set)",
+    )
+    cache_dir: Path = Field(
+        default_factory=lambda: _xdg("XDG_CACHE_HOME", ".cache"),
+        description="Where toolfleet infra keeps the Kafka jars it resolves from Maven Central "
+        "($XDG_CACHE_HOME/toolfleet when that is set)",
+    )
+    kafka_version: str = Field(default="4.1.1", description="Kafka release toolfleet infra runs")
+    kafka_port: int = Field(default=19092, description="Port of the local broker's listener")
+    kafka_controller_port: int = Field(
+        default=19093, description="Port of the local broker's KRaft controller"
+    )
+    kafka_heap: str = Field(default="768m", description="Java heap of the local broker")
+    redis_port: int = Field(default=16379, description="Port of the local redis-server")
     redis_cluster_masters: int = Field(
         default=0, ge=0, description="Masters of the local Redis Cluster (0: none is run)"
     )
