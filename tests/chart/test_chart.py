@@ -1,11 +1,14 @@
 """The Helm chart, checked as CI and a platform team would: ``helm lint --strict``,
 ``helm template`` with the default values and with every optional part switched on
 (helm/toolfleet/ci/full-values.yaml), ``kubeconform -strict`` on the output against the
-Kubernetes JSON schemas of the ``kubernetes-validate`` package (offline), the values schema
-refusing what the API server would refuse, and what every Deployment must carry. The alerts
-and the Grafana dashboard are checked in ``test_dashboards.py``.
+Kubernetes JSON schemas of the ``kubernetes-validate`` package (offline) and, for the custom
+resources, against KEDA's and the Prometheus Operator's CRDs, the values schema refusing what
+the API server would refuse, and what every Deployment must carry. The alerts and the Grafana
+dashboard are checked in ``test_dashboards.py``, the hooks' dependencies in ``test_hooks.py``,
+the values' effects in ``test_values.py``, and a real install in ``test_install.py``.
 
-helm and kubeconform come from ``make chart-tools`` (``go install``), which ``make test`` runs.
+helm, kubeconform, kube-apiserver and the CRDs come from ``make chart-tools``, which
+``make test`` runs.
 """
 
 from __future__ import annotations
