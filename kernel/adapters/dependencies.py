@@ -516,7 +516,13 @@ async def check_dependencies(settings: Settings, monitor: DependencyMonitor) -> 
         if isinstance(result, StartRefused):
             raise monitor.refused(dependency, str(result))
         if isinstance(result, ConfigurationError):
-            raise monitor.refused(dependency, f"{_SETTINGS[dependency]}: {result}")
+            text = str(result)
+            named = (
+                text
+                if text.startswith(_SETTINGS[dependency])
+                else f"{_SETTINGS[dependency]}: {text}"
+            )
+            raise monitor.refused(dependency, named)
         if isinstance(result, BaseException):
             if not isinstance(result, Exception):
                 raise result

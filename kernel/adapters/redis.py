@@ -34,7 +34,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from kernel.adapters.security import redis_tls_options
+from kernel.adapters.security import redact_url, redis_tls_options
 from kernel.errors import ConfigurationError, InfrastructureError, UnreplicatedWriteError
 from kernel.settings import Settings
 
@@ -383,7 +383,9 @@ def parse_redis_url(url: str) -> RedisTarget:
     if scheme in ("redis", "rediss", "unix"):
         return RedisTarget("single", url)
     if scheme not in ("redis+cluster", "redis+sentinel"):
-        raise ConfigurationError(f"REDIS_URL {url!r}: unknown scheme {scheme!r}. {_URL_FORMS}")
+        raise ConfigurationError(
+            f"REDIS_URL {redact_url(url)!r}: unknown scheme {scheme!r}. {_URL_FORMS}"
+        )
     try:
         hosts = parsed.netloc.rsplit("@", 1)[-1]
         nodes = tuple(
@@ -391,7 +393,7 @@ def parse_redis_url(url: str) -> RedisTarget:
         )
     except (IndexError, ValueError):
         raise ConfigurationError(
-            f"REDIS_URL {url!r}: every node needs host:port. {_URL_FORMS}"
+            f"REDIS_URL {redact_url(url)!r}: every node needs host:port. {_URL_FORMS}"
         ) from None
     path = [part for part in parsed.path.split("/") if part]
     username = unquote(parsed.username) if parsed.username else None
@@ -399,11 +401,13 @@ def parse_redis_url(url: str) -> RedisTarget:
     if scheme == "redis+cluster":
         if path not in ([], ["0"]):
             raise ConfigurationError(
-                f"REDIS_URL {url!r}: a cluster has database 0 only. {_URL_FORMS}"
+                f"REDIS_URL {redact_url(url)!r}: a cluster has database 0 only. {_URL_FORMS}"
             )
         return RedisTarget("cluster", url, nodes, username=username, password=password)
     if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
-        raise ConfigurationError(f"REDIS_URL {url!r}: name the Sentinel service. {_URL_FORMS}")
+        raise ConfigurationError(
+            f"REDIS_URL {redact_url(url)!r}: name the Sentinel service. {_URL_FORMS}"
+        )
     db = int(path[1]) if len(path) == 2 else 0
     return RedisTarget(
         "sentinel", url, nodes, service=path[0], db=db, username=username, password=password
