@@ -3,8 +3,8 @@
 Starts the local Kafka and Redis (``toolfleet infra up``, idempotent), runs toolfleet, the raw
 and the durable relay, Celery, the in-process baseline and the peers (Temporal with activities
 and with local activities, DBOS on Postgres) one after another, prints the report on stdout,
-writes it to ``bench/results/latest.md``, and with ``--readme`` refreshes the summary in the
-README. Progress goes to stderr. Every process it starts is stopped on the way out.
+writes it to ``bench/results/latest.md``, and with ``--docs`` refreshes the summary in
+``docs/benchmarks.md``. Progress goes to stderr. Every process it starts is stopped on the way out.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from kernel.settings import Settings
 from toolfleet.app import infra
 
 RESULTS = REPO / "bench" / "results"
+BENCH_PAGE = REPO / "docs" / "benchmarks.md"
+"""The page whose latest-run block ``--docs`` rewrites (between the bench markers)."""
 SCENARIOS = ("a", "b", "c", "d", "e", "profile")
 SYSTEMS = (*BASELINES, *PEERS)
 
@@ -61,7 +63,11 @@ def _args(argv: list[str]) -> argparse.Namespace:
         "?max_connections=N) instead of redis-py's default",
     )
     parser.add_argument(
-        "--readme", action="store_true", help="also refresh the numbers in README.md"
+        "--docs",
+        "--readme",  # its name while the numbers were in the README
+        dest="docs",
+        action="store_true",
+        help=f"also refresh the numbers in {BENCH_PAGE.relative_to(REPO)}",
     )
     parser.add_argument(
         "--output", type=Path, default=RESULTS / "latest.md", help="where the report goes"
@@ -169,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(report + "\n")
     print(report)
-    if args.readme:
+    if args.docs:
         path = args.output.relative_to(REPO) if args.output.is_relative_to(REPO) else args.output
-        update_readme(REPO / "README.md", readme_block(results, str(path)))
-        progress("README.md: Benchmarks numbers refreshed")
+        update_readme(BENCH_PAGE, readme_block(results, str(path)))
+        progress(f"{BENCH_PAGE.relative_to(REPO)}: the latest run's numbers refreshed")
     verdicts = ", ".join(
         f"{'held' if t.held else 'missed' if t.held is not None else 'n/a'}"
         for t in targets(results)

@@ -780,7 +780,7 @@ README_END = "<!-- bench:end -->"
 
 
 def readme_block(results: Results, report_path: str) -> str:
-    """The README's summary of the latest run (between the bench markers)."""
+    """The summary of the latest run in docs/benchmarks.md (between the bench markers)."""
     lines = [
         README_BEGIN,
         f"Latest run: {results.started} ({results.meta.get('cores', '?')} cores, "
@@ -848,7 +848,7 @@ def readme_block(results: Results, report_path: str) -> str:
 
 
 def update_readme(readme: Path, block: str) -> None:
-    """Replace the marked block of the README's Benchmarks section (append it if missing)."""
+    """Replace the marked block of the benchmarks page ``readme`` (append it if missing)."""
     text = readme.read_text()
     pattern = re.compile(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), re.DOTALL)
     if pattern.search(text):

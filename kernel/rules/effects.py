@@ -148,7 +148,7 @@ CLASSIFICATION: tuple[tuple[str, str, str], ...] = (
      "compensate"),
 )  # fmt: skip
 """(failure after ``started``, effect for a tool that is not read_only, would trying again
-help): the table the README and ``toolfleet tools describe`` print, in the order
+help): the table docs/concepts/effects.md and ``toolfleet tools describe`` print, in the order
 ``classify_exception`` applies it."""
 
 

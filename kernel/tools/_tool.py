@@ -57,7 +57,7 @@ TimeoutBehavior = Literal["error_as_result", "raise_exception"]
 """What a timeout does: become the call's output (default) or fail the turn."""
 
 OnUnknown = Literal["report_now", "reconcile_then_report"]
-"""What the model is told while an effect is unknown (see the README, "What counts as happened")."""
+"""What the model is told while an effect is unknown (see docs/concepts/recovery.md)."""
 
 _ProbeT = TypeVar("_ProbeT", bound=ProbeFunction)
 _CompensateT = TypeVar("_CompensateT", bound=CompensateFunction)
