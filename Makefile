@@ -4,15 +4,29 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: setup test lint unit demo bench fuzz chaos infra-up infra-down clean chart-tools image-check \
-	console-screenshot
+.PHONY: setup setup-demo test lint unit demo docs bench fuzz chaos infra-up infra-down clean \
+	chart-tools image-check console-screenshot
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# What the demo runs: toolfleet and its agents extra (FleetRunner, for the README's path).
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[agents]'
+	touch $(DEMO_STAMP)
+
+## setup-demo: what the demo and the README's five-minute path need: the virtualenv with
+## toolfleet[agents], redis-server, Kafka jars; then start Kafka and Redis (no test tools)
+setup-demo: $(DEMO_STAMP)
+	bash scripts/install-redis.sh
+	$(BIN)/toolfleet infra up
 
 ## setup: virtualenv, Python packages, redis-server, chromium and the OIDC provider (npm; the
 ## console's browser and login tests), Kafka jars; then start Kafka and Redis
@@ -60,13 +74,18 @@ unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
 ## demo: the end-to-end demo (model response in, turn result out)
-demo: setup
+demo: setup-demo
 	$(BIN)/toolfleet demo
 
-## bench: the benchmarks (prints a table, writes bench/results/latest.md; BENCH_ARGS=--readme
-## also refreshes the README's numbers, BENCH_ARGS=--quick is a 3-minute smoke run). The peers'
-## servers are installed first: the Temporal CLI (go install, about 5 minutes the first time)
-## and Debian's postgresql for DBOS.
+## docs: the documentation site (MkDocs, docs/) into .artifacts/site/, built strictly: a broken
+## link or a page left out of the nav fails it (make test builds it too, tests/docs/)
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
+## bench: the benchmarks (prints a table, writes bench/results/latest.md; BENCH_ARGS=--docs
+## also refreshes the numbers in docs/benchmarks.md, BENCH_ARGS=--quick is a 3-minute smoke
+## run). The peers' servers are installed first: the Temporal CLI (go install, about 5 minutes
+## the first time) and Debian's postgresql for DBOS.
 bench: setup
 	test $(VENV)/.bench-installed -nt pyproject.toml || \
 	  { $(BIN)/python -m pip install -q -e '.[dev,bench]' && touch $(VENV)/.bench-installed; }
