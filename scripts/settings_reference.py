@@ -41,8 +41,8 @@ setting.
 This page is generated from `kernel/settings.py` when the site is built
 (`scripts/settings_reference.py`); {count} settings, in the order of their variables.
 
-| variable | type | default | what it does |
-|---|---|---|---|
+| variable | what it does |
+|---|---|
 """
 
 
@@ -137,8 +137,10 @@ def render() -> str:
     table = rows()
     lines = [_INTRO.format(count=len(table)).rstrip("\n")]
     for variables, kind, default, description in table:
+        # Two columns, the type and default under the name: the names are long and unbreakable.
         lines.append(
-            f"| {variables} | {_cell(kind)} | {_cell(default)} | {_cell(description) or '-'} |"
+            f"| {variables}<br>{_cell(kind)}; default {_cell(default)} "
+            f"| {_cell(description) or '-'} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -80,7 +80,7 @@ def test_the_settings_page_has_one_row_per_setting_with_its_variable_and_default
         by_variable[found[1]] = row
     for name, field in Settings.model_fields.items():
         row = by_variable[reference.env_names(name, field)[0]]
-        assert f"| {reference.default_of(field)} |" in row, row
+        assert f"; default {reference.default_of(field)} |" in row, row
         assert field.description and " ".join(field.description.split()) in row.replace(
             "\\|", "|"
         ), f"{name} has no description, or the page does not show it"
