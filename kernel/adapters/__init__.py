@@ -4,7 +4,20 @@
 - ``redis``: connecting to Redis, scripts and the small state helpers every store uses;
 - ``topics``: topic names and their creation;
 - ``offsets``: which offsets are safe to commit;
-- ``metrics``, ``logs``, ``spans``: what an operator sees.
+- ``dependencies``: whether Kafka and Redis answer, said once when one goes and once when it
+  is back; ``backoff``: the one retry policy (capped exponential, with jitter);
+- ``metrics``, ``logs``, ``spans``, ``health``: what an operator sees.
 """
 
-__all__ = ["bus", "logs", "metrics", "offsets", "redis", "spans", "topics"]
+__all__ = [
+    "backoff",
+    "bus",
+    "dependencies",
+    "health",
+    "logs",
+    "metrics",
+    "offsets",
+    "redis",
+    "spans",
+    "topics",
+]
