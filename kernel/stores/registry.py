@@ -49,6 +49,19 @@ async def publish_tools(redis: Redis, keys: Keys, specs: Iterable[ToolSpec]) -> 
     await redis.transaction(publish, *version_keys)
 
 
+async def replace_tool(redis: Redis, keys: Keys, spec: ToolSpec) -> None:
+    """Make ``spec`` the only live version of its tool (and its main entry), in one
+    transaction: the earlier versions are no longer served (a test fleet serving a new object
+    under a reused name, ``toolfleet.testing.InProcessFleet``)."""
+    versions_key = keys.tool_versions(spec.lookup_key)
+    raw = spec.model_dump_json()
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.delete(versions_key)
+        pipe.hset(versions_key, spec.version, raw)
+        pipe.hset(keys.tools, spec.lookup_key, raw)
+        await pipe.execute()
+
+
 async def live_versions(redis: Redis, keys: Keys, lookup_key: str) -> dict[str, ToolSpec]:
     """The live versions of one tool, version -> spec, read now (empty: no such tool)."""
     async with redis.pipeline(transaction=False) as pipe:
@@ -109,6 +122,14 @@ class ToolDirectory:
         self.max_age_s = max_age_s
         self._catalog = ToolCatalog()
         self._loaded_at = float("-inf")
+        self._epoch = 0
+        """Bumped by ``forget``: a load begun before it is not kept."""
+
+    def forget(self) -> None:
+        """Drop the cache: the next read loads the registry again, and a read under way now
+        is not kept (a tool was just replaced under its name by a test fleet)."""
+        self._loaded_at = float("-inf")
+        self._epoch += 1
 
     async def specs(self, needed: Iterable[str] = ()) -> dict[str, ToolSpec]:
         """All known tools (newest version); reloads when the cache is old or lacks one of
@@ -119,11 +140,14 @@ class ToolDirectory:
         """Specs, live versions and pins; reloaded as ``specs`` is."""
         stale = time.monotonic() - self._loaded_at > self.max_age_s
         if stale or any(name not in self._catalog.specs for name in needed):
-            await self._load(every_version=stale)
-            self._loaded_at = time.monotonic()
+            epoch = self._epoch
+            catalog = await self._load(every_version=stale)
+            if epoch == self._epoch:
+                self._catalog, self._loaded_at = catalog, time.monotonic()
+            return catalog
         return self._catalog
 
-    async def _load(self, *, every_version: bool) -> None:
+    async def _load(self, *, every_version: bool) -> ToolCatalog:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(self.keys.tools)
             pipe.hgetall(self.keys.tool_pins)
@@ -142,4 +166,4 @@ class ToolDirectory:
             for key, raw in zip(refresh, replies, strict=True):
                 versions[key] = _live(raw, specs[key])
         pins = {text(k): text(v) for k, v in raw_pins.items()}
-        self._catalog = ToolCatalog(specs, versions, pins)
+        return ToolCatalog(specs, versions, pins)

@@ -28,6 +28,7 @@ from kernel.tools._sdk import FunctionToolAdapter, is_function_tool
 from kernel.tools._tool import (
     ApprovalFunction,
     CompensateFunction,
+    FleetOptions,
     OnUnknown,
     ProbeFunction,
     TimeoutBehavior,
@@ -41,6 +42,7 @@ __all__ = [
     "CallHooks",
     "CompensateFunction",
     "EffectVerdict",
+    "FleetOptions",
     "FunctionToolAdapter",
     "GuardrailBehavior",
     "GuardrailResult",

@@ -73,6 +73,19 @@ class ToolRegistry:
         self._declared.append(tool)
         return tool
 
+    def replace(self, tool: Tool) -> Tool:
+        """Serve ``tool`` instead of every version of its lookup key held so far.
+
+        For a test fleet serving tool objects made at run time (``toolfleet.testing.
+        InProcessFleet``), where a later object under a reused name takes the earlier one's
+        place. A call already running keeps the object it started with.
+        """
+        key = tool.lookup_key
+        # New containers, not edits in place: a reader iterating the old ones is unaffected.
+        self._declared = [t for t in self._declared if t.lookup_key != key]
+        self._tools = {k: v for k, v in self._tools.items() if k != key}
+        return self.add(tool)
+
     def add_function_tool(
         self,
         function_tool: FunctionTool,

@@ -11,6 +11,7 @@
 
 from toolfleet.testing._bus import ConsumedRecord, DeadLettered, InMemoryBus, Published
 from toolfleet.testing._fleet import ChildProcess, LocalFleet, connected_client, result_of
+from toolfleet.testing._inprocess import InProcessFleet
 from toolfleet.testing._spans import capture_spans
 from toolfleet.testing._tools import ToolEnvironment
 
@@ -19,6 +20,7 @@ __all__ = [
     "ConsumedRecord",
     "DeadLettered",
     "InMemoryBus",
+    "InProcessFleet",
     "LocalFleet",
     "Published",
     "ToolEnvironment",
