@@ -40,6 +40,7 @@ from reconciler.service import Reconciler
 from schemas import AgentRef, ModelResponseEvent
 from toolfleet import serving
 from toolfleet.client import FleetClient
+from toolfleet.testing._quiet import until_quiet
 from toolfleet.testing._served import Served, build, expand, lookup_key_of
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class InProcessFleet:
         limits: WorkerLimits | None = None,
         cleanup: bool = True,
         ready_within: float = 60.0,
+        quiet_within: float = 5.0,
     ) -> None:
         if workers < 1:
             raise UsageError("an in-process fleet needs at least one worker (workers >= 1)")
@@ -80,6 +82,10 @@ class InProcessFleet:
         """Whether the fleet is the process's tool server while it runs (``toolfleet.serving``)."""
         self.cleanup = cleanup
         self.ready_within = ready_within
+        """Seconds ``start`` waits for the fleet to serve."""
+        self.quiet_within = quiet_within
+        """Seconds ``stop`` first waits for every record on the fleet's topics to be handled
+        and committed by the services that read it (0: stop at once)."""
         self.keys = Keys.of(self.settings)
         """The Redis key layout of the fleet's namespace (its ledger, registry...)."""
         self.registry = ToolRegistry(hooks=hooks)
@@ -280,6 +286,9 @@ class InProcessFleet:
             self.check()
             await asyncio.sleep(0.01)  # wait-ok: polling interval of a deadline-bounded wait
 
+    def _failed(self) -> bool:
+        return any(task.done() for task in self._tasks.values())
+
     def check(self) -> None:
         """Raise UnavailableError if a service of the fleet stopped on its own (its
         exception chained), rather than letting a call wait for it until a timeout."""
@@ -302,6 +311,13 @@ class InProcessFleet:
         began = time.monotonic()
         serving.uninstall(self)
         try:
+            if self._tasks and self.quiet_within > 0 and not self._failed():
+                lagging = await until_quiet(self.settings, self.pool, self.quiet_within)
+                if lagging:
+                    log.warning(
+                        "in-process fleet stopped with records not yet handled",
+                        extra={"lagging": lagging, "waited_s": self.quiet_within},
+                    )
             pending = set(self._tasks.values())
             deadline = time.monotonic() + within
             while pending and time.monotonic() < deadline:
@@ -324,25 +340,29 @@ class InProcessFleet:
         finally:
             for redis in self._connections:
                 await redis.aclose()
-            try:
-                if self.cleanup and self._redis is not None:
-                    await _delete_namespace(self.settings, self._redis, self.keys)
-            finally:
-                if self._redis is not None:
-                    await self._redis.aclose()
+            if self._redis is not None:
+                await self._redis.aclose()
+            if self.cleanup and self._redis is not None:
+                await self.purge()
             self.stopped_in_s = time.monotonic() - began
 
-
-async def _delete_namespace(settings: Settings, redis: Redis, keys: Keys) -> None:
-    """Delete the fleet's topics and every Redis key of its namespace."""
-    admin = AIOKafkaAdminClient(**kafka_options(settings))
-    await admin.start()
-    try:
-        mine = [t for t in await admin.list_topics() if t.startswith(settings.topic_prefix)]
-        if mine:
-            await admin.delete_topics(mine)
-    finally:
-        await admin.close()
-    leftovers = [key async for key in redis.scan_iter(match=f"{keys.namespace}:*", count=1000)]
-    for start in range(0, len(leftovers), 500):  # one key per command: any cluster slot
-        await asyncio.gather(*(redis.unlink(k) for k in leftovers[start : start + 500]))
+    async def purge(self) -> None:
+        """Delete the fleet's topics and every Redis key of its namespace (``stop`` does it
+        unless ``cleanup=False``; after it, nothing of the fleet is left on either)."""
+        admin = AIOKafkaAdminClient(**kafka_options(self.settings))
+        await admin.start()
+        try:
+            prefix = self.settings.topic_prefix
+            mine = [t for t in await admin.list_topics() if t.startswith(prefix)]
+            if mine:
+                await admin.delete_topics(mine)
+        finally:
+            await admin.close()
+        redis = connect_redis(self.settings)
+        try:
+            pattern = f"{self.keys.namespace}:*"
+            leftovers = [key async for key in redis.scan_iter(match=pattern, count=1000)]
+            for start in range(0, len(leftovers), 500):  # a key per command: any cluster slot
+                await asyncio.gather(*(redis.unlink(k) for k in leftovers[start : start + 500]))
+        finally:
+            await redis.aclose()
