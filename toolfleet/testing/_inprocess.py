@@ -242,10 +242,18 @@ class InProcessFleet:
                 )
             self._client = FleetClient(settings)
             await self._client.__aenter__()
-            async with asyncio.timeout(self.ready_within):
-                await asyncio.gather(self._first_turn(), self._workers_own_partitions())
+            try:
+                async with asyncio.timeout(self.ready_within):
+                    await asyncio.gather(self._first_turn(), self._workers_own_partitions())
+            except TimeoutError:
+                raise UnavailableError(
+                    f"the in-process fleet did not serve within {self.ready_within:g} s: is "
+                    f"the broker at {settings.kafka_servers()} answering (`toolfleet infra "
+                    "status`)? Raise ready_within= on a slow machine"
+                ) from None
         except BaseException:
-            await self.stop()
+            with contextlib.suppress(Exception):  # the reason it did not start comes first
+                await self.stop()
             raise
         if self.auto_serve:
             serving.install(self)
@@ -345,6 +353,17 @@ class InProcessFleet:
             if self.cleanup and self._redis is not None:
                 await self.purge()
             self.stopped_in_s = time.monotonic() - began
+        failures = [
+            (name, task.exception())
+            for name, task in self._tasks.items()
+            if not task.cancelled() and task.exception() is not None
+        ]
+        if failures:
+            first = failures[0][1]
+            raise UnavailableError(
+                f"the in-process fleet's {', '.join(n for n, _ in failures)} stopped on an "
+                f"error ({first!r}); the test's log says why"
+            ) from first
 
     async def purge(self) -> None:
         """Delete the fleet's topics and every Redis key of its namespace (``stop`` does it
