@@ -297,6 +297,16 @@ async def test_the_console_loads_shows_turns_live_and_opens_a_call_from_the_keyb
     await expect(link).to_have_attribute("href", TRACE_TEMPLATE.format(trace_id=trace_id))
     await shot(page, "call")
 
+    # A failed call's page shows what the tool raised: its type, message and traceback.
+    failed = f"{failing.run_id}-q"
+    await page.goto(f"/calls/globex/{failed}?run={failing.run_id}")
+    await expect(page.locator("h1")).to_have_text(f"call {failed}")
+    await expect(page.locator("#failure")).to_contain_text("RuntimeError: quote v2 is broken")
+    traceback = page.locator("#failure-traceback")
+    await expect(traceback).to_contain_text("Traceback (most recent call last)")
+    await expect(traceback).to_contain_text('raise RuntimeError("quote v2 is broken")')
+    await shot(page, "failed-call")
+
 
 async def test_a_submitted_turn_appears_live_within_2_s_of_its_result(
     page: Page, client: FleetClient

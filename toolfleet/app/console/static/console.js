@@ -597,13 +597,21 @@
           return h("tr", { class: "row", dataset: { event } }, h("td", { class: "when" }, clock(at)), h("td", {}, event),
             h("td", { class: "mono" }, Object.keys(details).length ? JSON.stringify(details) : ""));
         })));
+      const f = e.failure;
+      const failure = f ? h("dl", { class: "facts", id: "failure" },
+        fact("raised", h("span", { class: "error" }, `${f.type}: ${f.message}`)),
+        fact("attempt", String(f.attempt)), fact("worker", f.worker_id || ""), fact("at", f.at ? clock(f.at) : ""),
+        fact("traceback", h("pre", { id: "failure-traceback" }, f.traceback)))
+        : null;
       const waiting = e.pending_approval && !e.approval
         ? h("p", { class: "s-pending_approval" }, "This call waits for approval: ", h("a", { href: `/tasks#approval-${e.tenant_id}-${e.call_id}` }, "decide it on the tasks page"), ".")
         : null;
       main.replaceChildren(...[
         h("p", {}, h("a", { href: "/" }, "← live"), " · ", h("a", { href: "/tasks" }, "tasks & approvals")),
         h("h1", {}, "call ", h("span", { class: "mono" }, e.call_id)),
-        waiting, facts, h("h2", {}, "Outcome"), outcome, h("h2", {}, "Audit chain"), audit,
+        waiting, facts, h("h2", {}, "Outcome"), outcome,
+        failure ? h("h2", {}, "What the tool raised") : null, failure,
+        h("h2", {}, "Audit chain"), audit,
       ].filter(Boolean));
     }
     refresh().catch((error) => { main.replaceChildren(h("h1", {}, "call ", callId), h("p", { class: "error" }, error.message)); });
