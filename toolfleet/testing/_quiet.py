@@ -43,7 +43,11 @@ async def until_quiet(settings: Settings, pool: str, within: float) -> list[str]
         for t in topics
         for p in range(settings.partitions_of(t))
     ]
-    ends_reader = AIOKafkaConsumer(**kafka_options(settings), enable_auto_commit=False)
+    # It learns the partitions' leaders one topic per metadata round, each after the retry
+    # backoff (100 ms by default): short, or a fleet of nine topics takes most of a second.
+    ends_reader = AIOKafkaConsumer(
+        **kafka_options(settings), enable_auto_commit=False, retry_backoff_ms=5
+    )
     admin = AIOKafkaAdminClient(**kafka_options(settings))
     await ends_reader.start()
     await admin.start()
