@@ -25,7 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from redis.asyncio import Redis
 
 from executors import ProbeResult, ToolContext, ToolRegistry
-from kernel.errors import ConfigurationError
+from kernel.errors import ConfigurationError, UsageError
 from kernel.settings import Settings
 from kernel.stores.ledger import Ledger
 from kernel.stores.registry import live_versions
@@ -346,6 +346,21 @@ async def test_what_cannot_be_served_is_refused_with_what_to_do(fleet: InProcess
 
     with pytest.raises(ConfigurationError, match="pool='elsewhere'"):
         await fleet.serve(pinned)
+
+
+def test_a_synchronous_test_drives_the_fleet_on_its_own_loop(fleet: InProcessFleet) -> None:
+    tool = get_function_tool("from_sync", "served from a synchronous test")
+    # Another event loop (asyncio.run's) cannot reach the fleet's services: refused, saying how.
+    with pytest.raises(UsageError, match="another event loop"):
+        asyncio.run(fleet.serve(tool))
+
+    async def call() -> str | None:
+        await fleet.serve(tool)
+        result = await fleet.client.run_turn(turn(("c1", "from_sync", {})))
+        return result.outputs[0].output
+
+    # Between async tests the fleet's loop is idle: a synchronous caller can run on it.
+    assert fleet.loop.run_until_complete(call()) == "served from a synchronous test"
 
 
 @pytest.mark.agent_runtime

@@ -107,6 +107,7 @@ class InProcessFleet:
         self._services: list[_Service] = []
         self._connections: list[Redis] = []
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
 
     # --- serving ---------------------------------------------------------------------------
@@ -122,6 +123,7 @@ class InProcessFleet:
         Serving an object already served, with the same options, changes nothing.
         """
         self.check()
+        self._on_its_loop()
         served = []
         async with self._lock:
             for obj in expand(tools):
@@ -135,6 +137,7 @@ class InProcessFleet:
         if current is not None and current.original is tool:
             return
         self.check()
+        self._on_its_loop()
         async with self._lock:
             await self._serve_one(tool, None)
 
@@ -182,6 +185,23 @@ class InProcessFleet:
         return self._client
 
     @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the fleet's services run on (the one ``start`` was awaited on): its
+        calls must be made there, and a synchronous entry point (``Runner.run_sync``) can run
+        its coroutine there with ``loop.run_until_complete`` while the loop is idle."""
+        if self._loop is None:
+            raise UsageError("the in-process fleet is not running: await fleet.start() first")
+        return self._loop
+
+    def _on_its_loop(self) -> None:
+        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
+            raise UsageError(
+                "this in-process fleet runs on another event loop than the caller's: run the "
+                "tests on the loop the fleet was started on (with pytest-asyncio, a "
+                'session-scoped fleet and asyncio_default_test_loop_scope = "session")'
+            )
+
+    @property
     def running(self) -> bool:
         """Whether the fleet was started and not stopped."""
         return bool(self._tasks) and not self._stopping
@@ -205,6 +225,7 @@ class InProcessFleet:
             raise UsageError("an in-process fleet starts once; make a new one to start again")
         began = time.monotonic()
         settings = self.settings
+        self._loop = asyncio.get_running_loop()
         try:
             await ensure_topics(settings, pools=(self.pool,))
             self._redis = connect_redis(settings)
