@@ -21,5 +21,11 @@ else
     as_root="sudo -n"
 fi
 export DEBIAN_FRONTEND=noninteractive
-$as_root apt-get update
-$as_root apt-get install -y --no-install-recommends "$package"
+# Set-up targets may run side by side (make -j2 setup chart-tools): one apt at a time, the
+# others wait for it (flock, util-linux) rather than failing on apt's lock.
+lock=""
+if command -v flock >/dev/null 2>&1; then
+    lock="flock ${TMPDIR:-/tmp}/toolfleet-apt.lock"
+fi
+$as_root $lock apt-get update
+$as_root $lock apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends "$package"
