@@ -211,6 +211,36 @@ async def test_a_function_tool_from_a_factory_is_served(fleet: InProcessFleet) -
     assert [(o.call_id, o.output) for o in result.outputs] == [("c1", "result"), ("c2", "other")]
 
 
+async def test_a_function_tool_served_with_fleet_options_is_under_the_release_gate(
+    fleet: InProcessFleet,
+) -> None:
+    refunds: dict[str, str] = {}
+
+    @function_tool
+    def refund(order: str) -> str:
+        """Refunds an order."""
+        refunds[order] = "refunded"
+        return f"refunded {order}"
+
+    def find_refund(ctx: ToolContext) -> ProbeResult:
+        return ProbeResult.not_applied()
+
+    @function_tool
+    def wire_money(to: str) -> str:
+        """Sends money: irreversible."""
+        return f"sent to {to}"
+
+    [refund_tool] = await fleet.serve(refund, effect="non_idempotent", probe=find_refund)
+    [wire_tool] = await fleet.serve(wire_money, effect="irreversible")
+    # A non_idempotent tool with a probe runs unattended; an irreversible one waits for a human.
+    assert (refund_tool.spec("default").has_probe, refund_tool.needs_approval) == (True, False)
+    result = await fleet.client.run_turn(
+        turn(("c1", "refund", {"order": "A-1"}), ("c2", "wire_money", {"to": "B"}))
+    )
+    assert [o.output for o in result.outputs] == ["refunded A-1"]
+    assert [i.call_id for i in result.interruptions] == ["c2"] and wire_tool.needs_approval
+
+
 async def test_a_name_reused_first_body(fleet: InProcessFleet, redis: Redis) -> None:
     @function_tool
     def lookup(city: str) -> str:

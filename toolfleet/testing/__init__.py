@@ -26,11 +26,12 @@ limits=None, cleanup=True, ready_within=60.0, quiet_within=5.0)``, used as
 - ``await fleet.serve(*tools, **options)`` serves Agents SDK ``FunctionTool`` objects, toolfleet
   ``Tool`` objects and whole ``ToolRegistry`` objects, defined anywhere (inside a test, as a
   closure, from a factory); ``options`` are toolfleet's options of an SDK function tool
-  (``effect``, ``probe``...; see ``ToolRegistry.add_function_tool``). One object is served per
-  lookup key: a later object under a name already served replaces the earlier one for the calls
-  submitted after it, as the next version of that name ("1", "2", ...) and its only live one,
-  so the planner plans with the new object's spec (release gate, effect class), the workers run
-  its body, and its circuit starts closed. ``fleet.served(name)`` is the Tool served now.
+  (``ServeOptions``: ``effect``, ``probe``...; see ``ToolRegistry.add_function_tool``). One
+  object is served per lookup key: a later object under a name already served replaces the
+  earlier one for the calls submitted after it, as the next version of that name ("1", "2",
+  ...) and its only live one, so the planner plans with the new object's spec (release gate,
+  effect class), the workers run its body, and its circuit starts closed. ``fleet.served(name)``
+  is the Tool served now.
 - ``auto_serve=True``: while it runs, the fleet is the process's tool server
   (``toolfleet.serving``), so a runner that follows that contract (``FleetRunner``) serves each
   function tool before it sends a call of it: an agent test runs on the fleet unchanged. Two
@@ -40,6 +41,7 @@ limits=None, cleanup=True, ready_within=60.0, quiet_within=5.0)``, used as
 from toolfleet.testing._bus import ConsumedRecord, DeadLettered, InMemoryBus, Published
 from toolfleet.testing._fleet import ChildProcess, LocalFleet, connected_client, result_of
 from toolfleet.testing._inprocess import InProcessFleet
+from toolfleet.testing._served import ServeOptions
 from toolfleet.testing._spans import capture_spans
 from toolfleet.testing._tools import ToolEnvironment
 
@@ -51,6 +53,7 @@ __all__ = [
     "InProcessFleet",
     "LocalFleet",
     "Published",
+    "ServeOptions",
     "ToolEnvironment",
     "capture_spans",
     "connected_client",

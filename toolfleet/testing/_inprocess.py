@@ -34,14 +34,14 @@ from kernel.errors import UnavailableError, UsageError
 from kernel.settings import Settings
 from kernel.stores.keys import Keys
 from kernel.stores.registry import replace_tool
-from kernel.tools import CallHooks, FleetOptions, Tool, ToolRegistry
+from kernel.tools import CallHooks, Tool, ToolRegistry
 from planner.service import Planner
 from reconciler.service import Reconciler
 from schemas import AgentRef, ModelResponseEvent
 from toolfleet import serving
 from toolfleet.client import FleetClient
 from toolfleet.testing._quiet import until_quiet
-from toolfleet.testing._served import Served, build, expand, lookup_key_of
+from toolfleet.testing._served import Served, ServeOptions, build, expand, lookup_key_of
 
 log = logging.getLogger(__name__)
 
@@ -111,14 +111,14 @@ class InProcessFleet:
         self._stopping = False
 
     # --- serving ---------------------------------------------------------------------------
-    async def serve(self, *tools: object, **options: Unpack[FleetOptions]) -> list[Tool]:
+    async def serve(self, *tools: object, **options: Unpack[ServeOptions]) -> list[Tool]:
         """Serve these objects from now on; the Tools the workers run for them.
 
         Each is an Agents SDK ``FunctionTool``, a toolfleet ``Tool`` or a ``ToolRegistry``
         (every tool it declares), defined anywhere. An object served under a lookup key that
         already serves another object replaces it: calls submitted from now on are planned with
         the new object's spec (release gate, effect class) and run its body. ``options`` are
-        toolfleet's options of an SDK function tool (``effect``, ``on_unknown``, ``probe``...,
+        toolfleet's options of an SDK function tool (``ServeOptions``: ``effect``, ``probe``...,
         as ``ToolRegistry.add_function_tool`` takes them); a toolfleet Tool declares its own.
         Serving an object already served, with the same options, changes nothing.
         """

@@ -16,7 +16,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernel.errors import ConfigurationError
-from kernel.tools import FleetOptions, FunctionToolAdapter, Tool, ToolRegistry, is_function_tool
+from kernel.tools import (
+    CompensateFunction,
+    FleetOptions,
+    FunctionToolAdapter,
+    ProbeFunction,
+    Tool,
+    ToolRegistry,
+    is_function_tool,
+)
+
+
+class ServeOptions(FleetOptions, total=False):
+    """What ``InProcessFleet.serve`` takes for an SDK function tool: toolfleet's options, and
+    its probe and compensate actions (as ``ToolRegistry.add_function_tool`` takes them)."""
+
+    probe: ProbeFunction | None
+    """Looks a call up upstream by ``ctx.idempotency_key`` (see ``Tool.probe``)."""
+    compensate: CompensateFunction | None
+    """Undoes an applied call, given its output (see ``Tool.compensate``)."""
 
 
 @dataclass
@@ -75,8 +93,7 @@ def build(obj: object, version: str, pool: str, options: dict[str, Any]) -> Tool
         tool = copy.copy(obj)  # the application's object keeps its own version
         tool.version = version
     else:
-        fleet_options: FleetOptions = {**options, "version": version}  # type: ignore[typeddict-item]
-        tool = FunctionToolAdapter(obj, **fleet_options)  # type: ignore[arg-type]
+        tool = FunctionToolAdapter(obj, **options, version=version)  # type: ignore[arg-type]
     if tool.pool is not None and tool.pool != pool:
         raise ConfigurationError(
             f"tool {tool.lookup_key!r} is pinned to pool {tool.pool!r}, and this fleet's "
