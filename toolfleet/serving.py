@@ -22,6 +22,9 @@ The contract, for a runner (``toolfleet.agents.FleetRunner``):
   UsageError: the fleet is not running) and never returns without the tool served.
 - One object per lookup key at a time: two different objects under one name in the same batch
   (or in concurrent runs on one fleet) run the one served last.
+- A server whose fleet runs on an event loop may say which (``loop``, an optional attribute):
+  calls must be made on it, and a synchronous entry point (``run_sync``) can run its
+  coroutine there with ``loop.run_until_complete`` while that loop is idle.
 
 This module imports nothing of toolfleet, so the runner (``toolfleet.agents``) and the testing
 helpers (``toolfleet.testing``), which the import contracts keep independent of each other,
