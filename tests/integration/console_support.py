@@ -170,6 +170,17 @@ async def console_live(url: str, within: float = 30.0) -> None:
     await wait_for(live, within=within, interval=0.1)
 
 
+def _terminate(popen: subprocess.Popen[str] | None) -> None:
+    """SIGTERM a child process and wait for it (SIGKILL after 15 s)."""
+    if popen is not None and popen.poll() is None:
+        popen.terminate()
+        try:
+            popen.wait(15)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+
+
 class ConsoleProcess:
     """``toolfleet console`` as a child process of the fleet's settings (and no sign-in
     settings but those of ``env``)."""
@@ -202,13 +213,7 @@ class ConsoleProcess:
 
     def stop(self) -> None:
         """SIGTERM it and wait."""
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(15)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+        _terminate(self.popen)
         self.log.close()
 
 
@@ -281,11 +286,5 @@ class OidcProvider:
 
     def stop(self) -> None:
         """SIGTERM it and wait."""
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(15)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+        _terminate(self.popen)
         self.log.close()
