@@ -34,6 +34,7 @@ Catch the branch that says what you can do about it::
     └── FleetRunError                    (toolfleet.agents; also an SDK AgentsException)
         ├── FleetTurnError               a call's failure with no SDK class to stand for it
         ├── FleetRunCancelled            the run was cancelled on the fleet
+        ├── FleetToolNotServed           no worker serves a tool the run called
         └── FleetApprovalRequired        the fleet holds a call for an operator's approval
 
 The root and ``InvalidMessageError`` are defined in ``schemas`` (the lowest layer, so the wire

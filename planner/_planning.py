@@ -177,6 +177,7 @@ def plan_turn(
     epoch: int = 0,
     routes: Mapping[str, str] | None = None,
     held: Set[str] = frozenset(),
+    unasked: Set[str] = frozenset(),
 ) -> PlanResult:
     """Decide every call of ``event``; a turn error leaves nothing to dispatch or write.
 
@@ -189,6 +190,9 @@ def plan_turn(
     call, which is what resumption needs and what a redelivered response needs too. ``held``
     names the run's calls with a wrong effect not yet compensated: while there is one, every
     new call of a tool that is not read_only waits for a human (an approval releases it).
+    ``unasked`` names the calls whose agent runtime evaluated the tool's approval policy and
+    asked no one (signed ``by_policy`` decisions): they are dispatched pre-approved, so the
+    worker does not evaluate the policy a second time, unless the fleet itself wants a person.
     """
     agent = event.agent.name
     decided: list[tuple[PlannedCall, bool, Decision | None]] = []
@@ -201,7 +205,10 @@ def plan_turn(
             entry = ledger.get(c.item.call_id)
             if c.key not in tools and not _settled_by_ledger(entry, event.run_id):
                 raise _TurnFailed(TOOL_NOT_IN_AGENT.format(name=c.key, agent=agent), c.item.call_id)
-        decided = [_plan_call(c, event, tools, ledger, approvals, held=held) for c in calls]
+        decided = [
+            _plan_call(c, event, tools, ledger, approvals, held=held, unasked=unasked)
+            for c in calls
+        ]
         for planned, _, _ in decided:  # the SDK re-checks is_enabled right before invoking
             tool = tools.get(planned.tool_name)
             if planned.disposition == "dispatch" and tool is not None and not tool.enabled:
@@ -335,6 +342,7 @@ def _plan_call(
     approvals: ApprovalView,
     *,
     held: Set[str],
+    unasked: Set[str] = frozenset(),
 ) -> tuple[PlannedCall, bool, Decision | None]:
     """One call's disposition, whether its command is pre-approved, and the decision applied."""
     tool, entry = tools.get(call.key), ledger.get(call.item.call_id)
@@ -353,11 +361,16 @@ def _plan_call(
         disposition, output = "not_found", TOOL_NOT_FOUND.format(name=call.key)
         status, effect = "failed", "not_executed"
     else:
-        disposition, approved, applied = _partition(call, event, tool, entry, approvals)
+        by_policy = call.item.call_id in unasked
+        disposition, approved, applied = _partition(
+            call, event, tool, entry, approvals, by_policy=by_policy
+        )
+        # A policy's "no approval needed" is not a person's: it does not release a held run.
+        released = approved and applied is not None
         if disposition == "reject" and applied is not None:
             output, status, effect = applied.message, "rejected", "not_executed"
-        elif held and not approved and tool.effect_class != "read_only":
-            disposition, reason = "interrupt", held_reason(held)
+        elif held and not released and tool.effect_class != "read_only":
+            disposition, reason, approved = "interrupt", held_reason(held), False
     planned = PlannedCall(
         call_id=call.item.call_id,
         tool_name=call.key,
@@ -391,8 +404,14 @@ def _partition(
     tool: ToolSpec,
     entry: LedgerView | None,
     approvals: ApprovalView,
+    *,
+    by_policy: bool = False,
 ) -> tuple[Disposition, bool, Decision | None]:
-    """The approval partition: a stored decision first, and never ask twice (lifecycle item 5)."""
+    """The approval partition: a stored decision first, and never ask twice (lifecycle item 5).
+
+    ``by_policy``: the agent runtime evaluated the tool's own policy and asked no one; the
+    call runs pre-approved unless the fleet's spec wants a person for every call.
+    """
     decision, rejection = _stored_decision(call, entry, approvals)
     if decision is not None:
         if decision.approve:
@@ -400,6 +419,10 @@ def _partition(
         return "reject", False, Decision(False, rejection)
     if entry is not None and entry.awaiting_approval:
         return "interrupt", False, None  # already asked: wait for the decision
+    if by_policy:
+        if tool.needs_approval == "always":
+            return "interrupt", False, None  # the fleet wants a person for every call
+        return "dispatch", True, None
     if _needs_approval(tool, call.item.arguments) is not True:
         return "dispatch", False, None  # "callable" (None): the worker evaluates it
     if event.config.pre_approval_guardrails and tool.needs_approval != "never":

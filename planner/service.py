@@ -193,11 +193,24 @@ class Planner:
         """Plan one model response, record it in the ledger, then publish plan and commands."""
         began = time.perf_counter()
         items = event.function_calls
+        decisions = _decisions_of(event, self.auth)
         tools, routes = await self._routed([_lookup(c.namespace, c.name) for c in items])
         capped = event.config.max_concurrency is not None
+        # A person's decision travelling with the calls it decides is stored first, exactly
+        # as one received on `approvals`: no order between the two topics is needed.
+        personal = [d for d in decisions if not d.by_policy]
+        for decision in personal:
+            await self.on_approval(decision)
+        unasked = frozenset(d.call_id for d in decisions if d.by_policy)
         with phase(self._tracer, "ledger"):
-            fresh = None if event.resume or capped else await self._plan_fresh(event, tools, routes)
-            result, issued = fresh or await self._plan_from_ledger(event, record, tools, routes)
+            fresh = (
+                None
+                if event.resume or capped or personal
+                else await self._plan_fresh(event, tools, routes, unasked)
+            )
+            result, issued = fresh or await self._plan_from_ledger(
+                event, record, tools, routes, unasked
+            )
         dispatches = {d.call.call_id: d for d in result.dispatch}
         # The ledger is written; plan and commands may now travel together (the aggregator
         # keeps outcomes that overtake their plan). All acks are awaited before the offset
@@ -349,6 +362,7 @@ class Planner:
         record: Record,
         tools: Mapping[str, ToolSpec],
         routes: Mapping[str, str],
+        unasked: frozenset[str] = frozenset(),
     ) -> tuple[PlanResult, list[Issued]]:
         """Plan from what the ledger and the approval state hold, then record the plan; with
         each call dispatched now, its attempt and token (None when no command is due)."""
@@ -372,6 +386,7 @@ class Planner:
             epoch=epoch,
             routes=routes,
             held={text(m) for m in held},
+            unasked=unasked,
         )
         if result.failed:
             return result, []
@@ -381,7 +396,11 @@ class Planner:
         return result, await self._record(event, result.ledger_updates, dispatch=now)
 
     async def _plan_fresh(
-        self, event: ModelResponseEvent, tools: Mapping[str, ToolSpec], routes: Mapping[str, str]
+        self,
+        event: ModelResponseEvent,
+        tools: Mapping[str, ToolSpec],
+        routes: Mapping[str, str],
+        unasked: frozenset[str] = frozenset(),
     ) -> tuple[PlanResult, list[Issued]] | None:
         """The plan of a turn whose calls are all new and dispatched at once, recorded in one
         round trip without reading the ledger first, with each dispatch's attempt and
@@ -401,6 +420,7 @@ class Planner:
             now=time.time(),
             epoch=0,
             routes=routes,
+            unasked=unasked,
         )
         updates = result.ledger_updates
         simple = (
@@ -544,6 +564,30 @@ def _decided_outcome(turn: ModelResponseEvent | CallOutcome, call: PlannedCall) 
         source="planner",
         finished_at=time.time(),
     )
+
+
+def _decisions_of(event: ModelResponseEvent, auth: DecisionAuth) -> list[ApprovalDecision]:
+    """The verified decisions a response carries; a forged one, or one that decides anything
+    but a call of this response, refuses the whole response (dead-lettered with the reason)."""
+    decisions = event.decisions or []
+    calls = {c.call_id for c in event.function_calls}
+    for decision in decisions:
+        auth.verify(decision)
+        if (decision.tenant_id, decision.run_id) != (event.tenant_id, event.run_id) or (
+            decision.call_id not in calls
+        ):
+            reason = (
+                f"decision on {decision.call_id[:64]!r} travels with a response it does not "
+                "decide: a response's decisions name its own tenant, run and calls"
+            )
+            raise InvalidMessageError(reason, reason=reason)
+        if decision.by_policy and (not decision.approve or decision.sticky is not None):
+            reason = (
+                f"decision on {decision.call_id[:64]!r}: a by_policy decision only says that "
+                "the tool's policy asked for no approval (approve, never sticky)"
+            )
+            raise InvalidMessageError(reason, reason=reason)
+    return decisions
 
 
 def _check_limits(event: ModelResponseEvent, settings: Settings) -> None:

@@ -93,6 +93,13 @@ class ModelResponseEvent(Message):
         default=False,
         description="The turn is being resumed after approvals: its calls are not rediscovered.",
     )
+    decisions: list[ApprovalDecision] | None = Field(
+        default=None,
+        description="Signed decisions on calls of this response, travelling with the calls "
+        "they decide: applied before the response is planned, a person's as if it had "
+        "arrived on `approvals` first. An agent runtime that asks its own approval questions "
+        "(FleetRunner) sends one for every call it sends.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -149,7 +156,18 @@ class ApprovalDecision(Message):
         default=None, description="Apply this decision to every later call of the same tool."
     )
     decided_by: str = Field(min_length=1)
+    by_policy: bool | None = Field(
+        default=None,
+        description="True: no person decided. The agent runtime evaluated the tool's own "
+        "approval policy (its needs_approval) for this call, and it asked for no approval. "
+        "Valid only approving, inside a ModelResponseEvent's decisions: the call is "
+        "dispatched without the worker evaluating the policy again, unless the fleet itself "
+        "wants a person (the tool's approval is `always`, or the run is held).",
+    )
     signature: str | None = Field(default=None, description=SIGNATURE_DOC)
+
+
+ModelResponseEvent.model_rebuild()  # its decisions are ApprovalDecisions, defined after it
 
 
 class CancelRequest(Message):

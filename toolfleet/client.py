@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Self
 
@@ -15,7 +17,9 @@ from kernel.adapters.security import kafka_options
 from kernel.errors import InvalidMessageError, UnavailableError
 from kernel.rules.auth import DecisionAuth
 from kernel.settings import Settings
-from schemas import ApprovalDecision, CancelRequest, ModelResponseEvent, TurnResult
+from schemas import ApprovalDecision, CallOutcome, CancelRequest, ModelResponseEvent, TurnResult
+
+log = logging.getLogger(__name__)
 
 
 class TurnTimeoutError(UnavailableError, TimeoutError):
@@ -24,6 +28,9 @@ class TurnTimeoutError(UnavailableError, TimeoutError):
 
 TurnKey = tuple[str, int]
 """(run_id, turn_id)."""
+
+OutcomeHandler = Callable[[CallOutcome], None]
+"""Called with each outcome of a followed turn's calls (``FleetClient.follow``)."""
 
 
 class FleetClient:
@@ -51,6 +58,11 @@ class FleetClient:
         self._reader: asyncio.Task[None] | None = None
         self.decoded = 0
         """How many results this client decoded (only those of turns it wanted)."""
+        self._followers: dict[TurnKey, list[OutcomeHandler]] = {}
+        self._followed_runs: dict[bytes, int] = {}
+        self._outcomes: AIOKafkaConsumer | None = None
+        self._outcome_reader: asyncio.Task[None] | None = None
+        self._outcomes_started = asyncio.Lock()
 
     def held(self) -> tuple[int, int]:
         """(turns waited for, results kept), each at most ``client_max_results``."""
@@ -92,12 +104,14 @@ class FleetClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        if self._consumer is not None:
-            await self._consumer.stop()
+        for reader in (self._reader, self._outcome_reader):
+            if reader is not None:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+        for consumer in (self._consumer, self._outcomes):
+            if consumer is not None:
+                await consumer.stop()
         await self.bus.stop()
 
     async def submit(self, event: ModelResponseEvent, *, traceparent: str | None = None) -> None:
@@ -147,6 +161,72 @@ class FleetClient:
         ``submit``)."""
         await self.submit(event, traceparent=traceparent)
         return await self.result(event.run_id, event.turn_id, within=within)
+
+    async def follow(
+        self, run_id: str, turn_id: int, handler: OutcomeHandler
+    ) -> Callable[[], None]:
+        """Call ``handler`` with every outcome the fleet reports for a call of one turn, as it
+        is reported, until the function this returns is called.
+
+        For an agent runtime that hands each call its answer when that call settles
+        (FleetRunner); the turn's TurnResult stays its answer, in model order. The outcomes
+        are read from ``outcomes`` (passed over by their key, the run id, like results), from
+        the topic's end when this client first follows a turn: follow before submitting.
+        """
+        await self._read_outcomes()
+        key, run = (run_id, turn_id), run_id.encode()
+        self._followers.setdefault(key, []).append(handler)
+        self._followed_runs[run] = self._followed_runs.get(run, 0) + 1
+
+        def stop() -> None:
+            handlers = self._followers.get(key, [])
+            if handler not in handlers:
+                return
+            handlers.remove(handler)
+            if not handlers:
+                del self._followers[key]
+            left = self._followed_runs[run] - 1
+            if left:
+                self._followed_runs[run] = left
+            else:
+                del self._followed_runs[run]
+
+        return stop
+
+    async def _read_outcomes(self) -> None:
+        """Start reading ``outcomes`` (once), from its end as it is now."""
+        async with self._outcomes_started:
+            if self._outcomes is not None:
+                return
+            topic = self.settings.topic("outcomes")
+            consumer = AIOKafkaConsumer(
+                **kafka_options(self.settings),
+                enable_auto_commit=False,
+                isolation_level="read_committed",
+            )
+            await consumer.start()
+            partitions = await self.bus.producer.partitions_for(topic)
+            assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+            consumer.assign(assigned)
+            await consumer.seek_to_end(*assigned)
+            for tp in assigned:  # resolved now: nothing submitted after this is missed
+                await consumer.position(tp)
+            self._outcomes = consumer
+            self._outcome_reader = asyncio.create_task(self._read_followed(consumer))
+
+    async def _read_followed(self, consumer: AIOKafkaConsumer) -> None:
+        async for record in consumer:
+            if record.key not in self._followed_runs:
+                continue  # another run's: passed over by its key, never decoded
+            try:
+                outcome = CallOutcome.decode(record.value or b"")
+            except InvalidMessageError:
+                continue
+            for handler in list(self._followers.get((outcome.run_id, outcome.turn_id), ())):
+                try:
+                    handler(outcome)
+                except Exception:  # one follower's bug must not stop the others' outcomes
+                    log.exception("outcome handler failed", extra={"run_id": outcome.run_id})
 
     def _want(self, key: TurnKey, for_s: float) -> None:
         until = time.monotonic() + for_s

@@ -229,8 +229,14 @@ async def sdk_delete(ctx: RunContextWrapper[Any], name: str) -> str:
     return f"deleted {name}"
 
 
+def policy_key(where: str, call_id: str) -> str:
+    """Redis counter: how many times ``large_amounts`` was asked about ``call_id`` on ``where``."""
+    return f"test:sdk:{where}:policy:{call_id}"
+
+
 async def large_amounts(ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
-    """Approval policy: amounts above 100 need a human."""
+    """Approval policy: amounts above 100 need a human; counts where it is asked."""
+    side_effects().incr(policy_key(side(ctx), call_id))
     return int(params.get("amount", 0)) > 100
 
 

@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import sys
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ import pytest
 from agents import (
     Agent,
     AgentHooks,
+    FunctionTool,
     GuardrailFunctionOutput,
     ModelSettings,
     RunConfig,
@@ -34,11 +36,11 @@ from agents import (
     SQLiteSession,
     StopAtTools,
     ToolsToFinalOutputResult,
+    function_tool,
     handoff,
     input_guardrail,
     output_guardrail,
 )
-from agents.exceptions import UserError
 from agents.extensions import handoff_filters
 from agents.items import ToolApprovalItem
 from agents.run_config import CallModelData, ModelInputData
@@ -48,10 +50,12 @@ from agents.tracing import set_tracing_disabled
 from redis.asyncio import Redis
 
 from kernel.settings import Settings
+from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger
 from tests.integration import sdk_tools as t
 from tests.integration.mcp_server import runs_key as mcp_runs_key
 from tests.integration.sdk_diff import Script, normalised, runs
-from toolfleet.agents import FleetRunner
+from toolfleet.agents import FleetRunner, FleetToolNotServed
 from toolfleet.client import FleetClient
 from toolfleet.testing import LocalFleet, connected_client
 
@@ -627,18 +631,191 @@ async def test_an_interruption_resumed_by_another_process(
     )
     assert await asyncio.wait_for(done.wait(), 120) == 0
     saved = json.loads(out.read_text())
-    with pytest.raises(UserError, match="fleet copy"):  # its calls would run in-process
-        original = await RunState.from_string(agent(rest), saved["state"])
-        await runner.run(agent(rest), original, run_id=saved["run_id"])
-    fleet_agent = runner.fleet_agent(agent(rest))
-    state = await RunState.from_string(fleet_agent, saved["state"])
+    # Restored as the SDK documents it, with the application's own agent; the fleet run's
+    # identity travels inside the state.
+    state = await RunState.from_string(agent(rest), saved["state"])
     state.approve(state.get_interruptions()[0])
-    on_fleet = await runner.run(fleet_agent, state, run_id=saved["run_id"])
+    on_fleet = await runner.run(agent(rest), state)
 
+    assert runner.run_id_of(on_fleet) == saved["run_id"]
     assert on_fleet.final_output == sdk.final_output == "Deleted."
     assert views(rest) == views(sdk_rest)  # the resumed model call saw the same conversation
     counts = {n: [await runs(redis, w, s.id(n)) for w in ("sdk", "fleet")] for n in ("d",)}
     assert counts == {"d": [1, 1]}  # approved once, ran once
+
+
+# --- the application's own agents: tools added during a run, a RunState in another process --------
+class AddsATool(RunHooks[Any]):
+    """Gives the running agent a tool it did not have once its first call has ended (the SDK's
+    own tests do this: a hook that appends to ``agent.tools``)."""
+
+    def __init__(self, tool: FunctionTool) -> None:
+        self.tool = tool
+
+    async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
+        if self.tool not in agent.tools:
+            agent.tools.append(self.tool)
+
+
+async def test_a_tool_added_by_a_hook_during_a_run_runs_on_a_worker_once(
+    runner: FleetRunner, redis: Redis, keys: Keys
+) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_add", {"a": 1, "b": 2}))
+    s.turn(s.call("late", "sdk_echo_after", {"text": "added", "ms": 0})).answer("Done.")
+
+    def build(model: ScriptedModel) -> Agent[Any]:
+        return Agent(name="growing", model=model, tools=[t.sdk_add])
+
+    sdk_model, fleet_model = s.model(), s.model()
+    sdk = await Runner.run(build(sdk_model), "go", hooks=AddsATool(t.sdk_echo_after))
+    agent = build(fleet_model)
+    on_fleet = await runner.run(agent, "go", hooks=AddsATool(t.sdk_echo_after))
+    assert sdk.final_output == on_fleet.final_output == "Done."
+    assert views(fleet_model) == views(sdk_model)
+    # The hook changed the application's own agent, and that agent is the one that ran.
+    assert agent.tools == [t.sdk_add, t.sdk_echo_after] and on_fleet.last_agent is agent
+    late = s.id("late")
+    # Once in-process (the SDK's run), once on a worker: never in this process by FleetRunner.
+    assert [await runs(redis, w, late) for w in ("sdk", "fleet")] == [1, 1]
+    entry = (await Ledger(redis, keys).read(TENANT, runner.run_id_of(on_fleet), [late]))[late]
+    assert (entry.tool_name, entry.attempts) == ("sdk_echo_after", 1)
+    assert entry.state in ("finished", "committed")
+    assert entry.outcome is not None and entry.outcome.output == "added"
+
+
+async def test_a_tool_the_fleet_does_not_serve_is_refused_and_never_runs_here(
+    runner: FleetRunner,
+) -> None:
+    ran: list[str] = []
+
+    async def local_only(text: str) -> str:
+        ran.append(text)
+        return text
+
+    name = f"unserved_{uuid.uuid4().hex[:8]}"  # no worker serves it
+    unserved = function_tool(local_only, name_override=name)
+    s = Script()
+    s.turn(s.call("a", "sdk_add", {"a": 1, "b": 2}))
+    s.turn(s.call("x", name, {"text": "here?"})).answer("Done.")
+    agent = Agent(name="growing", model=s.model(), tools=[t.sdk_add])
+    with pytest.raises(FleetToolNotServed, match=f"tool {name} is not served by the fleet"):
+        await runner.run(agent, "go", hooks=AddsATool(unserved))
+    assert ran == []
+
+
+RESUME_SCRIPT = """
+import asyncio, json, sys
+from agents import Agent
+from agents.run_state import RunState
+from agents.testing import ScriptedModel, assistant_message
+from agents.tracing import set_tracing_disabled
+from kernel.settings import Settings
+from tests.integration import sdk_tools as t
+from toolfleet.agents import FleetRunner
+from toolfleet.client import FleetClient
+
+set_tracing_disabled(True)
+saved, out, tenant = sys.argv[1], sys.argv[2], sys.argv[3]
+
+async def main():
+    model = ScriptedModel([[assistant_message("Deleted.")]])
+    agent = Agent(name="assistant", model=model, tools=[t.sdk_delete, t.sdk_echo_after])
+    with open(saved) as f:
+        state = await RunState.from_json(agent, json.load(f))
+    for item in state.get_interruptions():
+        state.approve(item)
+    async with FleetClient(Settings()) as client:
+        runner = FleetRunner(client, tenant_id=tenant, turn_timeout=30)
+        result = await runner.run(agent, state)
+        turns = [[(c.call_id, c.status) for c in r.calls] for r in runner.turn_results(result)]
+    with open(out, "w") as f:
+        json.dump({"final": result.final_output, "run_id": runner.run_id_of(result),
+                   "turns": turns}, f)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_run_state_restored_with_from_json_in_another_process_keeps_its_identity(
+    runner: FleetRunner, redis: Redis, keys: Keys, fleet: LocalFleet, tmp_path: Path
+) -> None:
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_echo_after", {"text": "first", "ms": 0}),
+        s.call("d", "sdk_delete", {"name": "old repo"}),
+    )
+    agent = Agent(name="assistant", model=s.model(), tools=[t.sdk_delete, t.sdk_echo_after])
+    first = await runner.run(agent, "go")
+    assert [i.raw_item.call_id for i in first.interruptions] == [s.id("d")]
+    run_id = runner.run_id_of(first)
+    saved = tmp_path / "state.json"
+    saved.write_text(json.dumps(first.to_state().to_json()))
+    out = tmp_path / "resumed.json"
+    done = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", RESUME_SCRIPT, str(saved), str(out), TENANT, env=fleet.env()
+    )
+    assert await asyncio.wait_for(done.wait(), 120) == 0
+    resumed = json.loads(out.read_text())
+    assert resumed["final"] == "Deleted."
+    assert resumed["run_id"] == run_id  # the other process resumed the same fleet run
+    assert resumed["turns"] == [[[s.id("d"), "succeeded"]]]  # only the approved call was sent
+    entries = await Ledger(redis, keys).read(TENANT, run_id, [s.id("a"), s.id("d")])
+    assert {c: (e.run_id, e.attempts) for c, e in entries.items()} == {
+        s.id("a"): (run_id, 1),
+        s.id("d"): (run_id, 1),
+    }
+    assert [await runs(redis, "fleet", s.id(n)) for n in ("a", "d")] == [1, 1]
+
+
+class EndsWatching(RunHooks[Any]):
+    """Records the order calls end in, and, when the fast one ends, where the slow one is."""
+
+    def __init__(self, slow: str, where: Callable[[], Awaitable[str]] | None) -> None:
+        self.slow, self.where = slow, where
+        self.ended: list[str] = []
+        self.slow_was: str | None = None
+
+    async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
+        self.ended.append(context.tool_call_id)
+        if context.tool_call_id != self.slow and self.where is not None:
+            self.slow_was = await self.where()
+
+
+async def test_each_call_is_answered_when_it_settles_not_with_its_slowest_sibling(
+    runner: FleetRunner, redis: Redis, keys: Keys
+) -> None:
+    s = Script()
+    s.turn(
+        s.call("slow", "sdk_echo_after", {"text": "slow", "ms": 3000}),
+        s.call("fast", "sdk_echo_after", {"text": "fast", "ms": 0}),
+    ).answer("Both.")
+    slow = s.id("slow")
+
+    def build(model: ScriptedModel) -> Agent[Any]:
+        return Agent(name="pair", model=model, tools=[t.sdk_echo_after])
+
+    run_id = f"settle-{s.prefix}"
+    ledger = Ledger(redis, keys)
+
+    async def slow_state() -> str:
+        return (await ledger.read(TENANT, run_id, [slow]))[slow].state
+
+    sdk_hooks, fleet_hooks = EndsWatching(slow, None), EndsWatching(slow, slow_state)
+    sdk_model, fleet_model = s.model(), s.model()
+    sdk = await Runner.run(build(sdk_model), "go", hooks=sdk_hooks)
+    on_fleet = await runner.run(build(fleet_model), "go", hooks=fleet_hooks, run_id=run_id)
+    assert sdk_hooks.ended == fleet_hooks.ended == [s.id("fast"), slow]  # the SDK's order
+    # The fast call's on_tool_end ran while the slow call had not finished on its worker.
+    assert fleet_hooks.slow_was in ("dispatched", "started")
+    assert on_fleet.final_output == sdk.final_output == "Both."
+    assert views(fleet_model) == views(sdk_model)
+    # On the fleet the two calls are still one turn, with one TurnResult, in model order.
+    [turn] = runner.turn_results(on_fleet)
+    assert [(c.call_id, c.status) for c in turn.calls] == [
+        (slow, "succeeded"),
+        (s.id("fast"), "succeeded"),
+    ]
 
 
 # --- MCP -----------------------------------------------------------------------------------------

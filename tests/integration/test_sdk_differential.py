@@ -341,6 +341,42 @@ async def test_approved_calls_run_when_resumed(runner: FleetRunner, redis: Redis
         assert [await runs(redis, w, s.id(name)) for w in ("sdk", "fleet")] == [1, 1]
 
 
+async def test_a_callable_policy_is_asked_as_in_process_after_argument_preparation(
+    runner: FleetRunner, redis: Redis
+) -> None:
+    # sdk_pay's policy (large_amounts) wants a person above 100. The SDK prepares a call's
+    # arguments first: "7" is not an int, so preparation would change it, and the SDK asks a
+    # person without consulting the policy at all. The runner asks exactly as the SDK does,
+    # and tells the fleet the outcome: the worker never evaluates the policy again.
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_pay", {"amount": 5}),
+        s.call("b", "sdk_pay", {"amount": "7"}),
+        s.call("c", "sdk_pay", {"amount": 500}),
+    ).answer("paid")
+    asked: list[Seen] = []
+
+    def decide(state: Any, items: Sequence[Any]) -> None:
+        asked.append(Seen(interruptions=[(i.tool_name, i.raw_item.call_id, "") for i in items]))
+        approve_all()(state, items)
+
+    sdk, on_fleet = await both(runner, s, t.SDK_TOOLS, decisions=[decide])
+    in_process, fleet_side = asked
+    assert [i[1] for i in in_process.interruptions] == [s.id("b"), s.id("c")]
+    assert fleet_side.interruptions == in_process.interruptions
+    assert sdk.final_output == "paid"
+    assert_same(sdk, on_fleet)
+    policy = {
+        n: [int(await redis.get(t.policy_key(w, s.id(n))) or 0) for w in ("sdk", "fleet")]
+        for n in ("a", "b", "c")
+    }
+    # "sdk": asked in the test process (both runners); "fleet": asked on a worker. Once per
+    # run for a and c, never for b, and never on a worker.
+    assert policy == {"a": [2, 0], "b": [0, 0], "c": [2, 0]}
+    for name in ("a", "b", "c"):
+        assert [await runs(redis, w, s.id(name)) for w in ("sdk", "fleet")] == [1, 1]
+
+
 @pytest.mark.parametrize("message", [None, "Not on a Friday."])
 async def test_rejected_calls_get_the_rejection_text_and_never_run(
     runner: FleetRunner, redis: Redis, message: str | None

@@ -248,6 +248,23 @@ def test_callable_approval_with_unparseable_arguments_fails_closed() -> None:
     assert kinds(plan(event(fc("c1", args="{oops")), tools=gated("callable"))) == ["interrupt"]
 
 
+def test_a_runtimes_policy_outcome_dispatches_pre_approved_so_the_worker_never_asks() -> None:
+    # A signed by_policy decision: the runtime evaluated the tool's callable policy (even on
+    # arguments the planner cannot parse) and it asked no one.
+    ev = event(fc("c1"), fc("c2", args="{oops"))
+    result = plan(ev, tools=gated("callable"), unasked={"c1", "c2"})
+    assert sent(result) == [("c1", True), ("c2", True)]
+    assert [u.approval for u in result.ledger_updates] == [None, None]  # no person decided
+
+
+def test_a_runtimes_policy_outcome_does_not_pass_the_fleets_own_gate_or_a_hold() -> None:
+    gate = plan(event(fc("c1")), tools=gated("always"), unasked={"c1"})
+    assert (kinds(gate), sent(gate)) == (["interrupt"], [])
+    held = plan(event(fc("c1")), tools=gated("callable"), unasked={"c1"}, held={"c0"})
+    assert (kinds(held), sent(held)) == (["interrupt"], [])
+    assert held.plan.calls[0].reason is not None  # held for a person: not an approval question
+
+
 def test_pre_approval_guardrails_send_an_approval_gated_call_to_the_worker_first() -> None:
     result = plan(event(fc("c1"), pre_approval_guardrails=True), tools=gated("always"))
     # "always": the worker runs input guardrails, then reports pending_approval itself.

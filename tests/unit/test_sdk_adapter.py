@@ -430,78 +430,55 @@ def test_turn_errors_become_the_sdk_exceptions() -> None:
     assert (fatal_error.type, str(fatal_error), fatal_error.call_id) == ("Fatal", "fatal", "c1")
 
 
-def test_the_fleet_copy_of_a_graph_keeps_the_agents_and_moves_only_tool_invocation() -> None:
-    from agents import handoff
-    from agents.tool import ToolOriginType, get_function_tool_origin
+async def test_outside_a_fleet_run_the_sdk_runs_tools_as_it_always_does() -> None:
+    import toolfleet.agents  # noqa: F401  (routes the SDK's invocation point through FleetRunner)
 
-    from toolfleet.agents import FleetGraph
-
-    billing = Agent(name="billing", tools=[add])
-    support = Agent(name="support", handoffs=[billing])
-    billing.handoffs = [support]  # a cycle
-    expert = Agent(name="expert", tools=[add])
-    triage = Agent(
-        name="triage",
-        tools=[add, expert.as_tool(tool_name="ask_expert", tool_description="asks")],
-        handoffs=[handoff(billing, input_filter=lambda data: data), support],
+    model = ScriptedModel(
+        [[function_call("add", {"a": 2, "b": 3}, call_id="c1")], [assistant_message("five")]]
     )
-    graph = FleetGraph()
-    fleet = graph.agent(triage)
-    assert graph.agent(triage) is fleet and graph.agent(fleet) is fleet  # made once
-    assert (fleet.name, triage.tools[0].on_invoke_tool) == ("triage", add.on_invoke_tool)
-    fleet_add, fleet_expert = fleet.tools
-    assert fleet_add is not add and fleet_add.name == add.name
-    assert fleet_add.params_json_schema == add.params_json_schema
-    assert fleet_add.on_invoke_tool.func.__name__ == "invoke_on_fleet"  # type: ignore[attr-defined]
-    origin = get_function_tool_origin(fleet_expert)
-    assert origin is not None and origin.type == ToolOriginType.AGENT_AS_TOOL
-    assert fleet_expert._agent_instance is graph.agent(expert)  # type: ignore[attr-defined]
-    assert graph.agent(expert).tools[0] is not add
-    filtered, direct = fleet.handoffs
-    assert filtered._agent_ref() is graph.agent(billing)  # type: ignore[union-attr]
-    assert direct is graph.agent(support)
-    assert graph.agent(billing).handoffs == [graph.agent(support)]
-    assert graph.agent(support).handoffs == [graph.agent(billing)]
-    assert triage.tools[0] is add and triage.handoffs[1] is support  # the originals untouched
+    result = await Runner.run(Agent(name="plain", model=model, tools=[add]), "go")
+    outputs = [i.output for i in result.new_items if isinstance(i, ToolCallOutputItem)]
+    assert (outputs, result.final_output) == ([5], "five")  # in-process: the tool's own int
 
 
-async def test_a_fleet_tool_outside_a_fleet_run_says_where_it_runs() -> None:
-    from agents.exceptions import UserError
-
-    from toolfleet.agents import FleetGraph
-
-    fleet_add = FleetGraph().tool(add)
-    ctx = SdkToolContext(
-        context=None, tool_name="add", tool_call_id="c1", tool_arguments='{"a": 1, "b": 2}'
-    )
-    with pytest.raises(UserError, match="runs only inside FleetRunner"):
-        await fleet_add.on_invoke_tool(ctx, '{"a": 1, "b": 2}')
-
-
-async def test_resuming_a_foreign_run_state_needs_its_run_id() -> None:
+async def test_a_run_state_carries_its_fleet_run_through_json() -> None:
     from agents.exceptions import UserError
     from agents.run_state import RunState
 
     from toolfleet.agents import FleetRunner
+    from toolfleet.agents._calls import Binding
+    from toolfleet.agents._sdk import remember
 
+    agent = Agent(name="a", tools=[add])
+    context: RunContextWrapper[Any] = RunContextWrapper(context={"seat": 3})
+    binding = Binding(client=None, tenant_id="t1", run_id="run-7", turn_timeout=1.0,  # type: ignore[arg-type]
+                      decided_by="me")  # fmt: skip
+    remember(context, binding)
+    state: RunState[Any, Any] = RunState(context=context, original_input="go", starting_agent=agent)
+    data = state.to_json()
+    assert data["toolfleet"] == {"tenant_id": "t1", "run_id": "run-7"}
     runner = FleetRunner(client=None, tenant_id="t1")  # type: ignore[arg-type]
+    # Restored with the application's agent (as the SDK documents), from a dict or a string.
+    for restored in (
+        await RunState.from_json(agent, json.loads(json.dumps(data))),
+        await RunState.from_string(agent, state.to_string()),
+    ):
+        assert runner.run_id_of(restored) == "run-7"
+        assert restored._context is not None and restored._context.context == {"seat": 3}
+        again = restored.to_json()  # and it keeps travelling, saved again
+        assert again["toolfleet"] == data["toolfleet"]
+    stranger = FleetRunner(client=None, tenant_id="t2")  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="of tenant t1"):
+        await stranger.run(agent, await RunState.from_json(agent, data))
+
+
+def test_a_run_state_the_sdk_made_carries_no_fleet_run() -> None:
+    from agents.run_state import RunState
+
+    import toolfleet.agents  # noqa: F401
+
     agent = Agent(name="a")
     state: RunState[Any, Any] = RunState(
         context=RunContextWrapper(context=None), original_input="go", starting_agent=agent
     )
-    with pytest.raises(UserError, match="pass run_id="):
-        await runner.run(agent, state)
-
-
-def test_the_fleet_graph_forgets_agents_that_are_gone() -> None:
-    import gc
-
-    from toolfleet.agents import FleetGraph
-
-    graph = FleetGraph()
-    kept = Agent(name="kept", tools=[add])
-    graph.agent(kept)
-    for n in range(50):  # an application that builds its agents per request
-        graph.agent(Agent(name=f"request-{n}", tools=[add]))
-    gc.collect()
-    assert [ref() for ref, _ in graph._agents.values()] == [kept]
+    assert "toolfleet" not in state.to_json()

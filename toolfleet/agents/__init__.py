@@ -17,9 +17,9 @@ async with FleetClient(Settings()) as client:
 ```
 
 ``FleetRunner`` is the SDK's own runner (``run``, ``run_streamed``, ``run_sync``, sessions,
-handoffs, guardrails, hooks, agents as tools, ``RunState``); only the function tools of the
-agents run on the fleet's workers, which serve them with
-``ToolRegistry.from_function_tools(...)``. Needs the Agents SDK: ``pip install
+handoffs, guardrails, hooks, agents as tools, ``RunState``) on the application's own agents;
+only the invocation of their function tools moves, to the fleet's workers, which serve them
+with ``ToolRegistry.from_function_tools(...)``. Needs the Agents SDK: ``pip install
 'toolfleet[agents]'`` (without it, importing this package raises ``MissingExtraError``, an
 ``ImportError`` that says so).
 """
@@ -37,19 +37,19 @@ from toolfleet.agents._errors import (
     FleetApprovalRequired,
     FleetRunCancelled,
     FleetRunError,
+    FleetToolNotServed,
     FleetTurnError,
     run_error,
 )
-from toolfleet.agents._graph import FleetGraph
 from toolfleet.agents._runner import DEFAULT_MAX_TURNS, FleetRunner
 
 __all__ = [
     "DEFAULT_MAX_TURNS",
     "FleetApprovalRequired",
-    "FleetGraph",
     "FleetRunCancelled",
     "FleetRunError",
     "FleetRunner",
+    "FleetToolNotServed",
     "FleetTurnError",
     "fleet_turn_id",
     "run_error",

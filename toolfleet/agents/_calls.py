@@ -1,11 +1,18 @@
-"""One function call of an SDK run, sent to the fleet and answered from its TurnResult.
+"""One function call of an SDK run, sent to the fleet and answered when it settles.
 
 The SDK's own runner decides everything around a call (approvals, handoffs, guardrails, hooks,
 concurrency, which failure fails the run); what it would do in-process — invoke the tool's
 function — is replaced by ``invoke_on_fleet``: the calls the runner starts together are
-submitted as one ModelResponseEvent of the run (a ``Batch``), and the output the fleet's worker
-produced for each (with the tool's own ``failure_error_function``, timeout and guardrails,
-applied on the worker) is returned to the runner as that tool's result.
+submitted as one ModelResponseEvent of the run (a ``Batch``, one fleet turn, which the
+aggregator answers with one TurnResult), and each call is answered as soon as the fleet reports
+that it settled with an output, so a fast call does not wait for its slowest sibling. A call
+whose failure fails the run is answered by the turn's TurnResult, where the fleet has chosen
+among all the turn's failures.
+
+Every call carries the SDK's approval outcome, signed: a person's approval
+(``RunState.approve``), or the tool's policy asking for none (``by_policy``), so the worker
+never evaluates a ``needs_approval`` the runner already evaluated, and no client waits for a
+decision to reach another service before it sends the call.
 
 The identity of a call on the fleet is (tenant, fleet run id, call_id). The fleet run id is
 bound for the duration of a ``FleetRunner`` run (``current_binding``); an agent used as a tool
@@ -19,29 +26,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
-import time
+from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from agents import FunctionTool
-from agents.exceptions import UserError
 from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall
 
+from kernel.rules.texts import TOOL_NOT_IN_AGENT
 from schemas import (
     AgentRef,
     ApprovalDecision,
+    CallOutcome,
     CancelRequest,
     ModelResponseEvent,
     TurnConfig,
     TurnResult,
 )
-from toolfleet.agents._errors import FleetApprovalRequired, FleetRunCancelled, run_error
+from toolfleet.agents._errors import (
+    FleetApprovalRequired,
+    FleetRunCancelled,
+    FleetToolNotServed,
+    run_error,
+)
+from toolfleet.serving import current_tool_server
 
 if TYPE_CHECKING:
-    from toolfleet.agents._graph import FleetGraph
     from toolfleet.client import FleetClient
 
 
@@ -53,19 +65,23 @@ class Binding:
     tenant_id: str
     run_id: str
     turn_timeout: float
-    decision_timeout: float
     decided_by: str
-    graph: FleetGraph
-    """The fleet copies of the run's agents (nested runs swap theirs in from it)."""
+    gated: frozenset[str] = frozenset()
+    """Lookup keys of the tools the fleet holds every call of for a person (the release
+    gate), as last read: the runner asks the SDK's approval question for them."""
     turn_results: list[TurnResult] = field(default_factory=list)
     """Every TurnResult of the run's calls (shared with nested runs), in arrival order."""
+    batches: set[asyncio.Task[None]] = field(default_factory=set)
+    """The run's batches still waiting for their TurnResult (shared with nested runs)."""
+    asked: dict[str, bool] = field(default_factory=dict)
+    """Per call_id, whether the SDK's last approval evaluation asked a person."""
 
     _open: dict[str, Batch] = field(default_factory=dict)
     """Per agent, the batch of calls still accepting calls started in the same step."""
 
     def nested(self, call_id: str) -> Binding:
         """The binding of an agent tool's nested run, for its call ``call_id``."""
-        return replace(self, run_id=f"{self.run_id}/{call_id}", _open={})
+        return replace(self, run_id=f"{self.run_id}/{call_id}", asked={}, _open={})
 
     def batch_for(self, agent_name: str) -> Batch:
         """The open batch of ``agent_name``'s calls (a new one if none is open)."""
@@ -79,6 +95,11 @@ class Binding:
         if self._open.get(batch.agent_name) is batch:
             del self._open[batch.agent_name]
 
+    async def settled(self) -> None:
+        """Wait until every batch of the run has its TurnResult (or gave up waiting)."""
+        while self.batches:
+            await asyncio.gather(*self.batches, return_exceptions=True)
+
 
 _BINDING: ContextVar[Binding | None] = ContextVar("toolfleet_agents_binding", default=None)
 
@@ -89,7 +110,7 @@ def current_binding() -> Binding | None:
 
 
 @contextlib.contextmanager
-def bound(binding: Binding) -> Any:
+def bound(binding: Binding) -> Iterator[Binding]:
     """Bind ``binding`` for the code (and the tasks it creates) inside the block."""
     token = _BINDING.set(binding)
     try:
@@ -104,30 +125,46 @@ def fleet_turn_id(call_id: str) -> int:
     return int.from_bytes(hashlib.sha256(call_id.encode()).digest()[:6], "big")
 
 
-async def invoke_on_fleet(tool: FunctionTool, ctx: ToolContext[Any], arguments: str) -> str:
+def lookup_key(call: ResponseFunctionToolCall) -> str:
+    """The name the fleet's registry knows a call's tool by (``namespace.name`` or ``name``)."""
+    return f"{call.namespace}.{call.name}" if call.namespace else call.name
+
+
+async def invoke_on_fleet(
+    binding: Binding, tool: FunctionTool, ctx: ToolContext[Any], arguments: str
+) -> str:
     """Run one call of ``tool`` on the fleet; its model-visible output.
 
     The calls the runner starts together (those of one model response, up to the run's
-    ``max_function_tool_concurrency``) travel as one fleet turn, so they are planned together
-    and their results come back together: when several fail, the run error is the one the
-    fleet chose among all of them (BaseException-class first, then model order), never the
-    one whose worker happened to answer first. A call the runner approved
-    (``RunState.approve``) is recorded as approved on the fleet first, so the planner does not
-    ask again. A failed call raises the SDK exception the in-process run would have raised.
+    ``max_function_tool_concurrency``) travel as one fleet turn, each with the SDK's approval
+    outcome signed beside it. Each returns as soon as the fleet reports its output; a failed
+    call raises the SDK exception the in-process run would have raised, once the turn's
+    result says which failure the fleet chose among all of the turn's (BaseException-class
+    first, then model order), never the one whose worker happened to answer first.
     """
-    binding = current_binding()
-    if binding is None:
-        raise UserError(
-            f"tool {tool.name} is a fleet tool of toolfleet.agents.FleetRunner; it runs only "
-            "inside FleetRunner.run, run_streamed or run_sync"
-        )
     call = _call_of(ctx, arguments)
-    approved = ctx.is_tool_approved(tool.name, call.call_id) is True
+    # The SDK invokes a tool only when it needs no decision, or a person approved the call.
+    approved_by_person = ctx.is_tool_approved(tool.name, call.call_id) is True
+    decision = binding.client.auth.sign(
+        ApprovalDecision(
+            tenant_id=binding.tenant_id,
+            run_id=binding.run_id,
+            call_id=call.call_id,
+            tool_name=lookup_key(call),
+            approve=True,
+            decided_by=binding.decided_by,
+            by_policy=None if approved_by_person else True,
+        )
+    )
     agent_name = getattr(ctx.agent, "name", None) or "agent"
     batch = binding.batch_for(agent_name)
-    batch.add(call, tool, approved=approved)
+    answer = batch.add(call, tool, decision)
     try:
-        result = await asyncio.shield(batch.result)
+        return await asyncio.shield(answer)
+    except _SiblingFailed:
+        # A sibling's failure failed the turn before this call produced anything: as
+        # in-process, where the runner cancels the siblings of the call that fails the run.
+        raise asyncio.CancelledError from None
     except asyncio.CancelledError:
         # The runner cancelled this call (a sibling failed, or the run was cancelled): nothing
         # of it may start any more on any worker.
@@ -141,31 +178,18 @@ async def invoke_on_fleet(tool: FunctionTool, ctx: ToolContext[Any], arguments: 
         with contextlib.suppress(Exception):
             await asyncio.shield(binding.client.cancel(request))
         raise
-    return _output_of(binding, result, call, tool)
 
 
-def _output_of(
-    binding: Binding, result: TurnResult, call: ResponseFunctionToolCall, tool: FunctionTool
-) -> str:
-    """This call's part of its fleet turn's result."""
-    if result.status == "cancelled":
-        raise FleetRunCancelled(f"run {binding.run_id} was cancelled on the fleet")
-    failed = result.status == "failed" and result.error is not None
-    if failed and result.error is not None and result.error.call_id in (call.call_id, None):
-        raise run_error(result.error, [call], [tool])
-    output = next((o.output for o in result.outputs if o.call_id == call.call_id), None)
-    if output is not None:
-        return output
-    if any(i.call_id == call.call_id for i in result.interruptions):
-        lookup = f"{call.namespace}.{call.name}" if call.namespace else call.name
-        raise FleetApprovalRequired(
-            f"the fleet holds call {call.call_id} of tool {lookup} for an operator's approval "
-            f"(run {binding.run_id}); see `toolfleet inspect` and `toolfleet tasks` for why, "
-            "decide it with FleetClient.decide, then run the agent again"
-        )
-    # A sibling's failure failed the turn before this call produced anything: as in-process,
-    # where the runner cancels the siblings of the call that fails the run.
-    raise asyncio.CancelledError
+class _SiblingFailed(Exception):
+    """Internal: the call's turn failed on another call's failure; the call has no output."""
+
+
+@dataclass
+class _Pending:
+    call: ResponseFunctionToolCall
+    tool: FunctionTool
+    decision: ApprovalDecision
+    answer: asyncio.Future[str]
 
 
 class Batch:
@@ -174,21 +198,25 @@ class Batch:
     def __init__(self, binding: Binding, agent_name: str) -> None:
         self.binding = binding
         self.agent_name = agent_name
-        self.calls: list[tuple[ResponseFunctionToolCall, FunctionTool, bool]] = []
-        self.result: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
-        # Retrieved even when every call has left, so an unread failure is not reported.
-        self.result.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self.calls: list[_Pending] = []
         self._task: asyncio.Task[None] | None = None
         self._waiting = 0
 
-    def add(self, call: ResponseFunctionToolCall, tool: FunctionTool, *, approved: bool) -> None:
-        """Join a call; the batch is sent once the tasks started with it have joined too."""
-        self.calls.append((call, tool, approved))
+    def add(
+        self, call: ResponseFunctionToolCall, tool: FunctionTool, decision: ApprovalDecision
+    ) -> asyncio.Future[str]:
+        """Join a call; the batch is sent once the tasks started with it have joined too.
+        Returns the future of the call's output."""
+        answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        # Retrieved even when nobody waits any more, so an unread failure is not reported.
+        answer.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self.calls.append(_Pending(call, tool, decision, answer))
         self._waiting += 1
         if len(self.calls) == 1:
             # The runner creates the tasks of a response's calls together; each reaches this
-            # point in its first step, before the loop runs anything scheduled later.
+            # point in its first steps, before the loop runs anything scheduled later.
             asyncio.get_running_loop().call_soon(self._send)
+        return answer
 
     def leave(self) -> None:
         """A call no longer waits (cancelled); the last one to leave stops the wait."""
@@ -199,36 +227,105 @@ class Batch:
     def _send(self) -> None:
         self.binding.close_batch(self)
         self._task = asyncio.get_running_loop().create_task(self._run())
+        self.binding.batches.add(self._task)
+        self._task.add_done_callback(self.binding.batches.discard)
 
     async def _run(self) -> None:
         binding = self.binding
+        first = self.calls[0].call.call_id
+        event = ModelResponseEvent(
+            tenant_id=binding.tenant_id,
+            run_id=binding.run_id,
+            turn_id=fleet_turn_id(first),
+            agent=AgentRef(name=self.agent_name),
+            response_id=f"calls-{first}",
+            items=[_wire(p.call) for p in self.calls],
+            # A resumption every time: calls sent again (the runner restarted from a saved
+            # state) get a new plan epoch, so their turn answers again (from the ledger).
+            resume=True,
+            config=TurnConfig(failure_policy="error_as_output", tool_not_found="raise_error"),
+            decisions=[p.decision for p in self.calls],
+        )
+        stop_following = None
         try:
-            for call, _, approved in self.calls:
-                if approved:
-                    lookup = f"{call.namespace}.{call.name}" if call.namespace else call.name
-                    await _record_approval(binding, call.call_id, lookup)
-            first = self.calls[0][0].call_id
-            event = ModelResponseEvent(
-                tenant_id=binding.tenant_id,
-                run_id=binding.run_id,
-                turn_id=fleet_turn_id(first),
-                agent=AgentRef(name=self.agent_name),
-                response_id=f"calls-{first}",
-                items=[_wire(call) for call, _, _ in self.calls],
-                # A resumption every time: calls sent again (the runner restarted from a saved
-                # state) get a new plan epoch, so their turn answers again (from the ledger).
-                resume=True,
-                config=TurnConfig(failure_policy="error_as_output", tool_not_found="raise_error"),
+            server = current_tool_server()
+            if server is not None:  # a test fleet serving the application's own objects
+                for pending in self.calls:
+                    await server.ensure_served(pending.tool)
+            stop_following = await binding.client.follow(
+                event.run_id, event.turn_id, self._on_outcome
             )
             result = await binding.client.run_turn(event, within=binding.turn_timeout)
         except asyncio.CancelledError:
-            self.result.cancel()
+            for pending in self.calls:
+                pending.answer.cancel()
             raise
-        except Exception as exc:  # every waiting call learns why
-            self.result.set_exception(exc)
+        except Exception as exc:  # every call still waiting learns why
+            for pending in self.calls:
+                if not pending.answer.done():
+                    pending.answer.set_exception(exc)
         else:
             binding.turn_results.append(result)
-            self.result.set_result(result)
+            for pending in self.calls:
+                if not pending.answer.done():
+                    _answer(binding, result, pending, self.agent_name)
+        finally:
+            if stop_following is not None:
+                stop_following()
+
+    def _on_outcome(self, outcome: CallOutcome) -> None:
+        """A worker's outcome of one of the calls: its answer now, if it is the output the
+        turn result will give the model (resolved, and not a failure of the run)."""
+        pending = next((p for p in self.calls if p.call.call_id == outcome.call_id), None)
+        if pending is None or pending.answer.done():
+            return
+        final = (
+            outcome.kind == "execute"
+            and outcome.resolved
+            and not outcome.fails_turn
+            and outcome.status in ("succeeded", "failed")
+            and outcome.output is not None
+        )
+        if final and outcome.output is not None:
+            pending.answer.set_result(outcome.output)
+
+
+def _answer(binding: Binding, result: TurnResult, pending: _Pending, agent_name: str) -> None:
+    """Settle one call from its turn's result."""
+    call, answer = pending.call, pending.answer
+    lookup = lookup_key(call)
+    if result.status == "cancelled":
+        answer.set_exception(FleetRunCancelled(f"run {binding.run_id} was cancelled on the fleet"))
+        return
+    error = result.error
+    if result.status == "failed" and error is not None and error.call_id in (call.call_id, None):
+        not_served = TOOL_NOT_IN_AGENT.format(name=lookup, agent=agent_name)
+        if error.type == "ModelBehaviorError" and error.message == not_served:
+            answer.set_exception(
+                FleetToolNotServed(
+                    f"tool {lookup} is not served by the fleet (run {binding.run_id}, call "
+                    f"{call.call_id}), so it ran nowhere: add it to the workers' ToolRegistry "
+                    "(ToolRegistry.from_function_tools or add_function_tool), or, in tests, "
+                    "run the agent on toolfleet.testing.InProcessFleet, which serves any tool"
+                )
+            )
+            return
+        answer.set_exception(run_error(error, [call], [pending.tool]))
+        return
+    output = next((o.output for o in result.outputs if o.call_id == call.call_id), None)
+    if output is not None:
+        answer.set_result(output)
+        return
+    if any(i.call_id == call.call_id for i in result.interruptions):
+        answer.set_exception(
+            FleetApprovalRequired(
+                f"the fleet holds call {call.call_id} of tool {lookup} for an operator's "
+                f"approval (run {binding.run_id}); see `toolfleet inspect` and `toolfleet "
+                "tasks` for why, decide it with FleetClient.decide, then run the agent again"
+            )
+        )
+        return
+    answer.set_exception(_SiblingFailed())
 
 
 def _call_of(ctx: ToolContext[Any], arguments: str) -> ResponseFunctionToolCall:
@@ -253,45 +350,3 @@ def _wire(call: ResponseFunctionToolCall) -> dict[str, Any]:
     if call.namespace:
         item["namespace"] = call.namespace
     return item
-
-
-async def _record_approval(binding: Binding, call_id: str, tool: str) -> None:
-    """Publish the runner's approval of a call; wait until the planner has recorded it.
-
-    Decisions and model responses travel on different topics, so the call could overtake its
-    decision; the planner would then ask again. The wait makes the submission see it.
-    """
-    from kernel.adapters.redis import connect_redis
-    from kernel.stores.keys import Keys
-
-    settings = binding.client.settings
-    redis = connect_redis(settings)
-    key = Keys.of(settings).approvals(binding.tenant_id, binding.run_id)
-    try:
-        if await _approved(redis, key, call_id):
-            return  # decided before (a resubmission)
-        await binding.client.decide(
-            ApprovalDecision(
-                tenant_id=binding.tenant_id,
-                run_id=binding.run_id,
-                call_id=call_id,
-                tool_name=tool,
-                approve=True,
-                decided_by=binding.decided_by,
-            )
-        )
-        deadline = time.monotonic() + binding.decision_timeout
-        while not await _approved(redis, key, call_id):
-            if time.monotonic() > deadline:
-                raise UserError(
-                    f"the planner did not record the approval of {call_id} within "
-                    f"{binding.decision_timeout:g} s; is it running?"
-                )
-            await asyncio.sleep(0.02)  # polling interval of a deadline-bounded wait
-    finally:
-        await redis.aclose()
-
-
-async def _approved(redis: Any, key: str, call_id: str) -> bool:
-    raw = await redis.hget(key, f"call:{call_id}")
-    return raw is not None and bool(json.loads(raw)["approve"])

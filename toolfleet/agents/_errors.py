@@ -35,6 +35,16 @@ class FleetApprovalRequired(FleetRunError):
     """
 
 
+class FleetToolNotServed(FleetRunError):
+    """A function tool the run called is served by no worker of the fleet, so it ran nowhere.
+
+    FleetRunner never runs a function tool in the runner process: a tool added to an agent at
+    any time (by a hook, between runs) runs on the fleet, or the run fails with this error.
+    Serve the tool on the workers (``ToolRegistry.from_function_tools``), or, in tests, run the
+    agent on ``toolfleet.testing.InProcessFleet``.
+    """
+
+
 class FleetTurnError(FleetRunError):
     """A turn failure with no SDK exception class to stand for it.
 

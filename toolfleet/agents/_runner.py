@@ -1,12 +1,12 @@
 """FleetRunner: the SDK's own runner, with the function tools of every agent run on the fleet.
 
-``FleetRunner.run`` is ``Runner.run`` on the fleet copy of the agent graph (``FleetGraph``):
-the SDK runs the agent loop — model calls, handoffs and their input filters, agent and run
-guardrails, hooks, sessions, streaming, approvals and ``RunState``, agents as tools, MCP tool
-listing, ``tool_use_behavior``, ``max_turns`` — exactly as in-process, and each function call
-it would invoke goes to the fleet as a one-call turn (``invoke_on_fleet``), where the planner
-records it in the ledger (so it runs at most once, whatever the runner does) and a worker runs
-it with the tool's timeout, failure handler and guardrails.
+``FleetRunner.run`` is ``Runner.run`` on the application's own agents: the SDK runs the agent
+loop — model calls, handoffs and their input filters, agent and run guardrails, hooks,
+sessions, streaming, approvals and ``RunState``, agents as tools, MCP tool listing,
+``tool_use_behavior``, ``max_turns`` — exactly as in-process, and each function call it
+invokes goes to the fleet (see ``toolfleet.agents._sdk``), where the planner records it in the
+ledger (so it runs at most once, whatever the runner does) and a worker runs it with the
+tool's timeout, failure handler and guardrails.
 """
 
 from __future__ import annotations
@@ -17,30 +17,27 @@ import dataclasses
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from agents import Agent, RunConfig, RunContextWrapper, RunHooks, RunResult, RunResultStreaming
+from agents import Agent, RunConfig, RunHooks, RunResult, RunResultStreaming
 from agents.exceptions import UserError
 from agents.items import TResponseInputItem
 from agents.memory import Session
 from agents.run import DEFAULT_MAX_TURNS, get_default_agent_runner
-
-__all__ = ["DEFAULT_MAX_TURNS", "FleetRunner", "RunInput"]
 from agents.run_state import RunState
 
 from schemas import CancelRequest, TurnResult
-from toolfleet.agents._calls import Binding, bound, current_binding
-from toolfleet.agents._graph import FleetGraph, install_fleet_runner
+from toolfleet.agents._calls import Binding, bound
+from toolfleet.agents._sdk import binding_of, identity_of, install, remember
 from toolfleet.client import FleetClient
 
 if TYPE_CHECKING:
     from kernel.stores.registry import ToolDirectory
 
+__all__ = ["DEFAULT_MAX_TURNS", "FleetRunner", "RunInput"]
+
 RunInput = str | list[TResponseInputItem] | RunState[Any, Any]
 """What ``FleetRunner.run`` accepts as input, as ``Runner.run``."""
 
-
-def _graph_of_current_run() -> FleetGraph | None:
-    binding = current_binding()
-    return binding.graph if binding is not None else None
+install()
 
 
 class FleetRunner:
@@ -48,8 +45,10 @@ class FleetRunner:
 
     ``client`` must be started (``async with FleetClient(settings) as client``), except for
     ``run_sync``, which opens its own. The fleet must serve the function tools of every agent
-    the run can reach (``ToolRegistry.from_function_tools(...)``). ``tenant_id`` scopes the
-    call ledger; every run gets its own fleet run id (``run_id_of``).
+    the run can reach (``ToolRegistry.from_function_tools(...)``); a call of a tool it does
+    not serve fails the run with ``FleetToolNotServed`` (it never runs in this process).
+    ``tenant_id`` scopes the call ledger; every run gets its own fleet run id (``run_id_of``),
+    which travels inside the RunStates it makes.
     """
 
     def __init__(
@@ -64,34 +63,33 @@ class FleetRunner:
         self.client = client
         self.tenant_id = tenant_id
         self.turn_timeout = turn_timeout
-        """Seconds to wait for one call's TurnResult."""
+        """Seconds to wait for the TurnResult of the calls the runner sent together."""
         self.decision_timeout = decision_timeout
-        """Seconds to wait for the planner to record an approval given on a RunState."""
+        """Unused: a decision now travels with the calls it decides (kept for callers that
+        pass it)."""
         self.decided_by = decided_by
-        """Who the approvals this runner publishes for its runs name as their author."""
-        self.graph = FleetGraph()
-        """The fleet copies of the agents this runner has run."""
+        """Who the decisions this runner signs for its runs name as their author."""
+        self._gated: frozenset[str] = frozenset()
         self._directory: ToolDirectory | None = None
-        install_fleet_runner(_graph_of_current_run)
 
     def fleet_agent(self, agent: Agent[Any]) -> Agent[Any]:
-        """The fleet copy of ``agent`` this runner runs (same name and settings; its function
-        tools run on the fleet). Restore a saved RunState with it:
-        ``RunState.from_string(runner.fleet_agent(agent), data)``."""
-        return self.graph.agent(agent)
+        """``agent`` itself: FleetRunner runs the application's own agents (kept for code
+        written when it ran copies of them)."""
+        return agent
 
     def run_id_of(self, run: RunResult | RunResultStreaming | RunState[Any, Any]) -> str:
-        """The fleet run id of a run this runner made (to resume it after a restart)."""
-        binding = _binding_of(run)
-        if binding is None:
+        """The fleet run id of a run this runner made, or of a RunState restored from one."""
+        identity = identity_of(_context_of(run))
+        if identity is None:
             raise UserError("This run was not made by a FleetRunner.")
-        return binding.run_id
+        return identity.run_id
 
     def turn_results(
         self, run: RunResult | RunResultStreaming | RunState[Any, Any]
     ) -> list[TurnResult]:
-        """The fleet's TurnResult of every call of a run, with status, effect and timings."""
-        binding = _binding_of(run)
+        """The fleet's TurnResult of every call of a run, with status, effect and timings
+        (for ``run_streamed``: those arrived when it is read; ``run`` waits for all)."""
+        binding = binding_of(_context_of(run))
         return list(binding.turn_results) if binding is not None else []
 
     async def run(
@@ -109,17 +107,17 @@ class FleetRunner:
     ) -> RunResult:
         """``Runner.run`` with the function tools on the fleet.
 
-        ``run_id`` names the fleet run; a resumption in the same process keeps the run's id by
-        itself, one from a RunState restored from JSON in another process needs it passed
-        (``run_id_of`` of the interrupted run), or its calls would get a new identity.
+        ``run_id`` names the fleet run; a resumed RunState keeps its run's id by itself, in
+        this process or, restored with ``RunState.from_json`` / ``from_string``, in another.
         ``options`` are the other keyword arguments of ``Runner.run``.
         """
         binding = self._binding_for(input, run_id)
         await self._read_gates()
+        binding.gated = self._gated
         with bound(binding):
             try:
                 result = await get_default_agent_runner().run(
-                    self.graph.agent(starting_agent),
+                    starting_agent,
                     input,
                     context=context,
                     max_turns=max_turns,
@@ -131,7 +129,11 @@ class FleetRunner:
             except asyncio.CancelledError:
                 await self._cancel_on_fleet(binding)
                 raise
-        _remember(result.context_wrapper, binding)
+            finally:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    # Every call has its answer; its turn's record follows right behind.
+                    await asyncio.wait_for(asyncio.shield(binding.settled()), self.turn_timeout)
+        remember(result.context_wrapper, binding)
         return result
 
     def run_streamed(
@@ -148,15 +150,16 @@ class FleetRunner:
         **options: Any,
     ) -> RunResultStreaming:
         """``Runner.run_streamed`` with the function tools on the fleet: the SDK's events, in
-        the SDK's order, each tool output as the fleet returns it.
+        the SDK's order, each tool output as soon as the fleet reports it.
 
         The fleet's release gate is known as of this runner's last ``run`` (the stream starts
         without waiting for a read); a gated call it does not know of fails the run with
         FleetApprovalRequired rather than running unapproved."""
         binding = self._binding_for(input, run_id)
+        binding.gated = self._gated
         with bound(binding):  # the SDK's run task copies the binding when it is created
             streamed = get_default_agent_runner().run_streamed(
-                self.graph.agent(starting_agent),
+                starting_agent,
                 input,
                 context=context,
                 max_turns=max_turns,
@@ -165,7 +168,7 @@ class FleetRunner:
                 session=session,
                 **options,
             )
-        _remember(streamed.context_wrapper, binding)
+        remember(streamed.context_wrapper, binding)
         return streamed
 
     def run_sync(self, starting_agent: Agent[Any], input: RunInput, **kwargs: Any) -> RunResult:
@@ -182,10 +185,8 @@ class FleetRunner:
                     client,
                     tenant_id=self.tenant_id,
                     turn_timeout=self.turn_timeout,
-                    decision_timeout=self.decision_timeout,
                     decided_by=self.decided_by,
                 )
-                own.graph = self.graph
                 return await own.run(starting_agent, input, **kwargs)
 
         return asyncio.run(main())
@@ -200,27 +201,29 @@ class FleetRunner:
             settings = self.client.settings
             self._directory = ToolDirectory(connect_redis(settings), Keys.of(settings))
         specs = await self._directory.specs()
-        self.graph.gate(key for key, spec in specs.items() if spec.needs_approval == "always")
+        self._gated = frozenset(
+            key for key, spec in specs.items() if spec.needs_approval == "always"
+        )
 
     def _binding_for(self, input: RunInput, run_id: str | None) -> Binding:
         if isinstance(input, RunState):
-            known = _binding_of(input)
+            known = binding_of(input._context)
             if known is not None and run_id in (None, known.run_id):
-                return dataclasses.replace(known, client=self.client, graph=self.graph)
-            if run_id is None:
+                return dataclasses.replace(known, client=self.client, _open={}, asked={})
+            identity = identity_of(input._context)
+            if identity is not None and identity.tenant_id != self.tenant_id:
                 raise UserError(
-                    "Resuming a RunState this FleetRunner did not make: pass run_id= (the "
-                    "interrupted run's FleetRunner.run_id_of) so its calls keep their identity "
-                    "on the fleet."
+                    f"This RunState is of run {identity.run_id} of tenant {identity.tenant_id}; "
+                    f"resume it with a FleetRunner of that tenant, not {self.tenant_id}."
                 )
+            if identity is not None and run_id is None:
+                run_id = identity.run_id
         return Binding(
             client=self.client,
             tenant_id=self.tenant_id,
             run_id=run_id or f"run-{uuid.uuid4().hex}",
             turn_timeout=self.turn_timeout,
-            decision_timeout=self.decision_timeout,
             decided_by=self.decided_by,
-            graph=self.graph,
         )
 
     async def _cancel_on_fleet(self, binding: Binding) -> None:
@@ -232,17 +235,6 @@ class FleetRunner:
             await asyncio.shield(self.client.cancel(request))
 
 
-_BINDING_ATTRIBUTE = "_toolfleet_binding"
-"""Where a run's context wrapper carries its binding: the SDK copies the wrapper's attributes
-into the RunState it makes (``to_state``), so an in-process resumption finds its run id."""
-
-
-def _remember(context: RunContextWrapper[Any], binding: Binding) -> None:
-    setattr(context, _BINDING_ATTRIBUTE, binding)
-
-
-def _binding_of(run: Any) -> Binding | None:
+def _context_of(run: Any) -> Any:
     # A RunState keeps its context wrapper only in ``_context``.
-    context = run._context if isinstance(run, RunState) else run.context_wrapper
-    found = getattr(context, _BINDING_ATTRIBUTE, None)
-    return found if isinstance(found, Binding) else None
+    return run._context if isinstance(run, RunState) else run.context_wrapper

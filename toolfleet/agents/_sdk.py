@@ -1,0 +1,208 @@
+"""Where FleetRunner meets the SDK: the few points of the SDK's own runner it routes.
+
+FleetRunner runs the application's own agents and tools with the SDK's own runner; nothing is
+copied. Inside a FleetRunner run (while a ``Binding`` is bound), and only there:
+
+- Invocation. The SDK's single invocation point of a function tool
+  (``run_internal.tool_execution._invoke_function_tool_with_metadata``) sends the call to the
+  fleet instead of calling the tool's function. Whatever the tool — on the agent when the run
+  started, added by a hook during the run or between runs, listed by an MCP server — the SDK
+  found it and invokes it there, so no function tool's body runs in the runner process: it
+  runs on a worker, or the run fails with ``FleetToolNotServed``. An agent used as a tool is
+  the exception, as in-process: its nested run is the runner's, bound to the nested identity.
+- Approval. The SDK's own evaluation (``function_needs_approval``: argument preparation, the
+  callable policy, agent-scoped decisions) runs as it is, once each time the SDK calls it; for
+  a tool the fleet gates (the release gate) an "invoke" becomes "ask a person".
+- Tool guardrails. The worker runs them around the body, with the tool's timeout and failure
+  handler; the runner runs only the input guardrails the SDK runs before its approval question
+  (``ToolExecutionConfig.pre_approval_tool_input_guardrails``).
+- RunState. ``to_json`` (and so ``to_string``) writes the fleet run's identity into the state
+  (its ``toolfleet`` key), ``from_json`` / ``from_string`` read it back, so a state restored
+  with the application's agent, in another process, resumes under the same run id.
+
+Outside a FleetRunner run each point behaves exactly as the SDK's own. ``install`` is called
+once, when ``toolfleet.agents`` is imported.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from agents import FunctionTool, RunContextWrapper
+from agents.run_internal import tool_execution as _tool_execution
+from agents.run_internal import turn_resolution as _turn_resolution
+from agents.run_state import RunState
+from agents.tool import ToolOriginType, _FunctionToolInvocationResult
+from agents.tool_context import ToolContext
+
+from toolfleet.agents._calls import Binding, bound, current_binding, invoke_on_fleet
+
+STATE_KEY = "toolfleet"
+"""The key of a serialized RunState that holds the fleet run's identity."""
+
+_BINDING_ATTRIBUTE = "_toolfleet_binding"
+"""Where a run's context wrapper carries its binding: the SDK copies the wrapper's attributes
+into the RunState it makes (``to_state``), so an in-process resumption finds its run."""
+_IDENTITY_ATTRIBUTE = "_toolfleet_identity"
+"""Where a RunState restored from JSON keeps the identity its JSON carried."""
+
+
+@dataclass(frozen=True)
+class FleetIdentity:
+    """Who a run is on the fleet: its calls are (tenant_id, run_id, call_id)."""
+
+    tenant_id: str
+    run_id: str
+
+
+def remember(context: RunContextWrapper[Any], binding: Binding) -> None:
+    """Tie a run's context wrapper (and the RunStates made from it) to its binding."""
+    setattr(context, _BINDING_ATTRIBUTE, binding)
+
+
+def binding_of(context: RunContextWrapper[Any] | None) -> Binding | None:
+    """The binding a run's context wrapper was tied to in this process, if any."""
+    found = getattr(context, _BINDING_ATTRIBUTE, None)
+    return found if isinstance(found, Binding) else None
+
+
+def identity_of(context: RunContextWrapper[Any] | None) -> FleetIdentity | None:
+    """The fleet identity of a run's context wrapper: its binding's, or the one a RunState
+    restored from JSON carried."""
+    binding = binding_of(context)
+    if binding is not None:
+        return FleetIdentity(binding.tenant_id, binding.run_id)
+    found = getattr(context, _IDENTITY_ATTRIBUTE, None)
+    return found if isinstance(found, FleetIdentity) else None
+
+
+def runs_on_fleet(tool: FunctionTool) -> bool:
+    """Whether FleetRunner sends this tool's calls to the fleet (every function tool but an
+    agent used as a tool, whose nested run stays with the runner)."""
+    origin = getattr(tool, "_tool_origin", None)
+    return getattr(origin, "type", None) != ToolOriginType.AGENT_AS_TOOL
+
+
+# --- the SDK's functions, as they were before ``install`` -------------------------------------
+# (Private parts of openai-agents 0.24.0, which is why the package is pinned.)
+tool_execution: Any = _tool_execution
+turn_resolution: Any = _turn_resolution
+_sdk_invoke = tool_execution._invoke_function_tool_with_metadata
+_sdk_needs_approval = tool_execution.function_needs_approval
+_sdk_input_guardrails = tool_execution._execute_tool_input_guardrails
+_sdk_output_guardrails = tool_execution._execute_tool_output_guardrails
+_sdk_to_json = RunState.to_json
+_sdk_from_json = RunState.from_json
+
+
+async def _invoke(*, function_tool: FunctionTool, context: ToolContext[Any], arguments: str) -> Any:
+    binding = current_binding()
+    if binding is None:
+        return await _sdk_invoke(function_tool=function_tool, context=context, arguments=arguments)
+    if not runs_on_fleet(function_tool):
+        with bound(binding.nested(context.tool_call_id)):
+            return await _sdk_invoke(
+                function_tool=function_tool, context=context, arguments=arguments
+            )
+    output = await invoke_on_fleet(binding, function_tool, context, arguments)
+    return _FunctionToolInvocationResult(output)
+
+
+async def _needs_approval(
+    function_tool: FunctionTool, context_wrapper: RunContextWrapper[Any], tool_call: Any
+) -> Any:
+    evaluation = await _sdk_needs_approval(function_tool, context_wrapper, tool_call)
+    binding = current_binding()
+    if binding is None or not runs_on_fleet(function_tool):
+        return evaluation
+    if evaluation.outcome == "invoke" and function_tool.qualified_name in binding.gated:
+        # The fleet holds every call of this tool for a person: ask, the SDK's way.
+        evaluation.outcome, evaluation.prepared = "require_approval", None
+    binding.asked[tool_call.call_id] = evaluation.outcome == "require_approval"
+    return evaluation
+
+
+async def _input_guardrails(
+    *,
+    func_tool: FunctionTool,
+    tool_context: ToolContext[Any],
+    agent: Any,
+    tool_input_guardrail_results: list[Any],
+) -> str | None:
+    binding = current_binding()
+    if binding is not None and runs_on_fleet(func_tool) and func_tool.tool_input_guardrails:
+        call_id = tool_context.tool_call_id
+        undecided = tool_context.is_tool_approved(func_tool.name, call_id) is None
+        if not (undecided and binding.asked.get(call_id)):
+            return None  # right before the body: the worker runs them
+    rejection: str | None = await _sdk_input_guardrails(
+        func_tool=func_tool,
+        tool_context=tool_context,
+        agent=agent,
+        tool_input_guardrail_results=tool_input_guardrail_results,
+    )
+    return rejection
+
+
+async def _output_guardrails(
+    *,
+    func_tool: FunctionTool,
+    tool_context: ToolContext[Any],
+    agent: Any,
+    real_result: Any,
+    tool_output_guardrail_results: list[Any],
+) -> Any:
+    if current_binding() is not None and runs_on_fleet(func_tool):
+        # The worker ran them on the body's result; ``real_result`` is what they let through.
+        return tool_execution._ToolOutputGuardrailExecutionResult(real_result)
+    return await _sdk_output_guardrails(
+        func_tool=func_tool,
+        tool_context=tool_context,
+        agent=agent,
+        real_result=real_result,
+        tool_output_guardrail_results=tool_output_guardrail_results,
+    )
+
+
+@functools.wraps(_sdk_to_json)
+def _to_json(self: RunState[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    data: dict[str, Any] = _sdk_to_json(self, *args, **kwargs)
+    identity = identity_of(self._context)
+    if identity is not None:
+        data[STATE_KEY] = {"tenant_id": identity.tenant_id, "run_id": identity.run_id}
+    return data
+
+
+@functools.wraps(_sdk_from_json)
+async def _from_json(*args: Any, **kwargs: Any) -> RunState[Any, Any]:
+    state_json = kwargs["state_json"] if "state_json" in kwargs else args[1]
+    identity = _identity_in(state_json)
+    state: RunState[Any, Any] = await _sdk_from_json(*args, **kwargs)
+    if identity is not None and state._context is not None:
+        setattr(state._context, _IDENTITY_ATTRIBUTE, identity)
+    return state
+
+
+def _identity_in(state_json: Any) -> FleetIdentity | None:
+    entry = state_json.get(STATE_KEY) if isinstance(state_json, dict) else None
+    if not isinstance(entry, dict):
+        return None
+    tenant_id, run_id = entry.get("tenant_id"), entry.get("run_id")
+    if isinstance(tenant_id, str) and isinstance(run_id, str) and tenant_id and run_id:
+        return FleetIdentity(tenant_id, run_id)
+    return None
+
+
+def install() -> None:
+    """Route the SDK's points listed above through FleetRunner (once per process)."""
+    if tool_execution._invoke_function_tool_with_metadata is _invoke:
+        return
+    tool_execution._invoke_function_tool_with_metadata = _invoke
+    tool_execution.function_needs_approval = _needs_approval
+    turn_resolution.function_needs_approval = _needs_approval
+    tool_execution._execute_tool_input_guardrails = _input_guardrails
+    tool_execution._execute_tool_output_guardrails = _output_guardrails
+    RunState.to_json = _to_json  # type: ignore[method-assign]
+    RunState.from_json = staticmethod(_from_json)  # type: ignore[method-assign]
