@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: setup setup-demo test lint unit demo docs bench fuzz chaos infra-up infra-down clean \
-	chart-tools image-check console-screenshot
+	chart-tools image-check console-screenshot sdk-suite
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -105,6 +105,21 @@ chaos: setup
 ## docs/console.png (the README's)
 console-screenshot: setup
 	TOOLFLEET_CONSOLE_SCREENSHOT=docs/console.png $(BIN)/pytest -q tests/integration/test_console_browser.py
+
+SDK_VENV := .artifacts/sdk-suite/venv
+
+$(SDK_VENV)/.installed: pyproject.toml
+	test -x $(SDK_VENV)/bin/python || $(PYTHON) -m venv $(SDK_VENV)
+	$(SDK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SDK_VENV)/bin/python -m pip install -q -e '.[sdk-suite]'
+	touch $(SDK_VENV)/.installed
+
+## sdk-suite: openai-agents 0.24.0's own tests that call the runner (its PyPI sdist, sha256
+## pinned), in-process and on FleetRunner with an InProcessFleet; writes docs/sdk-suite.md and
+## fails below the floor in tests/sdk_suite/causes.toml (a virtualenv of its own: the
+## sdk-suite extra, the SDK's test tools)
+sdk-suite: setup-demo $(SDK_VENV)/.installed
+	$(BIN)/python -m tests.sdk_suite --python $(SDK_VENV)/bin/python run
 
 infra-up: setup
 

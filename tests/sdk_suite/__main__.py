@@ -1,0 +1,188 @@
+"""The differential harness: ``python -m tests.sdk_suite run|select`` (``make sdk-suite``).
+
+``run``: fetch and check the SDK's sdist, run the selected tests in-process and on
+FleetRunner, write docs/sdk-suite.md, and exit 1 when the share that passes on FleetRunner is
+below the committed floor or the selection drifted. ``select``: run the whole suite
+in-process and rewrite selected.txt (the tests that call the runner and pass).
+
+Both run the SDK's tests in the virtualenv ``--python`` names (``make sdk-suite`` makes it
+with toolfleet's ``sdk-suite`` extra), from ``.artifacts/sdk-suite/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.sdk_suite import _causes, _report, _sdist, _session
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+WORK = REPO / ".artifacts" / "sdk-suite"
+SELECTED = HERE / "selected.txt"
+PAGE = REPO / "docs" / "sdk-suite.md"
+DEFAULT_PYTHON = WORK / "venv" / "bin" / "python"
+
+
+def read_selection(path: Path = SELECTED) -> list[str]:
+    """The committed node ids, in order (``#`` lines are comments)."""
+    return [
+        line.strip()
+        for line in path.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+
+
+def _files(nodeids: list[str]) -> list[str]:
+    return sorted({n.split("::", 1)[0] for n in nodeids})
+
+
+def _commit() -> str:
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() or "unknown"
+
+
+def _prepare(python: str) -> Path:
+    WORK.mkdir(parents=True, exist_ok=True)
+    return _sdist.extract(_sdist.fetch(python), WORK)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Both runs of the selected tests, the page, and the floor."""
+    python = str(args.python)
+    root = _prepare(python)
+    expectations = _causes.load()
+    selected = read_selection()
+    if args.only:
+        selected = [n for n in selected if any(part in n for part in args.only)]
+    selection = WORK / "selection.txt"
+    selection.write_text("\n".join(selected) + "\n")
+    paths = _files(selected)
+    sessions = {}
+    for name, fleet in (("in-process", False), ("fleet", True)):
+        print(f"sdk-suite: {len(selected)} tests, {name}...", flush=True)
+        sessions[name] = _session.run(
+            python, root, WORK / f"{name}.jsonl", fleet=fleet, paths=paths,
+            selection=selection, timeout=args.timeout,
+        )  # fmt: skip
+        print(
+            f"sdk-suite: {name} run took {sessions[name].seconds:.0f} s "
+            f"(pytest exit {sessions[name].returncode}; log {sessions[name].log})",
+            flush=True,
+        )
+    figures = _report.compare(
+        selected, sessions["in-process"].tests, sessions["fleet"].tests, expectations
+    )
+    meta = {
+        "sdk_version": _sdist.VERSION,
+        "sdk_sha256": _sdist.SHA256,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": _commit(),
+        "in_process_s": f"{sessions['in-process'].seconds:.0f}",
+        "fleet_s": f"{sessions['fleet'].seconds:.0f}",
+    }
+    (WORK / "results.json").write_text(
+        json.dumps(
+            {
+                **meta,
+                "rate": figures.rate,
+                "baseline": figures.baseline,
+                "drift": figures.drift,
+                "failed": {n: c.id for n, c in figures.failed.items()},
+            },
+            indent=1,
+        )
+    )
+    if not args.only:
+        PAGE.write_text(_report.render(figures, expectations, meta))
+    summary = (
+        f"sdk-suite: {len(figures.passed)} of {len(figures.baseline)} in-process passes pass on "
+        f"FleetRunner ({100 * figures.rate:.1f}%; floor {100 * expectations.floor:.1f}%); "
+        f"{figures.count(documented=True)} fail on documented deviations, "
+        f"{figures.count(documented=False)} on other causes; "
+        f"{len(figures.drift)} selected tests drifted"
+    )
+    print(summary)
+    for cause, nodeids in figures.by_cause():
+        print(f"  {len(nodeids):5d}  {cause.id}: {cause.title}")
+    if args.only:
+        return 0
+    if figures.drift:
+        print(
+            "sdk-suite: the selection drifted (see docs/sdk-suite.md); rebuild it with "
+            "`python -m tests.sdk_suite select` and commit selected.txt",
+            file=sys.stderr,
+        )
+        return 1
+    if figures.rate < expectations.floor:
+        print(
+            "sdk-suite: below the floor in tests/sdk_suite/causes.toml: a change broke tests "
+            "that passed on FleetRunner (see docs/sdk-suite.md)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+_NOT_COLLECTED = re.compile(r"^ERROR (\S+\.py)\b")
+
+
+def select(args: argparse.Namespace) -> int:
+    """A whole in-process run of the suite, recorded; selected.txt rewritten from it."""
+    python = str(args.python)
+    root = _prepare(python)
+    print("sdk-suite: the whole suite in-process, recording runner calls...", flush=True)
+    session = _session.run(
+        python, root, WORK / "select.jsonl", fleet=False, paths=args.paths or ["tests"],
+        timeout=args.timeout, extra=["--continue-on-collection-errors"],
+    )  # fmt: skip
+    tests = session.tests
+    calls = [t for t in tests.values() if t.get("runner")]
+    passed = [t["nodeid"] for t in calls if t["outcome"] == "passed"]
+    direct = [t for t in tests.values() if not t.get("runner") and t.get("agent_runner")]
+    log = session.log.read_text().splitlines()
+    uncollected = sorted({m.group(1) for line in log if (m := _NOT_COLLECTED.match(line))})
+    header = [
+        f"# The tests of openai-agents {_sdist.VERSION} (sdist sha256 {_sdist.SHA256[:16]}...)",
+        "# that call agents.Runner.run / run_streamed / run_sync and pass in-process.",
+        "# Written by `python -m tests.sdk_suite select` from a whole run of the suite",
+        f"# ({len(tests)} tests ran in {session.seconds:.0f} s): {len(calls)} call the runner,",
+        f"# {len(calls) - len(passed)} of them do not pass in-process; {len(direct)} other tests",
+        "# drive the SDK's AgentRunner directly, not through Runner (not selected).",
+        f"# Not collected ({len(uncollected)} files; a package the sdk-suite extra leaves out):",
+        *(f"#   {path}" for path in uncollected),
+    ]
+    SELECTED.write_text("\n".join([*header, *passed]) + "\n")
+    print(f"sdk-suite: {len(passed)} tests selected into {SELECTED.relative_to(REPO)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line."""
+    parser = argparse.ArgumentParser(prog="python -m tests.sdk_suite", description=__doc__)
+    parser.add_argument("--python", default=DEFAULT_PYTHON, help="the SDK suite's virtualenv")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per test")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="both runs of the selection; the page")
+    run_parser.add_argument(
+        "--only", nargs="*", default=(), help="only node ids containing one of these (no page)"
+    )
+    select_parser = commands.add_parser("select", help="rebuild selected.txt")
+    select_parser.add_argument("paths", nargs="*", help="test paths (default: the whole suite)")
+    args = parser.parse_args(argv)
+    return run(args) if args.command == "run" else select(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

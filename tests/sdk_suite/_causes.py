@@ -1,0 +1,96 @@
+"""Why a test that passes in-process fails on FleetRunner: the committed mapping
+(``causes.toml``) from a failure to a known cause, and to the deviation that documents it."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CAUSES = Path(__file__).with_name("causes.toml")
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One known cause of failures on FleetRunner.
+
+    ``documented`` names where docs/ documents the deviation (a page and anchor under docs/),
+    empty when the cause is a defect or not documented yet. A failure matches the cause when
+    its node id is listed in ``tests`` or one of ``patterns`` (regular expressions) is found
+    in its description: ``<exception type>: <message>`` and pytest's crash line.
+    """
+
+    id: str
+    title: str
+    documented: str = ""
+    reason: str = ""
+    inexpressible: bool = False
+    """The test could not be run on the fleet at all (a tool the fleet cannot serve)."""
+    patterns: tuple[re.Pattern[str], ...] = ()
+    tests: frozenset[str] = field(default_factory=frozenset)
+
+    def matches(self, entry: dict[str, Any]) -> bool:
+        """Whether a failing test's record line falls under this cause."""
+        if entry["nodeid"] in self.tests:
+            return True
+        text = describe(entry)
+        return any(p.search(text) for p in self.patterns)
+
+
+UNKNOWN = Cause(
+    id="unknown",
+    title="Not explained yet: no known cause matches the failure",
+)
+
+
+@dataclass(frozen=True)
+class Expectations:
+    """The committed floor and the known causes, in the order they are tried."""
+
+    floor: float
+    """The lowest share of the in-process passes that must pass on FleetRunner."""
+    target: float
+    """What issue 35 asks for (the floor rises towards it as failures are fixed)."""
+    causes: tuple[Cause, ...]
+
+    def classify(self, entry: dict[str, Any]) -> Cause:
+        """The first cause that matches a failing test's line, else ``UNKNOWN``."""
+        return next((c for c in self.causes if c.matches(entry)), UNKNOWN)
+
+
+def describe(entry: dict[str, Any]) -> str:
+    """A failure's text as the patterns see it."""
+    head = f"{entry.get('exc_type', '')}: {entry.get('exc_message', '')}"
+    return f"{head}\n{entry.get('crash', '')}"
+
+
+def parse(data: dict[str, Any]) -> Expectations:
+    """Expectations from the TOML document's data (``causes.toml``'s layout)."""
+    causes = []
+    seen: set[str] = set()
+    for raw in data.get("cause", []):
+        if raw["id"] in seen or raw["id"] == UNKNOWN.id:
+            raise ValueError(f"cause id {raw['id']!r} is used twice (or reserved)")
+        seen.add(raw["id"])
+        causes.append(
+            Cause(
+                id=raw["id"],
+                title=raw["title"],
+                documented=raw.get("documented", ""),
+                reason=raw.get("reason", ""),
+                inexpressible=bool(raw.get("inexpressible", False)),
+                patterns=tuple(re.compile(p) for p in raw.get("patterns", ())),
+                tests=frozenset(raw.get("tests", ())),
+            )
+        )
+    return Expectations(
+        floor=float(data["floor"]), target=float(data.get("target", 0.95)), causes=tuple(causes)
+    )
+
+
+def load(path: Path = CAUSES) -> Expectations:
+    """The committed expectations."""
+    with path.open("rb") as source:
+        return parse(tomllib.load(source))

@@ -1,0 +1,269 @@
+"""pytest plugin: the Agents SDK's own tests with the runner on a toolfleet fleet.
+
+Loaded into the SDK's test session with ``-p sdk_suite_fleet`` (after ``-p sdk_suite_record``),
+it routes ``agents.Runner.run / run_streamed / run_sync`` — what the tests call, and what the
+SDK's own helpers (agents as tools, the REPL, the voice workflow) call — to a
+``toolfleet.agents.FleetRunner``, passing the arguments exactly as the test gave them. The
+runner is made anew for each test (as an application makes one), on one fleet for the whole
+session: a ``toolfleet.testing.InProcessFleet`` with ``auto_serve=True``, so the function
+tools a test defines (closures, factories, per-test bodies with reused names) are served when
+the runner calls them.
+
+The fleet lives on the session's event loop: the harness runs async tests on it
+(``asyncio_default_test_loop_scope=session``, in-process too, so both runs differ only in the
+runner). ``run_sync`` blocks the calling thread, and so that loop: its calls go to a second
+fleet, on a loop of its own in a background thread, started at the first ``run_sync``.
+
+A call made while a routed call is running (the SDK's nested runs of an agent tool, or
+FleetRunner calling the SDK) goes to the SDK's original method.
+
+Environment: ``SDK_SUITE_TURN_TIMEOUT`` (seconds FleetRunner waits for a turn, 15 by default),
+``SDK_SUITE_WORKERS`` (workers of each fleet, 2 by default). Kafka and Redis are those of
+``toolfleet infra up`` (started if needed) unless ``KAFKA_BOOTSTRAP_SERVERS`` / ``REDIS_URL``
+name others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import os
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+_ROUTING: contextvars.ContextVar[bool] = contextvars.ContextVar("sdk_suite_routing", default=False)
+_ORIGINALS: dict[str, Callable[..., Any]] = {}
+_TURN_TIMEOUT = float(os.environ.get("SDK_SUITE_TURN_TIMEOUT", "15"))
+_WORKERS = int(os.environ.get("SDK_SUITE_WORKERS", "2"))
+_TENANT = "sdk-suite"
+
+
+class _Session:
+    """The fleets of this test session and the runner of the running test."""
+
+    settings: Any = None
+    """Where the fleets run (Kafka, Redis, the session's topic prefix)."""
+    fleet: Any = None
+    """The InProcessFleet on the session's event loop."""
+    thread_fleet: _ThreadFleet | None = None
+    """The fleet of ``run_sync`` calls, on a loop in a background thread."""
+    runner: Any = None
+    """The FleetRunner of the running test (made at its first runner call)."""
+    sync_runner: Any = None
+
+
+def _settings() -> Any:
+    from kernel.settings import Settings
+
+    base = Settings()
+    run = uuid.uuid4().hex[:8]
+    env = {}
+    if not (os.environ.get("KAFKA_BOOTSTRAP_SERVERS") and os.environ.get("REDIS_URL")):
+        from toolfleet.app import infra
+
+        env = infra.up(base).env()
+    return base.model_copy(
+        update={
+            "kafka_bootstrap_servers": env.get(
+                "KAFKA_BOOTSTRAP_SERVERS", base.kafka_bootstrap_servers
+            ),
+            "redis_url": env.get("REDIS_URL", base.redis_url),
+            "topic_prefix": f"sdk-suite-{run}.",
+            # Decisions signed and verified, as toolfleet's own tests run them.
+            "decision_auth": "hmac",
+            "decision_keys": {"*": f"sdk-suite-{run}"},
+        }
+    )
+
+
+class _ThreadFleet:
+    """An InProcessFleet on an event loop of its own, in a daemon thread; a tool server
+    (``toolfleet.serving``) usable from any other loop, which hands each request to it."""
+
+    def __init__(self, settings: Any) -> None:
+        from toolfleet.testing import InProcessFleet
+
+        self.loop = asyncio.new_event_loop()
+        self.fleet = InProcessFleet(settings, workers=_WORKERS, hooks=_hooks())
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="sdk-suite-sync-fleet", daemon=True
+        )
+        self._thread.start()
+        self._call(self.fleet.start())
+
+    def _call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    async def ensure_served(self, tool: object) -> None:
+        future = asyncio.run_coroutine_threadsafe(self.fleet.ensure_served(tool), self.loop)
+        await asyncio.wrap_future(future)
+
+    def stop(self) -> None:
+        try:
+            self._call(self.fleet.stop())
+        except concurrent.futures.CancelledError:
+            pass
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=30)
+
+
+def _runner() -> Any:
+    from toolfleet.agents import FleetRunner
+
+    if _Session.runner is None:
+        if _Session.fleet is None:
+            raise RuntimeError("the sdk-suite fleet is not running (its session fixture failed)")
+        _Session.runner = FleetRunner(
+            _Session.fleet.client, tenant_id=_TENANT, turn_timeout=_TURN_TIMEOUT
+        )
+    return _Session.runner
+
+
+def _sync_runner() -> Any:
+    from toolfleet.agents import FleetRunner
+
+    if _Session.thread_fleet is None:
+        if _Session.fleet is None:
+            raise RuntimeError("the sdk-suite fleet is not running (its session fixture failed)")
+        _Session.thread_fleet = _ThreadFleet(_Session.settings)
+    if _Session.sync_runner is None:
+        _Session.sync_runner = FleetRunner(
+            _Session.thread_fleet.fleet.client, tenant_id=_TENANT, turn_timeout=_TURN_TIMEOUT
+        )
+    return _Session.sync_runner
+
+
+def _routed_run(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def run(cls: type, *args: Any, **kwargs: Any) -> Any:
+        if _ROUTING.get():
+            return await original(cls, *args, **kwargs)
+        runner = _runner()
+        token = _ROUTING.set(True)
+        try:
+            return await runner.run(*args, **kwargs)
+        finally:
+            _ROUTING.reset(token)
+
+    return run
+
+
+def _routed_run_streamed(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def run_streamed(cls: type, *args: Any, **kwargs: Any) -> Any:
+        if _ROUTING.get():
+            return original(cls, *args, **kwargs)
+        runner = _runner()
+        token = _ROUTING.set(True)
+        try:
+            # The streamed run's tasks are created here and copy this context.
+            return runner.run_streamed(*args, **kwargs)
+        finally:
+            _ROUTING.reset(token)
+
+    return run_streamed
+
+
+def _routed_run_sync(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def run_sync(cls: type, *args: Any, **kwargs: Any) -> Any:
+        from toolfleet import serving
+
+        if _ROUTING.get():
+            return original(cls, *args, **kwargs)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            runner = _sync_runner()
+            server = _Session.thread_fleet
+        else:  # FleetRunner refuses this, as the SDK does: no fleet of its own is needed
+            runner, server = _runner(), _Session.fleet
+        token = _ROUTING.set(True)
+        try:
+            with serving.serving(server):
+                return runner.run_sync(*args, **kwargs)
+        finally:
+            _ROUTING.reset(token)
+
+    return run_sync
+
+
+_ROUTES = {"run": _routed_run, "run_streamed": _routed_run_streamed, "run_sync": _routed_run_sync}
+
+
+class _WorkerCounts:
+    """Worker lifecycle hooks of both fleets: how many tool bodies the workers started."""
+
+    started = 0
+
+    async def on_tool_start(self, ctx: Any, tool: Any) -> None:
+        _WorkerCounts.started += 1
+
+    async def on_tool_end(self, ctx: Any, tool: Any, output: str) -> None:
+        return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # toolfleet.agents routes the SDK's invocation point when imported: now, so that the
+    # record plugin's counter wraps the route.
+    from agents.run import Runner
+
+    import toolfleet.agents  # noqa: F401
+
+    for name, route in _ROUTES.items():
+        original = Runner.__dict__[name]
+        function = original.__func__ if isinstance(original, classmethod) else original
+        _ORIGINALS[name] = function
+        setattr(Runner, name, classmethod(route(function)))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _Session.thread_fleet is not None:
+        _Session.thread_fleet.stop()
+        _Session.thread_fleet = None
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session", autouse=True)
+async def _sdk_suite_fleet() -> AsyncIterator[Any]:
+    """The session's fleet, serving every function tool a runner calls (auto_serve)."""
+    from toolfleet.testing import InProcessFleet
+
+    _Session.settings = _settings()
+    async with InProcessFleet(
+        _Session.settings, workers=_WORKERS, auto_serve=True, hooks=_hooks()
+    ) as fleet:
+        _Session.fleet = fleet
+        yield fleet
+    _Session.fleet = None
+
+
+def _hooks() -> Any:
+    from kernel.tools import CallHooks
+
+    class Counting(_WorkerCounts, CallHooks):
+        pass
+
+    return Counting()
+
+
+@pytest.fixture(autouse=True)
+def _sdk_suite_runner() -> Iterator[None]:
+    """A new FleetRunner for each test, made at its first runner call; the worker starts
+    its calls caused go to the test's line of the record."""
+    import sdk_suite_record
+
+    _Session.runner = None
+    _Session.sync_runner = None
+    before = _WorkerCounts.started
+    yield
+    sdk_suite_record.annotate(worker_starts=_WorkerCounts.started - before)
+    _Session.runner = None
+    _Session.sync_runner = None
