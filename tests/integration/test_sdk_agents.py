@@ -704,6 +704,27 @@ async def test_a_tool_the_fleet_does_not_serve_is_refused_and_never_runs_here(
     assert ran == []
 
 
+async def test_changes_to_an_agent_between_runs_apply(runner: FleetRunner) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_add", {"a": 1, "b": 2})).answer("Three.")
+    s.turn(s.call("b", "sdk_shout", {"text": "again"})).answer("AGAIN.")
+    model = s.model()
+    agent = Agent(name="edited", instructions="First.", model=model, tools=[t.sdk_add])
+    assert (await runner.run(agent, "go")).final_output == "Three."
+    agent.instructions, agent.tools = "Second.", [t.sdk_shout]
+    second = await runner.run(agent, "again")
+    assert second.final_output == "AGAIN."
+    seen = views(model)
+    assert [(v["instructions"], v["tools"]) for v in (seen[0], seen[2])] == [
+        ("First.", ["sdk_add"]),
+        ("Second.", ["sdk_shout"]),
+    ]
+    [turn] = runner.turn_results(second)  # the new tool's call ran on the fleet
+    assert [(c.call_id, c.tool_name, c.status) for c in turn.calls] == [
+        (s.id("b"), "sdk_shout", "succeeded")
+    ]
+
+
 RESUME_SCRIPT = """
 import asyncio, json, sys
 from agents import Agent

@@ -28,6 +28,7 @@ from schemas import CancelRequest, TurnResult
 from toolfleet.agents._calls import Binding, bound
 from toolfleet.agents._sdk import binding_of, identity_of, install, remember
 from toolfleet.client import FleetClient
+from toolfleet.serving import current_tool_server
 
 if TYPE_CHECKING:
     from kernel.stores.registry import ToolDirectory
@@ -200,6 +201,8 @@ class FleetRunner:
         if self._directory is None:
             settings = self.client.settings
             self._directory = ToolDirectory(connect_redis(settings), Keys.of(settings))
+        elif current_tool_server() is not None:
+            self._directory.forget()  # a test fleet serves objects at run time: read afresh
         specs = await self._directory.specs()
         self._gated = frozenset(
             key for key, spec in specs.items() if spec.needs_approval == "always"
