@@ -430,3 +430,31 @@ async def test_an_agents_sdk_agent_runs_on_fleet_runner_as_in_process(
     assert outputs == ["Lisbon: 21C, clear"]
     entry = (await Ledger(redis, fleet.keys).read(TENANT, runner.run_id_of(result), ["w1"]))["w1"]
     assert entry.state == "committed" and (entry.worker_id or "").startswith("inproc-")
+
+
+@pytest.mark.agent_runtime
+async def test_fleet_runner_serves_the_tools_it_calls_itself(
+    fleet: InProcessFleet, redis: Redis
+) -> None:
+    """No ``serve``: with ``auto_serve`` the runner has the fleet serve each tool before its
+    call; the name is the previous test's, the body this test's."""
+
+    @function_tool
+    def weather(city: str) -> str:
+        """Today's weather in a city (another body under the previous test's name)."""
+        return f"{city}: snow"
+
+    model = ScriptedModel(
+        [
+            [function_call("weather", {"city": "Tromso"}, call_id="w1")],
+            [assistant_message("Snow in Tromso.")],
+        ]
+    )
+    runner = FleetRunner(fleet.client, tenant_id=TENANT)
+    result = await runner.run(Agent(name="forecaster", model=model, tools=[weather]), "Tromso?")
+
+    outputs = [item.output for item in result.new_items if item.type == "tool_call_output_item"]
+    assert outputs == ["Tromso: snow"]
+    assert fleet.registry.find("weather") is fleet.served("weather")
+    entry = (await Ledger(redis, fleet.keys).read(TENANT, runner.run_id_of(result), ["w1"]))["w1"]
+    assert entry.state == "committed" and entry.tool_version == fleet.served("weather").version
