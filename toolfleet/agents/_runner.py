@@ -173,12 +173,22 @@ class FleetRunner:
         return streamed
 
     def run_sync(self, starting_agent: Agent[Any], input: RunInput, **kwargs: Any) -> RunResult:
-        """``Runner.run_sync``: ``run`` on a new event loop, with a client of its own."""
+        """``Runner.run_sync``: ``run`` on a new event loop, with a client of its own.
+
+        Under a test fleet that runs on an event loop of its own (``toolfleet.serving``: a
+        tool server naming its ``loop``), ``run`` goes on that loop while it is idle, with this
+        runner's client (the fleet's): a new loop would reach a fleet that does not move.
+        """
         with contextlib.suppress(RuntimeError):
             asyncio.get_running_loop()
             raise UserError(
                 "run_sync cannot be called from a running event loop; await FleetRunner.run."
             )
+        fleet_loop = getattr(current_tool_server(), "loop", None)
+        if isinstance(fleet_loop, asyncio.AbstractEventLoop) and not (
+            fleet_loop.is_running() or fleet_loop.is_closed()
+        ):
+            return fleet_loop.run_until_complete(self.run(starting_agent, input, **kwargs))
 
         async def main() -> RunResult:
             async with FleetClient(self.client.settings) as client:
