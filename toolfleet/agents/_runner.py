@@ -130,10 +130,9 @@ class FleetRunner:
             except asyncio.CancelledError:
                 await self._cancel_on_fleet(binding)
                 raise
-            finally:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    # Every call has its answer; its turn's record follows right behind.
-                    await asyncio.wait_for(asyncio.shield(binding.settled()), self.turn_timeout)
+        with contextlib.suppress(TimeoutError):
+            # Every call has its answer; its turn's TurnResult follows right behind.
+            await asyncio.wait_for(asyncio.shield(binding.settled()), self.turn_timeout)
         remember(result.context_wrapper, binding)
         return result
 
