@@ -42,15 +42,16 @@ def _files(nodeids: list[str]) -> list[str]:
     return sorted({n.split("::", 1)[0] for n in nodeids})
 
 
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+    return done.stdout.strip()
+
+
 def _commit() -> str:
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return done.stdout.strip() or "unknown"
+    """The commit measured, marked when toolfleet's code differs from it in the work tree."""
+    commit = _git("rev-parse", "--short", "HEAD") or "unknown"
+    code = ("schemas", "kernel", "planner", "executors", "aggregator", "reconciler", "toolfleet")
+    return f"{commit} + uncommitted changes" if _git("status", "--porcelain", *code) else commit
 
 
 def _prepare(python: str) -> Path:
@@ -160,7 +161,8 @@ def select(args: argparse.Namespace) -> int:
         f"# ({len(tests)} tests ran in {session.seconds:.0f} s): {len(calls)} call the runner,",
         f"# {len(calls) - len(passed)} of them do not pass in-process; {len(direct)} other tests",
         "# drive the SDK's AgentRunner directly, not through Runner (not selected).",
-        f"# Not collected ({len(uncollected)} files; a package the sdk-suite extra leaves out):",
+        f"# Not collected ({len(uncollected)} files: they import a package the sdk-suite extra",
+        "# leaves out (model providers, sandboxes, voice services) or files the sdist lacks):",
         *(f"#   {path}" for path in uncollected),
     ]
     SELECTED.write_text("\n".join([*header, *passed]) + "\n")

@@ -131,7 +131,7 @@ def render(figures: Figures, expectations: Expectations, meta: Mapping[str, str]
         "",
         "## Last run",
         "",
-        f"Run {meta['date']} on toolfleet `{meta['commit']}`: in-process"
+        f"Run {meta['date']} on toolfleet {meta['commit']}: in-process"
         f" {meta['in_process_s']} s, on FleetRunner {meta['fleet_s']} s.",
         "",
         "| | tests |",
@@ -151,17 +151,18 @@ def render(figures: Figures, expectations: Expectations, meta: Mapping[str, str]
     if figures.drift:
         lines += [
             "",
-            f"{len(figures.drift)} selected tests did not call the runner and pass in-process",
-            "in this run (the selection drifted; `python -m tests.sdk_suite select` rebuilds it):",
+            f"Selected tests that did not call the runner and pass in-process in this run"
+            f" ({len(figures.drift)}; the selection drifted, `python -m tests.sdk_suite select`"
+            " rebuilds it):",
             "",
             *(f"- {_code(n)}: {why}" for n, why in sorted(figures.drift.items())),
         ]
     if figures.unchecked:
         lines += [
             "",
-            f"{len(figures.unchecked)} tests passed on FleetRunner although no worker started a",
-            "tool body while the in-process run invoked function tools (a call refused before",
-            "its body, by a guardrail or a failed argument check, starts none):",
+            f"Passed on FleetRunner although no worker started a tool body while the in-process"
+            f" run invoked function tools ({len(figures.unchecked)}; a call refused before its"
+            " body, by a guardrail or a failed argument check, starts none):",
             "",
             *(f"- {_code(n)}" for n in figures.unchecked),
         ]

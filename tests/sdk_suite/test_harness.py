@@ -1,0 +1,134 @@
+"""Unit tests of the differential harness's own logic: selection, comparison, causes, page.
+
+The harness itself (both runs of the SDK's suite) is ``make sdk-suite``; these check what it
+concludes from its records, and that what is committed (causes.toml, selected.txt) is sound.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.sdk_suite import _causes, _report
+from tests.sdk_suite.__main__ import SELECTED, read_selection
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+EXPECTATIONS = _causes.parse(
+    {
+        "floor": 0.5,
+        "cause": [
+            {
+                "id": "context",
+                "title": "The run's context stays with the runner",
+                "documented": "agents-sdk.md#where-it-differs-deliberately",
+                "tests": ["t.py::uses_context"],
+            },
+            {"id": "hang", "title": "Timed out", "patterns": [r"^Failed: Timeout"]},
+        ],
+    }
+)
+
+
+def line(nodeid: str, outcome: str = "passed", **fields: Any) -> dict[str, Any]:
+    return {"nodeid": nodeid, "outcome": outcome, "runner": 1, **fields}
+
+
+def records(*lines: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {entry["nodeid"]: entry for entry in lines}
+
+
+def test_a_failure_gets_the_cause_that_lists_it_then_the_first_pattern_that_matches() -> None:
+    assert EXPECTATIONS.classify(line("t.py::uses_context", "failed")).id == "context"
+    hung = line("t.py::other", "failed", exc_type="Failed", exc_message="Timeout (>60.0s)")
+    assert EXPECTATIONS.classify(hung).id == "hang"
+    odd = line("t.py::odd", "failed", exc_type="AssertionError", exc_message="1 != 2")
+    assert EXPECTATIONS.classify(odd) is _causes.UNKNOWN
+
+
+def test_the_share_counts_only_tests_that_called_the_runner_and_passed_in_process() -> None:
+    selected = ["t.py::a", "t.py::b", "t.py::uses_context", "t.py::gone", "t.py::broke"]
+    in_process = records(
+        line("t.py::a", tool_invocations=1),
+        line("t.py::b"),
+        line("t.py::uses_context"),
+        line("t.py::broke", "failed"),
+    )
+    fleet = records(
+        line("t.py::a", worker_starts=1),
+        line("t.py::b", "failed", exc_type="AssertionError", exc_message="x"),
+        line("t.py::uses_context", "failed", exc_type="AttributeError", exc_message="seat"),
+    )
+    figures = _report.compare(selected, in_process, fleet, EXPECTATIONS)
+    assert figures.baseline == ["t.py::a", "t.py::b", "t.py::uses_context"]
+    assert figures.drift == {"t.py::gone": "not collected", "t.py::broke": "failed in-process"}
+    assert figures.passed == ["t.py::a"]
+    assert figures.rate == pytest.approx(1 / 3)
+    assert {n: c.id for n, c in figures.failed.items()} == {
+        "t.py::b": "unknown",
+        "t.py::uses_context": "context",
+    }
+    assert figures.count(documented=True) == 1
+    assert figures.count(documented=False) == 1
+    assert figures.unchecked == []
+
+
+def test_a_test_missing_from_the_fleet_record_failed_and_a_silent_pass_is_flagged() -> None:
+    in_process = records(line("t.py::a", tool_invocations=2), line("t.py::b"))
+    fleet = records(line("t.py::a", worker_starts=0))  # b: the fleet session died before it
+    figures = _report.compare(["t.py::a", "t.py::b"], in_process, fleet, EXPECTATIONS)
+    assert figures.unchecked == ["t.py::a"]
+    assert list(figures.failed) == ["t.py::b"]
+    assert figures.failures["t.py::b"]["outcome"] == "not run"
+
+
+def test_the_page_states_the_figures_and_lists_every_failure_under_its_cause() -> None:
+    in_process = records(line("t.py::a"), line("t.py::uses_context"), line("t.py::x[a|b]"))
+    fleet = records(
+        line("t.py::a"),
+        line("t.py::uses_context", "failed", exc_type="KeyError", exc_message="'seat'"),
+        line("t.py::x[a|b]", "failed", exc_type="AssertionError", exc_message="`1` != 2\nmore"),
+    )
+    figures = _report.compare(list(in_process), in_process, fleet, EXPECTATIONS)
+    meta = {"sdk_version": "0.24.0", "sdk_sha256": "ab", "date": "d", "commit": "c",
+            "in_process_s": "1", "fleet_s": "2"}  # fmt: skip
+    page = _report.render(figures, EXPECTATIONS, meta)
+    assert "| **pass on FleetRunner** | **1** (33.3%) |" in page
+    assert "| fail on a documented deviation | 1 |" in page
+    assert "- `t.py::uses_context`: `KeyError: 'seat'`" in page
+    assert "- `t.py::x[a|b]`: `AssertionError: '1' != 2`" in page  # one line, no backtick
+    assert page.index("### The run's context stays") < page.index("### Not explained yet")
+
+
+def test_cause_ids_are_unique() -> None:
+    data = {"floor": 0, "cause": [{"id": "a", "title": "A"}, {"id": "a", "title": "B"}]}
+    with pytest.raises(ValueError, match="used twice"):
+        _causes.parse(data)
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors MkDocs' toc extension gives a page's headings."""
+    found = set()
+    for heading in re.findall(r"^#+ (.+)$", page.read_text(), flags=re.MULTILINE):
+        slug = re.sub(r"[^\w\s-]", "", heading.lower()).strip()
+        found.add(re.sub(r"[-\s]+", "-", slug))
+    return found
+
+
+def test_every_documented_cause_points_at_a_heading_under_docs() -> None:
+    for cause in _causes.load().causes:
+        if not cause.documented:
+            continue
+        page, _, anchor = cause.documented.partition("#")
+        assert (DOCS / page).is_file(), f"{cause.id}: no page docs/{page}"
+        assert anchor in _anchors(DOCS / page), f"{cause.id}: no heading #{anchor} in {page}"
+
+
+def test_the_committed_selection_names_each_test_once() -> None:
+    selected = read_selection(SELECTED)
+    assert selected, "selected.txt is empty: run python -m tests.sdk_suite select"
+    assert len(selected) == len(set(selected))
+    assert all(n.startswith("tests/") and "::" in n for n in selected)
