@@ -11,26 +11,22 @@ the runner calls them.
 
 The fleet lives on the session's event loop: the harness runs async tests on it
 (``asyncio_default_test_loop_scope=session``, in-process too, so both runs differ only in the
-runner). ``run_sync`` blocks the calling thread, and so that loop: its calls go to a second
-fleet, on a loop of its own in a background thread, started at the first ``run_sync``.
+runner). In a sync test that loop is idle, and ``FleetRunner.run_sync`` runs there.
 
 A call made while a routed call is running (the SDK's nested runs of an agent tool, or
 FleetRunner calling the SDK) goes to the SDK's original method.
 
 Environment: ``SDK_SUITE_TURN_TIMEOUT`` (seconds FleetRunner waits for a turn, 15 by default),
-``SDK_SUITE_WORKERS`` (workers of each fleet, 2 by default). Kafka and Redis are those of
+``SDK_SUITE_WORKERS`` (the fleet's workers, 2 by default). Kafka and Redis are those of
 ``toolfleet infra up`` (started if needed) unless ``KAFKA_BOOTSTRAP_SERVERS`` / ``REDIS_URL``
 name others.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextvars
 import functools
 import os
-import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -39,24 +35,20 @@ import pytest
 import pytest_asyncio
 
 _ROUTING: contextvars.ContextVar[bool] = contextvars.ContextVar("sdk_suite_routing", default=False)
-_ORIGINALS: dict[str, Callable[..., Any]] = {}
 _TURN_TIMEOUT = float(os.environ.get("SDK_SUITE_TURN_TIMEOUT", "15"))
 _WORKERS = int(os.environ.get("SDK_SUITE_WORKERS", "2"))
 _TENANT = "sdk-suite"
 
 
 class _Session:
-    """The fleets of this test session and the runner of the running test."""
+    """The fleet of this test session and the runner of the running test."""
 
     settings: Any = None
-    """Where the fleets run (Kafka, Redis, the session's topic prefix)."""
+    """Where the fleet runs (Kafka, Redis, the session's topic prefix)."""
     fleet: Any = None
     """The InProcessFleet on the session's event loop."""
-    thread_fleet: _ThreadFleet | None = None
-    """The fleet of ``run_sync`` calls, on a loop in a background thread."""
     runner: Any = None
     """The FleetRunner of the running test (made at its first runner call)."""
-    sync_runner: Any = None
 
 
 def _settings() -> Any:
@@ -83,38 +75,6 @@ def _settings() -> Any:
     )
 
 
-class _ThreadFleet:
-    """An InProcessFleet on an event loop of its own, in a daemon thread; a tool server
-    (``toolfleet.serving``) usable from any other loop, which hands each request to it."""
-
-    def __init__(self, settings: Any) -> None:
-        from toolfleet.testing import InProcessFleet
-
-        self.loop = asyncio.new_event_loop()
-        self.fleet = InProcessFleet(settings, workers=_WORKERS, hooks=_hooks())
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="sdk-suite-sync-fleet", daemon=True
-        )
-        self._thread.start()
-        self._call(self.fleet.start())
-
-    def _call(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
-
-    async def ensure_served(self, tool: object) -> None:
-        future = asyncio.run_coroutine_threadsafe(self.fleet.ensure_served(tool), self.loop)
-        await asyncio.wrap_future(future)
-
-    def stop(self) -> None:
-        try:
-            self._call(self.fleet.stop())
-        except concurrent.futures.CancelledError:
-            pass
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=30)
-
-
 def _runner() -> Any:
     from toolfleet.agents import FleetRunner
 
@@ -125,20 +85,6 @@ def _runner() -> Any:
             _Session.fleet.client, tenant_id=_TENANT, turn_timeout=_TURN_TIMEOUT
         )
     return _Session.runner
-
-
-def _sync_runner() -> Any:
-    from toolfleet.agents import FleetRunner
-
-    if _Session.thread_fleet is None:
-        if _Session.fleet is None:
-            raise RuntimeError("the sdk-suite fleet is not running (its session fixture failed)")
-        _Session.thread_fleet = _ThreadFleet(_Session.settings)
-    if _Session.sync_runner is None:
-        _Session.sync_runner = FleetRunner(
-            _Session.thread_fleet.fleet.client, tenant_id=_TENANT, turn_timeout=_TURN_TIMEOUT
-        )
-    return _Session.sync_runner
 
 
 def _routed_run(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -175,21 +121,14 @@ def _routed_run_streamed(original: Callable[..., Any]) -> Callable[..., Any]:
 def _routed_run_sync(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def run_sync(cls: type, *args: Any, **kwargs: Any) -> Any:
-        from toolfleet import serving
-
         if _ROUTING.get():
             return original(cls, *args, **kwargs)
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            runner = _sync_runner()
-            server = _Session.thread_fleet
-        else:  # FleetRunner refuses this, as the SDK does: no fleet of its own is needed
-            runner, server = _runner(), _Session.fleet
+        runner = _runner()
         token = _ROUTING.set(True)
         try:
-            with serving.serving(server):
-                return runner.run_sync(*args, **kwargs)
+            # In a sync test the session's loop is idle: FleetRunner.run_sync runs there, on
+            # the fleet's loop (toolfleet.serving's ``loop``), as it does for any test fleet.
+            return runner.run_sync(*args, **kwargs)
         finally:
             _ROUTING.reset(token)
 
@@ -200,7 +139,7 @@ _ROUTES = {"run": _routed_run, "run_streamed": _routed_run_streamed, "run_sync":
 
 
 class _WorkerCounts:
-    """Worker lifecycle hooks of both fleets: how many tool bodies the workers started."""
+    """Worker lifecycle hooks: how many tool bodies the fleet's workers started."""
 
     started = 0
 
@@ -212,23 +151,16 @@ class _WorkerCounts:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # toolfleet.agents routes the SDK's invocation point when imported: now, so that the
-    # record plugin's counter wraps the route.
     from agents.run import Runner
 
+    # toolfleet.agents routes the SDK's invocation point when imported: now, so that the
+    # record plugin's counter wraps the route.
     import toolfleet.agents  # noqa: F401
 
     for name, route in _ROUTES.items():
         original = Runner.__dict__[name]
         function = original.__func__ if isinstance(original, classmethod) else original
-        _ORIGINALS[name] = function
         setattr(Runner, name, classmethod(route(function)))
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    if _Session.thread_fleet is not None:
-        _Session.thread_fleet.stop()
-        _Session.thread_fleet = None
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session", autouse=True)
@@ -261,9 +193,7 @@ def _sdk_suite_runner() -> Iterator[None]:
     import sdk_suite_record
 
     _Session.runner = None
-    _Session.sync_runner = None
     before = _WorkerCounts.started
     yield
     sdk_suite_record.annotate(worker_starts=_WorkerCounts.started - before)
     _Session.runner = None
-    _Session.sync_runner = None
