@@ -242,16 +242,27 @@ def _fails_turn(state: TurnState, outcome: CallOutcome) -> bool:
 def _error_of(call: PlannedCall, outcome: CallOutcome) -> TurnError:
     error = outcome.error
     if error is not None and (error.severity != "error" or error.type in _AGENTS_EXCEPTIONS):
-        return TurnError(type=error.type, message=error.message, call_id=call.call_id)
+        return TurnError(
+            type=error.type,
+            message=error.message,
+            call_id=call.call_id,
+            guardrails=outcome.guardrails,
+        )
     if error is not None and outcome.fails_turn:
         # The executor already worded it as the SDK does ("Error running tool {name}: {e}",
         # with the tool's bare name): wrapping it again would say it twice.
-        return TurnError(type="UserError", message=error.message, call_id=call.call_id)
+        return TurnError(
+            type="UserError",
+            message=error.message,
+            call_id=call.call_id,
+            guardrails=outcome.guardrails,
+        )
     detail = error.message if error is not None else outcome.status
     return TurnError(
         type="UserError",
         message=RUN_ERROR.format(name=call.tool_name, error=detail),
         call_id=call.call_id,
+        guardrails=outcome.guardrails,
     )
 
 
@@ -295,6 +306,7 @@ def _record(state: TurnState, call: PlannedCall) -> CallRecord:
             attempts=outcome.attempt,
             started_at=outcome.started_at,
             finished_at=outcome.finished_at,
+            guardrails=outcome.guardrails,
         )
     # No outcome: the call may be running elsewhere (its command was sent), so nothing is
     # known of its effect.

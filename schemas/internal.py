@@ -88,12 +88,33 @@ class PlannedCall(WireModel):
     )
 
 
+class GuardrailVerdict(WireModel):
+    """What one of a tool's input or output guardrails said about a call, as the worker ran it.
+
+    An agent runtime reports these as the guardrail results of its run, as the SDK reports the
+    guardrails it runs in-process.
+    """
+
+    kind: Literal["input", "output"]
+    index: int = Field(ge=0, description="The guardrail's position in the tool's list of kind.")
+    name: str = Field(description="The guardrail's name.")
+    behavior: Literal["allow", "reject_content", "raise_exception", "wrong_effect"]
+    message: str | None = Field(default=None, description="A rejection's text for the model.")
+    output_info: Any = Field(
+        default=None, description="What the guardrail reported beside its verdict, as JSON."
+    )
+
+
 class TurnError(WireModel):
     """Why a turn failed, in the SDK's words."""
 
     type: str = Field(min_length=1, description="e.g. ModelBehaviorError, UserError.")
     message: str = Field(description=f"Cut to {ERROR_MESSAGE_MAX_BYTES} bytes.")
     call_id: str | None = None
+    guardrails: list[GuardrailVerdict] = Field(
+        default_factory=list,
+        description="The failing call's guardrail verdicts, a tripwire's last.",
+    )
 
     @field_validator("message")
     @classmethod
@@ -185,6 +206,9 @@ class CallOutcome(Message):
     effect: Effect
     output: str | None = Field(default=None, description="What the model sees for this call.")
     error: CallError | None = None
+    guardrails: list[GuardrailVerdict] = Field(
+        default_factory=list, description="The tool's guardrails that ran, in the order they ran."
+    )
     fails_turn: bool = Field(
         default=False, description="No failure handler: this failure fails the whole turn."
     )

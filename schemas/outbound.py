@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from schemas._base import Message, WireModel
-from schemas.internal import CallStatus, Effect, TurnError
+from schemas.internal import CallStatus, Effect, GuardrailVerdict, TurnError
 
 
 class FunctionCallOutput(WireModel):
@@ -41,6 +41,9 @@ class CallRecord(WireModel):
     attempts: int = Field(ge=0)
     started_at: float | None = None
     finished_at: float | None = None
+    guardrails: list[GuardrailVerdict] = Field(
+        default_factory=list, description="The tool's guardrails that ran, in the order they ran."
+    )
 
 
 class TurnResult(Message):

@@ -47,7 +47,9 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from pydantic_core import to_jsonable_python
 
 from kernel.errors import ModelBehaviorError
 from kernel.rules.effects import effect_for_class
@@ -63,7 +65,15 @@ from kernel.tools._errors import (
 from kernel.tools._failures import TOOL_FAILURES, ToolFailure
 from kernel.tools._guardrails import GuardrailResult, check_guardrail_result, guardrail_name
 from kernel.tools._tool import Tool
-from schemas import CallError, CallOutcome, CallStatus, Effect, ExecutionCommand, RetryHint
+from schemas import (
+    CallError,
+    CallOutcome,
+    CallStatus,
+    Effect,
+    ExecutionCommand,
+    GuardrailVerdict,
+    RetryHint,
+)
 
 
 class CallHooks:
@@ -198,6 +208,7 @@ class _CallRun:
         )
         self.started_at: float | None = None
         self.max_output_bytes = max_output_bytes
+        self.verdicts: list[GuardrailVerdict] = []
         # A turn-level "fail_turn" policy is the SDK's failure_error_function=None for every tool.
         self.failure_fn = (
             None if command.failure_policy == "fail_turn" else tool.failure_error_function
@@ -280,9 +291,10 @@ class _CallRun:
 
     async def _input_guardrails(self) -> str | None:
         """Run input guardrails in order; the first rejection's message, or None."""
-        for guardrail in self.tool.input_guardrails:
+        for index, guardrail in enumerate(self.tool.input_guardrails):
             result = await self._user(guardrail, self.ctx, self.ctx.args, effect="not_executed")
             verdict = self._verdict("input", guardrail, result, "not_executed")
+            self._report("input", index, guardrail, verdict)
             if verdict.behavior == "raise_exception":
                 tripwire = ToolInputGuardrailTripwireTriggered(guardrail_name(guardrail))
                 raise _TurnFailed("rejected", "not_executed", error_of(tripwire, str(tripwire)))
@@ -385,11 +397,12 @@ class _CallRun:
     async def _accept(self, body: _Body) -> CallOutcome:
         """Output guardrails, then on_tool_end, then the outcome."""
         status, output, effect = body.status, body.output, body.effect
-        for guardrail in self.tool.output_guardrails:
+        for index, guardrail in enumerate(self.tool.output_guardrails):
             result = await self._user(
                 guardrail, self.ctx, self.ctx.args, body.output, effect=body.effect
             )
             verdict = self._verdict("output", guardrail, result, body.effect)
+            self._report("output", index, guardrail, verdict)
             if verdict.behavior == "raise_exception":
                 tripwire = ToolOutputGuardrailTripwireTriggered(guardrail_name(guardrail))
                 raise _TurnFailed("rejected", body.effect, error_of(tripwire, str(tripwire)))
@@ -423,6 +436,26 @@ class _CallRun:
                 "retry_after_s": body.retry_after_s,
                 "throttled": body.throttled,
             }
+        )
+
+    def _report(
+        self,
+        kind: Literal["input", "output"],
+        index: int,
+        guardrail: object,
+        verdict: GuardrailResult,
+    ) -> None:
+        """Keep a guardrail's verdict for the outcome: the agent runtime reports it."""
+        self.verdicts.append(
+            GuardrailVerdict(
+                kind=kind,
+                index=index,
+                name=guardrail_name(guardrail),
+                behavior=verdict.behavior,
+                message=verdict.message,
+                # The wire is JSON: what is not becomes its str(), never a lost outcome.
+                output_info=to_jsonable_python(verdict.output_info, fallback=str),
+            )
         )
 
     def _verdict(
@@ -498,6 +531,7 @@ class _CallRun:
             effect=effect,
             output=output,
             error=error,
+            guardrails=list(self.verdicts),
             fails_turn=fails_turn,
             resolved=effect != "unknown",
             source="executor",

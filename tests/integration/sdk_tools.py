@@ -201,7 +201,7 @@ def screen_input(data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
         return ToolGuardrailFunctionOutput.raise_exception(output_info="tripped")
     if "secret" in arguments:
         return ToolGuardrailFunctionOutput.reject_content("Refusing to handle secrets.")
-    return ToolGuardrailFunctionOutput.allow()
+    return ToolGuardrailFunctionOutput.allow(output_info={"screened": "input"})
 
 
 @tool_output_guardrail
@@ -211,7 +211,7 @@ def screen_output(data: ToolOutputGuardrailData) -> ToolGuardrailFunctionOutput:
         return ToolGuardrailFunctionOutput.raise_exception(output_info="exploded")
     if "classified" in str(data.output):
         return ToolGuardrailFunctionOutput.reject_content("Output withheld.")
-    return ToolGuardrailFunctionOutput.allow()
+    return ToolGuardrailFunctionOutput.allow(output_info={"screened": "output"})
 
 
 @function_tool(tool_input_guardrails=[screen_input], tool_output_guardrails=[screen_output])

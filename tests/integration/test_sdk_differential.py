@@ -281,6 +281,76 @@ async def test_guardrail_tripwires_fail_the_run(
     assert_same(sdk, on_fleet)
 
 
+def _guardrail_results(result: Any) -> tuple[list[Any], list[Any]]:
+    """(input, output) tool guardrail results: the guardrail object, verdict, output_info."""
+
+    def seen(results: list[Any]) -> list[Any]:
+        return sorted(
+            (
+                r.guardrail.get_name(),
+                id(r.guardrail),
+                r.output.behavior["type"],
+                repr(r.output.output_info),
+            )
+            for r in results
+        )
+
+    return seen(result.tool_input_guardrail_results), seen(result.tool_output_guardrail_results)
+
+
+async def test_tool_guardrail_results_are_reported_on_the_result(runner: FleetRunner) -> None:
+    # The worker runs the guardrails; the runner reports what they said where the SDK does,
+    # naming the application's own guardrail objects. (Across parallel calls the results
+    # come in the order the calls settle, so they are compared as sets.)
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_screened", {"text": "hello"}),
+        s.call("b", "sdk_screened", {"text": "my secret"}),
+        s.call("c", "sdk_screened", {"text": "classified plans"}),
+    ).answer()
+    sdk_model, fleet_model = s.model(), s.model()
+    sdk = await Runner.run(Agent(name="a", model=sdk_model, tools=[t.sdk_screened]), "go")
+    on_fleet = await runner.run(Agent(name="a", model=fleet_model, tools=[t.sdk_screened]), "go")
+    inputs, outputs = _guardrail_results(on_fleet)
+    assert (inputs, outputs) == _guardrail_results(sdk)
+    screen_in, screen_out = id(t.screen_input), id(t.screen_output)
+    assert inputs == sorted(
+        [
+            ("screen_input", screen_in, "allow", "{'screened': 'input'}"),
+            ("screen_input", screen_in, "allow", "{'screened': 'input'}"),
+            ("screen_input", screen_in, "reject_content", "None"),
+        ]
+    )
+    assert outputs == sorted(
+        [
+            ("screen_output", screen_out, "allow", "{'screened': 'output'}"),
+            ("screen_output", screen_out, "reject_content", "None"),
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"), [("trip", "input"), ("explode", "output")], ids=["input", "output"]
+)
+async def test_a_tripwire_carries_its_guardrail_and_output_info(
+    runner: FleetRunner, text: str, kind: str
+) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_screened", {"text": text})).answer()
+    raised = []
+    for run, model in ((Runner.run, s.model()), (runner.run, s.model())):
+        agent = Agent(name="a", model=model, tools=[t.sdk_screened])
+        with pytest.raises(Exception) as caught:
+            await run(agent, "go")
+        raised.append(caught.value)
+    sdk, on_fleet = raised
+    guardrail = t.screen_input if kind == "input" else t.screen_output
+    assert type(on_fleet) is type(sdk)
+    assert on_fleet.guardrail is sdk.guardrail is guardrail  # type: ignore[attr-defined]
+    assert on_fleet.output.output_info == sdk.output.output_info  # type: ignore[attr-defined]
+    assert on_fleet.output.output_info == ("tripped" if kind == "input" else "exploded")  # type: ignore[attr-defined]
+
+
 async def test_pre_approval_input_guardrails(runner: FleetRunner, redis: Redis) -> None:
     s = Script()
     s.turn(

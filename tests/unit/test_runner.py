@@ -465,3 +465,40 @@ async def test_an_output_guardrail_that_finds_the_effect_wrong_hands_it_to_the_r
     assert failed.fails_turn and "only output guardrails" in (
         failed.error.message if failed.error else ""
     )
+
+
+async def test_the_outcome_reports_every_guardrail_verdict_with_its_output_info() -> None:
+    class Opaque:
+        def __str__(self) -> str:
+            return "opaque detail"
+
+    def first(ctx: ToolContext, args: dict[str, Any]) -> GuardrailResult:
+        return GuardrailResult.allow({"checked": ["a", 1]})
+
+    def second(ctx: ToolContext, args: dict[str, Any]) -> GuardrailResult:
+        return GuardrailResult.allow(Opaque())
+
+    def screen(ctx: ToolContext, args: dict[str, Any], output: Any) -> GuardrailResult:
+        return GuardrailResult.reject_content("withheld", output_info=7)
+
+    out = await run(
+        make(body, input_guardrails=[first, second], output_guardrails=[screen]), do("ok")
+    )
+    assert [
+        (v.kind, v.index, v.name, v.behavior, v.message, v.output_info) for v in out.guardrails
+    ] == [
+        ("input", 0, "first", "allow", None, {"checked": ["a", 1]}),
+        ("input", 1, "second", "allow", None, "opaque detail"),  # the wire is JSON
+        ("output", 0, "screen", "reject_content", "withheld", 7),
+    ]
+    assert CallOutcome.decode(out.encode()).guardrails == out.guardrails
+
+    def trip(ctx: ToolContext, args: dict[str, Any]) -> GuardrailResult:
+        return GuardrailResult.raise_exception("why it tripped")
+
+    tripped = await run(make(body, input_guardrails=[first, trip]), do("ok"))
+    assert tripped.fails_turn
+    assert [(v.name, v.behavior, v.output_info) for v in tripped.guardrails] == [
+        ("first", "allow", {"checked": ["a", 1]}),
+        ("trip", "raise_exception", "why it tripped"),
+    ]

@@ -41,6 +41,7 @@ from schemas import (
     ApprovalDecision,
     CallOutcome,
     CancelRequest,
+    GuardrailVerdict,
     ModelResponseEvent,
     TurnConfig,
     TurnResult,
@@ -75,13 +76,26 @@ class Binding:
     """The run's batches still waiting for their TurnResult (shared with nested runs)."""
     asked: dict[str, bool] = field(default_factory=dict)
     """Per call_id, whether the SDK's last approval evaluation asked a person."""
+    input_results: dict[str, list[Any]] = field(default_factory=dict)
+    """Per call_id, the SDK's list of tool input guardrail results the call's verdicts from
+    the worker go to (given where the SDK would have run them)."""
+    pending_output: dict[str, FleetAnswer | BaseException] = field(default_factory=dict)
+    """Per call_id, what the call's output guardrails said on the worker, for the point
+    where the SDK runs them: the answer they let through, or the tripwire they raised."""
 
     _open: dict[str, Batch] = field(default_factory=dict)
     """Per agent, the batch of calls still accepting calls started in the same step."""
 
     def nested(self, call_id: str) -> Binding:
         """The binding of an agent tool's nested run, for its call ``call_id``."""
-        return replace(self, run_id=f"{self.run_id}/{call_id}", asked={}, _open={})
+        return replace(
+            self,
+            run_id=f"{self.run_id}/{call_id}",
+            asked={},
+            input_results={},
+            pending_output={},
+            _open={},
+        )
 
     def batch_for(self, agent_name: str) -> Batch:
         """The open batch of ``agent_name``'s calls (a new one if none is open)."""
@@ -130,10 +144,36 @@ def lookup_key(call: ResponseFunctionToolCall) -> str:
     return f"{call.namespace}.{call.name}" if call.namespace else call.name
 
 
+@dataclass(frozen=True)
+class FleetAnswer:
+    """A call's answer from the fleet: what the model sees, and the verdicts of the tool's
+    guardrails, which ran on the worker."""
+
+    output: str
+    guardrails: list[GuardrailVerdict] = field(default_factory=list)
+
+    def rejected(self, kind: str) -> bool:
+        """Whether a guardrail of ``kind`` replaced the output with its rejection text."""
+        return any(
+            v.kind == kind and v.behavior in ("reject_content", "wrong_effect")
+            for v in self.guardrails
+        )
+
+
+_VERDICTS_ATTRIBUTE = "_toolfleet_guardrails"
+
+
+def verdicts_of(exc: BaseException) -> list[GuardrailVerdict]:
+    """The guardrail verdicts of the failed call an exception of ``invoke_on_fleet`` stands
+    for (empty when none ran)."""
+    found = getattr(exc, _VERDICTS_ATTRIBUTE, None)
+    return list(found) if isinstance(found, list) else []
+
+
 async def invoke_on_fleet(
     binding: Binding, tool: FunctionTool, ctx: ToolContext[Any], arguments: str
-) -> str:
-    """Run one call of ``tool`` on the fleet; its model-visible output.
+) -> FleetAnswer:
+    """Run one call of ``tool`` on the fleet; its model-visible output and guardrail verdicts.
 
     The calls the runner starts together (those of one model response, up to the run's
     ``max_function_tool_concurrency``) travel as one fleet turn, each with the SDK's approval
@@ -189,7 +229,7 @@ class _Pending:
     call: ResponseFunctionToolCall
     tool: FunctionTool
     decision: ApprovalDecision
-    answer: asyncio.Future[str]
+    answer: asyncio.Future[FleetAnswer]
 
 
 class Batch:
@@ -204,10 +244,10 @@ class Batch:
 
     def add(
         self, call: ResponseFunctionToolCall, tool: FunctionTool, decision: ApprovalDecision
-    ) -> asyncio.Future[str]:
+    ) -> asyncio.Future[FleetAnswer]:
         """Join a call; the batch is sent once the tasks started with it have joined too.
-        Returns the future of the call's output."""
-        answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        Returns the future of the call's answer."""
+        answer: asyncio.Future[FleetAnswer] = asyncio.get_running_loop().create_future()
         # Retrieved even when nobody waits any more, so an unread failure is not reported.
         answer.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.calls.append(_Pending(call, tool, decision, answer))
@@ -287,7 +327,7 @@ class Batch:
             and outcome.output is not None
         )
         if final and outcome.output is not None:
-            pending.answer.set_result(outcome.output)
+            pending.answer.set_result(FleetAnswer(outcome.output, list(outcome.guardrails)))
 
 
 def _answer(binding: Binding, result: TurnResult, pending: _Pending, agent_name: str) -> None:
@@ -310,11 +350,14 @@ def _answer(binding: Binding, result: TurnResult, pending: _Pending, agent_name:
                 )
             )
             return
-        answer.set_exception(run_error(error, [call], [pending.tool]))
+        exc = run_error(error, [call], [pending.tool])
+        setattr(exc, _VERDICTS_ATTRIBUTE, list(error.guardrails))
+        answer.set_exception(exc)
         return
     output = next((o.output for o in result.outputs if o.call_id == call.call_id), None)
     if output is not None:
-        answer.set_result(output)
+        record = next((r for r in result.calls if r.call_id == call.call_id), None)
+        answer.set_result(FleetAnswer(output, list(record.guardrails) if record else []))
         return
     if any(i.call_id == call.call_id for i in result.interruptions):
         answer.set_exception(

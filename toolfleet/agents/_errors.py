@@ -15,7 +15,8 @@ from agents.tool_guardrails import (
 from openai.types.responses import ResponseFunctionToolCall
 
 from kernel.errors import ToolfleetError
-from schemas import TurnError
+from schemas import GuardrailVerdict, TurnError
+from toolfleet.agents._guardrails import input_guardrail, output_guardrail, sdk_output
 
 
 class FleetRunError(ToolfleetError, sdk.AgentsException):
@@ -74,15 +75,27 @@ def run_error(
         seconds = tool.timeout_seconds if tool and tool.timeout_seconds else 0.0
         exc = sdk.ToolTimeoutError(tool.name if tool else (call.name if call else ""), seconds)
     elif error.type == "ToolInputGuardrailTripwireTriggered":
-        found = tool.tool_input_guardrails if tool else None
-        guardrail = found[0] if found and len(found) == 1 else _unknown_input_guardrail()
-        exc = sdk.ToolInputGuardrailTripwireTriggered(guardrail, _tripped())
+        tripped = _tripwire(error, "input")
+        if tripped is not None:
+            exc = sdk.ToolInputGuardrailTripwireTriggered(
+                input_guardrail(tool, tripped), sdk_output(tripped)
+            )
+        else:
+            found = tool.tool_input_guardrails if tool else None
+            guardrail = found[0] if found and len(found) == 1 else _unknown_input_guardrail()
+            exc = sdk.ToolInputGuardrailTripwireTriggered(guardrail, _tripped())
     elif error.type == "ToolOutputGuardrailTripwireTriggered":
-        found_out = tool.tool_output_guardrails if tool else None
-        guardrail_out = (
-            found_out[0] if found_out and len(found_out) == 1 else _unknown_output_guardrail()
-        )
-        exc = sdk.ToolOutputGuardrailTripwireTriggered(guardrail_out, _tripped())
+        tripped = _tripwire(error, "output")
+        if tripped is not None:
+            exc = sdk.ToolOutputGuardrailTripwireTriggered(
+                output_guardrail(tool, tripped), sdk_output(tripped)
+            )
+        else:
+            found_out = tool.tool_output_guardrails if tool else None
+            guardrail_out = (
+                found_out[0] if found_out and len(found_out) == 1 else _unknown_output_guardrail()
+            )
+            exc = sdk.ToolOutputGuardrailTripwireTriggered(guardrail_out, _tripped())
     else:
         cls = getattr(sdk, error.type, None)
         if (
@@ -120,6 +133,18 @@ def _tool_of(
         return None
     key = f"{call.namespace}.{call.name}" if getattr(call, "namespace", None) else call.name
     return next((t for t in tools if t.qualified_name == key), None)
+
+
+def _tripwire(error: TurnError, kind: str) -> GuardrailVerdict | None:
+    """The verdict that tripped, as the worker reported it (None from an older worker)."""
+    return next(
+        (
+            v
+            for v in reversed(error.guardrails)
+            if v.kind == kind and v.behavior == "raise_exception"
+        ),
+        None,
+    )
 
 
 def _tripped() -> ToolGuardrailFunctionOutput:

@@ -15,7 +15,10 @@ copied. Inside a FleetRunner run (while a ``Binding`` is bound), and only there:
   a tool the fleet gates (the release gate) an "invoke" becomes "ask a person".
 - Tool guardrails. The worker runs them around the body, with the tool's timeout and failure
   handler; the runner runs only the input guardrails the SDK runs before its approval question
-  (``ToolExecutionConfig.pre_approval_tool_input_guardrails``).
+  (``ToolExecutionConfig.pre_approval_tool_input_guardrails``). The verdicts come back with the
+  call and are reported where the SDK reports its own (the run's tool guardrail results, a
+  rejection bypassing the output schema, an output tripwire raised where the SDK runs the
+  output guardrails).
 - RunState. ``to_json`` (and so ``to_string``) writes the fleet run's identity into the state
   (its ``toolfleet`` key), ``from_json`` / ``from_string`` read it back, so a state restored
   with the application's agent, in another process, resumes under the same run id.
@@ -31,13 +34,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents import FunctionTool, RunContextWrapper
+from agents.exceptions import ToolOutputGuardrailTripwireTriggered
 from agents.run_internal import tool_execution as _tool_execution
 from agents.run_internal import turn_resolution as _turn_resolution
 from agents.run_state import RunState
 from agents.tool import ToolOriginType, _FunctionToolInvocationResult
 from agents.tool_context import ToolContext
 
-from toolfleet.agents._calls import Binding, bound, current_binding, invoke_on_fleet
+from toolfleet.agents._calls import (
+    Binding,
+    FleetAnswer,
+    bound,
+    current_binding,
+    invoke_on_fleet,
+    verdicts_of,
+)
+from toolfleet.agents._guardrails import input_results, output_results
 
 STATE_KEY = "toolfleet"
 """The key of a serialized RunState that holds the fleet run's identity."""
@@ -106,8 +118,27 @@ async def _invoke(*, function_tool: FunctionTool, context: ToolContext[Any], arg
             return await _sdk_invoke(
                 function_tool=function_tool, context=context, arguments=arguments
             )
-    output = await invoke_on_fleet(binding, function_tool, context, arguments)
-    return _FunctionToolInvocationResult(output)
+    call_id = context.tool_call_id
+    reported = binding.input_results.pop(call_id, None)
+    try:
+        answer = await invoke_on_fleet(binding, function_tool, context, arguments)
+    except Exception as exc:
+        verdicts = verdicts_of(exc)
+        if reported is not None:
+            reported.extend(input_results(function_tool, verdicts))
+        if isinstance(exc, ToolOutputGuardrailTripwireTriggered):
+            # In-process the output guardrails raise it, after the body: so here.
+            binding.pending_output[call_id] = exc
+            return _FunctionToolInvocationResult(None)
+        raise
+    if reported is not None:
+        reported.extend(input_results(function_tool, answer.guardrails))
+    binding.pending_output[call_id] = answer
+    # An input guardrail's rejection text is the SDK's own output, never the tool's: the
+    # SDK does not hold it to the tool's output schema.
+    return _FunctionToolInvocationResult(
+        answer.output, is_sdk_generated_error=answer.rejected("input")
+    )
 
 
 async def _needs_approval(
@@ -136,7 +167,10 @@ async def _input_guardrails(
         call_id = tool_context.tool_call_id
         undecided = tool_context.is_tool_approved(func_tool.name, call_id) is None
         if not (undecided and binding.asked.get(call_id)):
-            return None  # right before the body: the worker runs them
+            # Right before the body: the worker runs them; their verdicts, which come back
+            # with the call, go to this list.
+            binding.input_results[call_id] = tool_input_guardrail_results
+            return None
     rejection: str | None = await _sdk_input_guardrails(
         func_tool=func_tool,
         tool_context=tool_context,
@@ -154,9 +188,20 @@ async def _output_guardrails(
     real_result: Any,
     tool_output_guardrail_results: list[Any],
 ) -> Any:
-    if current_binding() is not None and runs_on_fleet(func_tool):
+    binding = current_binding()
+    if binding is not None and runs_on_fleet(func_tool):
         # The worker ran them on the body's result; ``real_result`` is what they let through.
-        return tool_execution._ToolOutputGuardrailExecutionResult(real_result)
+        answer = binding.pending_output.pop(tool_context.tool_call_id, None)
+        if isinstance(answer, ToolOutputGuardrailTripwireTriggered):
+            tool_output_guardrail_results.extend(output_results(func_tool, verdicts_of(answer)))
+            raise answer
+        rejected = False
+        if isinstance(answer, FleetAnswer):
+            tool_output_guardrail_results.extend(output_results(func_tool, answer.guardrails))
+            rejected = answer.rejected("output")
+        return tool_execution._ToolOutputGuardrailExecutionResult(
+            real_result, is_rejection=rejected
+        )
     return await _sdk_output_guardrails(
         func_tool=func_tool,
         tool_context=tool_context,
