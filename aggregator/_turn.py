@@ -307,6 +307,7 @@ def _record(state: TurnState, call: PlannedCall) -> CallRecord:
             started_at=outcome.started_at,
             finished_at=outcome.finished_at,
             guardrails=outcome.guardrails,
+            value=outcome.value,
         )
     # No outcome: the call may be running elsewhere (its command was sent), so nothing is
     # known of its effect.

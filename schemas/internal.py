@@ -209,6 +209,11 @@ class CallOutcome(Message):
     guardrails: list[GuardrailVerdict] = Field(
         default_factory=list, description="The tool's guardrails that ran, in the order they ran."
     )
+    value: str | None = Field(
+        default=None,
+        description="The body's return value as JSON when it is not text itself, so an agent "
+        "runtime can give the application the object (None: the output is all there is).",
+    )
     fails_turn: bool = Field(
         default=False, description="No failure handler: this failure fails the whole turn."
     )

@@ -44,6 +44,11 @@ class CallRecord(WireModel):
     guardrails: list[GuardrailVerdict] = Field(
         default_factory=list, description="The tool's guardrails that ran, in the order they ran."
     )
+    value: str | None = Field(
+        default=None,
+        description="The body's return value as JSON when it is not text itself, so an agent "
+        "runtime can give the application the object (None: the output is all there is).",
+    )
 
 
 class TurnResult(Message):

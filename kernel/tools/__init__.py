@@ -23,7 +23,7 @@ from kernel.tools._guardrails import (
 )
 from kernel.tools._recovery import run_compensate, run_probe
 from kernel.tools._registry import ToolRegistry
-from kernel.tools._runner import CallHooks, run_call
+from kernel.tools._runner import CallHooks, output_text, run_call
 from kernel.tools._sdk import FunctionToolAdapter, is_function_tool
 from kernel.tools._tool import (
     ApprovalFunction,
@@ -67,6 +67,7 @@ __all__ = [
     "default_tool_timeout_error_message",
     "guardrail_name",
     "is_function_tool",
+    "output_text",
     "run_call",
     "run_compensate",
     "run_probe",

@@ -49,7 +49,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic_core import to_jsonable_python
+from pydantic_core import PydanticSerializationError, to_json, to_jsonable_python
 
 from kernel.errors import ModelBehaviorError
 from kernel.rules.effects import effect_for_class
@@ -426,6 +426,8 @@ class _CallRun:
         if self.hooks is not None:
             await self._user(self.hooks.on_tool_end, self.ctx, self.tool, text, effect=effect)
         outcome = self._outcome(status, effect, text, error)
+        if status == "succeeded" and output is body.output and not isinstance(output, str):
+            outcome = outcome.model_copy(update={"value": _json_value(output)})
         if effect == "wrong_effect":
             return outcome.model_copy(update={"resolved": False})  # the reconciler's now
         if body.retry is None:
@@ -549,6 +551,14 @@ def _loose_arguments(raw: str) -> dict[str, Any]:
     except (ValueError, RecursionError):
         return {}
     return parsed if isinstance(parsed, dict) else {"arguments": raw}
+
+
+def _json_value(output: Any) -> str | None:
+    """A returned object as JSON, or None when JSON cannot hold it."""
+    try:
+        return to_json(output).decode()
+    except (PydanticSerializationError, ValueError, TypeError, RecursionError):
+        return None
 
 
 def output_text(output: Any) -> str:

@@ -24,6 +24,7 @@ from agents.tool_guardrails import (
     tool_input_guardrail,
     tool_output_guardrail,
 )
+from pydantic import BaseModel
 
 from executors import ToolContext, ToolRegistry
 from tests.integration.side_effects import side_effects
@@ -276,7 +277,35 @@ async def sdk_transfer(ctx: RunContextWrapper[Any], amount: int) -> str:
     return f"transferred {amount}"
 
 
-tools = ToolRegistry.from_function_tools(SDK_TOOLS, effect="read_only")
+class Stock(BaseModel):
+    """A structured tool output."""
+
+    sku: str
+    units: int
+
+
+@function_tool
+async def sdk_ticket(title: str) -> dict[str, Any]:
+    """Returns a mapping (the model sees its str())."""
+    return {"ticket": {"title": title, "status": "created"}}
+
+
+@function_tool(output_type=Stock)
+async def sdk_stock(sku: str) -> Stock:
+    """Returns a pydantic model, declared as the tool's output type."""
+    return Stock(sku=sku, units=42)
+
+
+@function_tool
+async def sdk_pair(a: int) -> tuple[int, int]:
+    """Returns a tuple, which JSON cannot keep."""
+    return (a, a + 1)
+
+
+OBJECT_TOOLS: list[FunctionTool] = [sdk_ticket, sdk_stock, sdk_pair]
+"""Tools that return objects, not text (not in SDK_TOOLS: other scenarios' views stay)."""
+
+tools = ToolRegistry.from_function_tools(SDK_TOOLS + OBJECT_TOOLS, effect="read_only")
 """What the fleet's workers serve: the same objects, unchanged."""
 tools.add_function_tool(sdk_transfer, effect="non_idempotent")  # no probe: gated
 

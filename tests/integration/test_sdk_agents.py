@@ -101,18 +101,6 @@ def views(model: ScriptedModel) -> list[dict[str, Any]]:
     ]
 
 
-def as_text(value: Any) -> Any:
-    """``value`` with every function_call_output's text content items made one string."""
-    if isinstance(value, list):
-        return [as_text(v) for v in value]
-    if not isinstance(value, dict):
-        return value
-    if value.get("type") == "function_call_output" and isinstance(value.get("output"), list):
-        texts = [part["text"] for part in value["output"] if part.get("type") == "input_text"]
-        return {**value, "output": "\n".join(texts)}
-    return {k: as_text(v) for k, v in value.items()}
-
-
 def outcome(result: Any) -> dict[str, Any]:
     """What a finished run hands back, comparable across both runners."""
     return {
@@ -859,9 +847,9 @@ async def test_the_tools_of_an_mcp_server_run_on_the_workers(
         sdk = await Runner.run(build(sdk_server)(sdk_model), "go")
         on_fleet = await runner.run(build(runner_server)(fleet_model), "go")
     assert sdk.final_output == "Booked."
-    # Deliberate difference: in-process the model gets an MCP tool's text content as content
-    # items; toolfleet's wire carries strings, so on the fleet it gets the text itself.
-    assert views(fleet_model) == as_text(views(sdk_model))
+    # The model gets an MCP tool's text content as content items both ways: the worker sends
+    # the content's JSON beside its text, and the runner gives the SDK the content objects.
+    assert views(fleet_model) == views(sdk_model)
     assert outcome(on_fleet)["final_output"] == outcome(sdk)["final_output"]
     booked = {side: int(await redis.get(mcp_runs_key(side, city)) or 0) for side in
               ("sdk", "runner", "fleet")}  # fmt: skip

@@ -20,7 +20,16 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import pytest
-from agents import Agent, FunctionTool, RunConfig, Runner, ToolExecutionConfig
+from agents import (
+    Agent,
+    FunctionTool,
+    FunctionToolResult,
+    RunConfig,
+    RunHooks,
+    Runner,
+    ToolExecutionConfig,
+    ToolsToFinalOutputResult,
+)
 from agents.testing import ScriptedModel, assistant_message
 from agents.tracing import set_tracing_disabled
 from redis.asyncio import Redis
@@ -349,6 +358,62 @@ async def test_a_tripwire_carries_its_guardrail_and_output_info(
     assert on_fleet.guardrail is sdk.guardrail is guardrail  # type: ignore[attr-defined]
     assert on_fleet.output.output_info == sdk.output.output_info  # type: ignore[attr-defined]
     assert on_fleet.output.output_info == ("tripped" if kind == "input" else "exploded")  # type: ignore[attr-defined]
+
+
+async def test_a_tools_returned_object_reaches_the_application_as_in_process(
+    runner: FleetRunner,
+) -> None:
+    # The worker's tool returns an object; the model sees its text, while tool_use_behavior,
+    # on_tool_end and the run's items get the object, rebuilt from its JSON (by the tool's
+    # output type when it declares one). A tuple, which JSON cannot keep, stays the text the
+    # model saw.
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_ticket", {"title": "printer"}),
+        s.call("b", "sdk_stock", {"sku": "A-1"}),
+        s.call("c", "sdk_pair", {"a": 1}),
+    ).answer()
+    seen: dict[str, dict[str, list[Any]]] = {"sdk": {}, "fleet": {}}
+
+    class Ends(RunHooks[Any]):
+        def __init__(self, side: str) -> None:
+            self.side = side
+
+        async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
+            seen[self.side].setdefault(tool.name, []).append(result)
+
+    def agent(model: Any, side: str) -> Agent[Any]:
+        def behavior(context: Any, results: list[FunctionToolResult]) -> ToolsToFinalOutputResult:
+            for r in results:
+                seen[side].setdefault(r.tool.name, []).append(r.output)
+            return ToolsToFinalOutputResult(is_final_output=True, final_output="done")
+
+        return Agent(name="a", model=model, tools=list(t.OBJECT_TOOLS), tool_use_behavior=behavior)
+
+    sdk = await Runner.run(agent(s.model(), "sdk"), "go", hooks=Ends("sdk"))
+    on_fleet = await runner.run(agent(s.model(), "fleet"), "go", hooks=Ends("fleet"))
+    ticket = {"ticket": {"title": "printer", "status": "created"}}
+    stock = t.Stock(sku="A-1", units=42)
+    # on_tool_end, then tool_use_behavior, each with the returned object.
+    assert seen["sdk"] == {
+        "sdk_ticket": [ticket] * 2,
+        "sdk_stock": [stock] * 2,
+        "sdk_pair": [(1, 2)] * 2,
+    }
+    assert seen["fleet"] == {
+        "sdk_ticket": [ticket] * 2,
+        "sdk_stock": [stock] * 2,
+        "sdk_pair": ["(1, 2)"] * 2,
+    }
+    assert all(type(output) is t.Stock for output in seen["fleet"]["sdk_stock"])
+
+    def outputs(result: Any) -> list[Any]:
+        items = [i for i in result.new_items if i.type == "tool_call_output_item"]
+        return [(i.raw_item["call_id"], i.raw_item["output"], i.output) for i in items]
+
+    # The model was given the same text both ways; the items hold the objects.
+    assert [o[:2] for o in outputs(on_fleet)] == [o[:2] for o in outputs(sdk)]
+    assert [o[2] for o in outputs(on_fleet)] == [ticket, stock, "(1, 2)"]
 
 
 async def test_pre_approval_input_guardrails(runner: FleetRunner, redis: Redis) -> None:

@@ -502,3 +502,31 @@ async def test_the_outcome_reports_every_guardrail_verdict_with_its_output_info(
         ("first", "allow", {"checked": ["a", 1]}),
         ("trip", "raise_exception", "why it tripped"),
     ]
+
+
+async def test_the_outcome_carries_a_returned_object_as_json_beside_its_text() -> None:
+    class Opaque:
+        def __str__(self) -> str:
+            return "opaque"
+
+    returns: dict[str, Any] = {
+        "mapping": {"ticket": {"status": "created"}},
+        "text": "plain",
+        "opaque": Opaque(),
+    }
+
+    async def give(ctx: ToolContext, kind: str) -> Any:
+        return returns[kind]
+
+    def screen(ctx: ToolContext, args: dict[str, Any], output: Any) -> GuardrailResult:
+        return GuardrailResult.reject_content("withheld")
+
+    mapping = await run(make(give), json.dumps({"kind": "mapping"}))
+    assert mapping.output == "{'ticket': {'status': 'created'}}"  # what the model sees
+    assert json.loads(mapping.value or "") == {"ticket": {"status": "created"}}
+    assert (await run(make(give), json.dumps({"kind": "text"}))).value is None
+    assert (await run(make(give), json.dumps({"kind": "opaque"}))).value is None
+    # A rejection replaced the output: nothing of the object goes to the application.
+    rejected = await run(make(give, output_guardrails=[screen]), json.dumps({"kind": "mapping"}))
+    assert (rejected.output, rejected.value) == ("withheld", None)
+

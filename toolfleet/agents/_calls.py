@@ -151,6 +151,10 @@ class FleetAnswer:
 
     output: str
     guardrails: list[GuardrailVerdict] = field(default_factory=list)
+    value: str | None = None
+    """The tool's return value as JSON when it was not text (see ``returned``)."""
+    status: str = "succeeded"
+    """The call's status on the fleet (``failed``: a failure handler's text, ...)."""
 
     def rejected(self, kind: str) -> bool:
         """Whether a guardrail of ``kind`` replaced the output with its rejection text."""
@@ -327,7 +331,9 @@ class Batch:
             and outcome.output is not None
         )
         if final and outcome.output is not None:
-            pending.answer.set_result(FleetAnswer(outcome.output, list(outcome.guardrails)))
+            pending.answer.set_result(
+                FleetAnswer(outcome.output, list(outcome.guardrails), outcome.value, outcome.status)
+            )
 
 
 def _answer(binding: Binding, result: TurnResult, pending: _Pending, agent_name: str) -> None:
@@ -357,7 +363,11 @@ def _answer(binding: Binding, result: TurnResult, pending: _Pending, agent_name:
     output = next((o.output for o in result.outputs if o.call_id == call.call_id), None)
     if output is not None:
         record = next((r for r in result.calls if r.call_id == call.call_id), None)
-        answer.set_result(FleetAnswer(output, list(record.guardrails) if record else []))
+        answer.set_result(
+            FleetAnswer(output, list(record.guardrails), record.value, record.status)
+            if record is not None
+            else FleetAnswer(output)
+        )
         return
     if any(i.call_id == call.call_id for i in result.interruptions):
         answer.set_exception(

@@ -30,6 +30,7 @@ once, when ``toolfleet.agents`` is imported.
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,9 +39,14 @@ from agents.exceptions import ToolOutputGuardrailTripwireTriggered
 from agents.run_internal import tool_execution as _tool_execution
 from agents.run_internal import turn_resolution as _turn_resolution
 from agents.run_state import RunState
-from agents.tool import ToolOriginType, _FunctionToolInvocationResult
+from agents.tool import (
+    ToolOriginType,
+    ValidToolOutputPydanticModelsTypeAdapter,
+    _FunctionToolInvocationResult,
+)
 from agents.tool_context import ToolContext
 
+from kernel.tools import output_text
 from toolfleet.agents._calls import (
     Binding,
     FleetAnswer,
@@ -137,8 +143,50 @@ async def _invoke(*, function_tool: FunctionTool, context: ToolContext[Any], arg
     # An input guardrail's rejection text is the SDK's own output, never the tool's: the
     # SDK does not hold it to the tool's output schema.
     return _FunctionToolInvocationResult(
-        answer.output, is_sdk_generated_error=answer.rejected("input")
+        returned(function_tool, answer),
+        is_sdk_generated_error=_sdk_generated(function_tool, answer),
     )
+
+
+def _sdk_generated(tool: FunctionTool, answer: FleetAnswer) -> bool:
+    """Whether the SDK wrote the output instead of the tool (an input guardrail's rejection,
+    the default failure or timeout text): in-process the SDK does not hold such an output to
+    the tool's output schema."""
+    if answer.rejected("input"):
+        return True
+    if answer.status in ("failed", "cancelled"):
+        return bool(getattr(tool, "_use_default_failure_error_function", False))
+    return answer.status == "timed_out" and tool.timeout_error_function is None
+
+
+def returned(tool: FunctionTool, answer: FleetAnswer) -> Any:
+    """What the tool returned, as the SDK gives it to ``tool_use_behavior``, ``on_tool_end``,
+    the run's items and ``final_output``: the object rebuilt from its JSON (by the tool's
+    output type when it declares one), or the text the model sees when the rebuilt object
+    would not show the model that very text (a tuple, an object JSON cannot hold, a model
+    without an output type): the model must see what the worker's tool produced."""
+    if answer.value is None:
+        return answer.output
+    try:
+        value = json.loads(answer.value)
+        adapter = getattr(tool, "_output_type_adapter", None)
+        rebuilt = adapter.validate_python(value) if adapter is not None else _content(value)
+    except ValueError:  # pydantic's ValidationError is one
+        return answer.output
+    return rebuilt if output_text(rebuilt) == answer.output else answer.output
+
+
+def _content(value: Any) -> Any:
+    """The SDK's structured tool outputs (``ToolOutputText``, images, files) in a JSON value,
+    alone or in a list, as those objects; any other value as it is."""
+    if isinstance(value, list):
+        return [_content(part) for part in value]
+    if isinstance(value, dict) and value.get("type") in ("text", "image", "file"):
+        try:
+            return ValidToolOutputPydanticModelsTypeAdapter.validate_python(value)
+        except ValueError:
+            return value
+    return value
 
 
 async def _needs_approval(
