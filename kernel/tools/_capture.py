@@ -30,6 +30,16 @@ def severity(exc: BaseException) -> ErrorSeverity:
     return "error" if isinstance(exc, Exception) else "base_exception"
 
 
+def text_of(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in naming its class when that raises: a tool's exception whose
+    text cannot be made must still become the call's outcome (the SDK's default failure text
+    never reads it either)."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__}: str() failed>"
+
+
 def error_of(exc: BaseException, message: str) -> CallError:
     """The CallError for ``exc``: its class name, ``message`` and its severity."""
     return CallError(type=type(exc).__name__, message=message, severity=severity(exc))

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernel.rules.effects import NotExecuted
+from kernel.tools._capture import text_of
 
 TRACEBACK_MAX_BYTES = 8_192
 """The longest traceback kept with a call (its head and its tail, the middle cut)."""
@@ -59,7 +60,7 @@ class ToolFailure:
         ``arguments``, when they parsed)."""
         values = argument_values(arguments)
         text = "".join(traceback.format_exception(exc))
-        message = redact(str(exc), values)
+        message = redact(text_of(exc), values)
         return cls(
             type=type(exc).__name__,
             message=_cut(message, MESSAGE_MAX_BYTES),

@@ -54,7 +54,7 @@ from pydantic_core import PydanticSerializationError, to_json, to_jsonable_pytho
 from kernel.errors import ModelBehaviorError
 from kernel.rules.effects import effect_for_class
 from kernel.rules.texts import OUTPUT_TOO_LARGE, RUN_ERROR, TOOL_DISABLED_ON_WORKER
-from kernel.tools._capture import Captured, abandon, capture, error_of
+from kernel.tools._capture import Captured, abandon, capture, error_of, text_of
 from kernel.tools._context import ToolContext, UpstreamRecorder
 from kernel.tools._errors import (
     ToolCancelledError,
@@ -101,8 +101,8 @@ def _run_error_message(tool: Tool, exc: Exception) -> str:
     Matched by class name, so toolfleet does not need the SDK installed.
     """
     if any(cls.__name__ == "AgentsException" for cls in type(exc).__mro__):
-        return str(exc)
-    return RUN_ERROR.format(name=tool.name, error=exc)
+        return text_of(exc)
+    return RUN_ERROR.format(name=tool.name, error=text_of(exc))
 
 
 Phase = Callable[[str], AbstractContextManager[None]]
@@ -357,7 +357,7 @@ class _CallRun:
             return await (self._timed_out() if timed_out else self._cancelled(exc))
         self._failed(exc)
         if isinstance(exc, Exception):
-            error = error_of(exc, str(exc))
+            error = error_of(exc, text_of(exc))
             verdict = self.tool.classify_failure(exc, now=time.time())
             effect = effect_for_class(self.tool.effect, verdict.effect)
             if self.failure_fn is None:
@@ -370,7 +370,7 @@ class _CallRun:
             )
         # KeyboardInterrupt, SystemExit, custom BaseExceptions: never formatted for the model,
         # as the SDK's failure handlers only take Exceptions; the turn fails.
-        raise _TurnFailed("failed", "unknown", error_of(exc, str(exc) or type(exc).__name__))
+        raise _TurnFailed("failed", "unknown", error_of(exc, text_of(exc) or type(exc).__name__))
 
     async def _timed_out(self) -> _Body:
         seconds = self.tool.timeout or 0.0
@@ -506,7 +506,7 @@ class _CallRun:
         if isinstance(exc, Exception):
             message = _run_error_message(self.tool, exc)
             return _TurnFailed("failed", effect, error_of(exc, message))
-        return _TurnFailed("failed", effect, error_of(exc, str(exc) or type(exc).__name__))
+        return _TurnFailed("failed", effect, error_of(exc, text_of(exc) or type(exc).__name__))
 
     def _outcome(
         self,

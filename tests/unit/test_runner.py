@@ -530,3 +530,18 @@ async def test_the_outcome_carries_a_returned_object_as_json_beside_its_text() -
     rejected = await run(make(give, output_guardrails=[screen]), json.dumps({"kind": "mapping"}))
     assert (rejected.output, rejected.value) == ("withheld", None)
 
+
+async def test_an_exception_whose_text_cannot_be_made_still_becomes_an_outcome() -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise AssertionError("the exception's text must not be needed")
+
+    async def fails(ctx: ToolContext) -> str:
+        raise Unprintable
+
+    handled = await run(make(fails, failure_error_function=lambda ctx, exc: "It failed."), "{}")
+    assert (handled.status, handled.output) == ("failed", "It failed.")
+    assert handled.error is not None and handled.error.type == "Unprintable"
+    unhandled = await run(make(fails, failure_error_function=None), "{}")
+    assert unhandled.fails_turn and unhandled.error is not None
+    assert unhandled.error.message == ("Error running tool tool: <Unprintable: str() failed>")
