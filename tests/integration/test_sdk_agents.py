@@ -528,6 +528,27 @@ async def test_run_streamed_yields_the_sdks_events_in_the_sdks_order(runner: Fle
     assert views(fleet_model) == views(sdk_model)
 
 
+async def test_run_streamed_takes_the_sdks_positional_arguments(runner: FleetRunner) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_add", {"a": 1, "b": 2})).answer("Three.")
+    context = {"user": "ana"}
+
+    def build(model: ScriptedModel) -> Agent[Any]:
+        return Agent(name="adder", model=model, tools=[t.sdk_add])
+
+    sdk_model, fleet_model = s.model(), s.model()
+    config = RunConfig(workflow_name="positional")
+    # Runner.run_streamed(agent, input, context, max_turns, hooks, run_config, ...)
+    sdk = Runner.run_streamed(build(sdk_model), "go", context, 3, None, config)
+    [e async for e in sdk.stream_events()]
+    on_fleet = runner.run_streamed(build(fleet_model), "go", context, 3, None, config)
+    [e async for e in on_fleet.stream_events()]
+    assert on_fleet.final_output == sdk.final_output == "Three."
+    assert on_fleet.context_wrapper.context is context
+    assert on_fleet.max_turns == sdk.max_turns == 3
+    assert views(fleet_model) == views(sdk_model)
+
+
 async def test_a_session_continues_across_two_runs(runner: FleetRunner, tmp_path: Path) -> None:
     s = Script()
     s.turn(s.call("a", "sdk_add", {"a": 2, "b": 2})).answer("Four.")

@@ -136,21 +136,26 @@ class FleetRunner:
         remember(result.context_wrapper, binding)
         return result
 
-    def run_streamed(
+    def run_streamed(  # noqa: PLR0917 - Runner.run_streamed's own positional arguments
         self,
         starting_agent: Agent[Any],
         input: RunInput,
-        *,
         context: Any = None,
         max_turns: int = DEFAULT_MAX_TURNS,
         hooks: RunHooks[Any] | None = None,
         run_config: RunConfig | None = None,
+        previous_response_id: str | None = None,
+        auto_previous_response_id: bool = False,
+        conversation_id: str | None = None,
         session: Session | None = None,
+        *,
+        error_handlers: Any = None,
         run_id: str | None = None,
         **options: Any,
     ) -> RunResultStreaming:
         """``Runner.run_streamed`` with the function tools on the fleet: the SDK's events, in
-        the SDK's order, each tool output as soon as the fleet reports it.
+        the SDK's order, each tool output as soon as the fleet reports it. Its arguments are
+        ``Runner.run_streamed``'s, in its order (positional ones included).
 
         The fleet's release gate is known as of this runner's last ``run`` (the stream starts
         without waiting for a read); a gated call it does not know of fails the run with
@@ -165,10 +170,16 @@ class FleetRunner:
                 max_turns=max_turns,
                 hooks=hooks,
                 run_config=run_config,
+                previous_response_id=previous_response_id,
+                auto_previous_response_id=auto_previous_response_id,
+                conversation_id=conversation_id,
                 session=session,
+                error_handlers=error_handlers,
                 **options,
             )
-        remember(streamed.context_wrapper, binding)
+        wrapper = getattr(streamed, "context_wrapper", None)  # a replaced default runner's result
+        if wrapper is not None:
+            remember(wrapper, binding)
         return streamed
 
     def run_sync(self, starting_agent: Agent[Any], input: RunInput, **kwargs: Any) -> RunResult:
