@@ -308,6 +308,7 @@ def _record(state: TurnState, call: PlannedCall) -> CallRecord:
             finished_at=outcome.finished_at,
             guardrails=outcome.guardrails,
             value=outcome.value,
+            error=outcome.error,
         )
     # No outcome: the call may be running elsewhere (its command was sent), so nothing is
     # known of its effect.

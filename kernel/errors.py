@@ -31,6 +31,8 @@ Catch the branch that says what you can do about it::
     │   ├── ToolCancelledError           (kernel.tools) the tool itself was cancelled
     │   ├── ToolInputGuardrailTripwireTriggered   (kernel.tools)
     │   └── ToolOutputGuardrailTripwireTriggered  (kernel.tools)
+    ├── FleetToolError                   (toolfleet.agents) a tool's exception on a worker, for
+    │                                    RunConfig.tool_error_formatter (class name and text)
     └── FleetRunError                    (toolfleet.agents; also an SDK AgentsException)
         ├── FleetTurnError               a call's failure with no SDK class to stand for it
         ├── FleetRunCancelled            the run was cancelled on the fleet

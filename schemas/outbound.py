@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from schemas._base import Message, WireModel
-from schemas.internal import CallStatus, Effect, GuardrailVerdict, TurnError
+from schemas.internal import CallError, CallStatus, Effect, GuardrailVerdict, TurnError
 
 
 class FunctionCallOutput(WireModel):
@@ -43,6 +43,9 @@ class CallRecord(WireModel):
     finished_at: float | None = None
     guardrails: list[GuardrailVerdict] = Field(
         default_factory=list, description="The tool's guardrails that ran, in the order they ran."
+    )
+    error: CallError | None = Field(
+        default=None, description="What the tool raised, when its failure was handled."
     )
     value: str | None = Field(
         default=None,

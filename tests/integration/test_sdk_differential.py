@@ -30,6 +30,7 @@ from agents import (
     ToolExecutionConfig,
     ToolsToFinalOutputResult,
 )
+from agents.run_config import ToolErrorFormatterArgs
 from agents.testing import ScriptedModel, assistant_message
 from agents.tracing import set_tracing_disabled
 from redis.asyncio import Redis
@@ -414,6 +415,46 @@ async def test_a_tools_returned_object_reaches_the_application_as_in_process(
     # The model was given the same text both ways; the items hold the objects.
     assert [o[:2] for o in outputs(on_fleet)] == [o[:2] for o in outputs(sdk)]
     assert [o[2] for o in outputs(on_fleet)] == [ticket, stock, "(1, 2)"]
+
+
+async def test_run_config_tool_error_formatter_words_a_tool_exception(runner: FleetRunner) -> None:
+    # The SDK applies it in the runner to a failure its default text handled; so does
+    # FleetRunner, with the worker's exception as a FleetToolError (class name and text). A
+    # tool with its own failure_error_function is not formatted, as in-process.
+    s = Script()
+    s.turn(
+        s.call("a", "sdk_fail", {"message": "ORD-7 is not an order id"}),
+        s.call("b", "sdk_fail_shown", {"message": "shown as is"}),
+        s.call("c", "sdk_add", {"a": 1, "b": 1}),
+    ).answer()
+    asked: dict[str, list[Any]] = {"sdk": [], "fleet": []}
+
+    def formatter(side: str) -> Any:
+        def format_error(args: ToolErrorFormatterArgs[Any]) -> str:
+            error = args.error
+            asked[side].append(
+                (args.kind, args.tool_name, args.call_id, args.default_message, str(error))
+            )
+            return f"Rejected: {error}"
+
+        return format_error
+
+    sdk_config = RunConfig(tool_error_formatter=formatter("sdk"))
+    fleet_config = RunConfig(tool_error_formatter=formatter("fleet"))
+    sdk_model, fleet_model = s.model(), s.model()
+    tools = [t.sdk_fail, t.sdk_fail_shown, t.sdk_add]
+    await Runner.run(Agent(name="a", model=sdk_model, tools=tools), "go", run_config=sdk_config)
+    on_fleet = await runner.run(
+        Agent(name="a", model=fleet_model, tools=tools), "go", run_config=fleet_config
+    )
+    default = "An error occurred while running the tool. Please try again."
+    assert asked["sdk"] == [
+        ("tool_exception", "sdk_fail", s.id("a"), default, "ORD-7 is not an order id")
+    ]
+    assert asked["fleet"] == asked["sdk"]
+    outputs = [i.output for i in on_fleet.new_items if i.type == "tool_call_output_item"]
+    assert outputs[0] == "Rejected: ORD-7 is not an order id"
+    assert fleet_model.calls[-1].input == sdk_model.calls[-1].input
 
 
 async def test_pre_approval_input_guardrails(runner: FleetRunner, redis: Redis) -> None:

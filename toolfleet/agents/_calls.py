@@ -39,6 +39,7 @@ from kernel.rules.texts import TOOL_NOT_IN_AGENT
 from schemas import (
     AgentRef,
     ApprovalDecision,
+    CallError,
     CallOutcome,
     CancelRequest,
     GuardrailVerdict,
@@ -155,6 +156,8 @@ class FleetAnswer:
     """The tool's return value as JSON when it was not text (see ``returned``)."""
     status: str = "succeeded"
     """The call's status on the fleet (``failed``: a failure handler's text, ...)."""
+    error: CallError | None = None
+    """What the tool raised, when a failure handler made ``output`` of it."""
 
     def rejected(self, kind: str) -> bool:
         """Whether a guardrail of ``kind`` replaced the output with its rejection text."""
@@ -332,7 +335,13 @@ class Batch:
         )
         if final and outcome.output is not None:
             pending.answer.set_result(
-                FleetAnswer(outcome.output, list(outcome.guardrails), outcome.value, outcome.status)
+                FleetAnswer(
+                    outcome.output,
+                    list(outcome.guardrails),
+                    outcome.value,
+                    outcome.status,
+                    outcome.error,
+                )
             )
 
 
@@ -364,7 +373,7 @@ def _answer(binding: Binding, result: TurnResult, pending: _Pending, agent_name:
     if output is not None:
         record = next((r for r in result.calls if r.call_id == call.call_id), None)
         answer.set_result(
-            FleetAnswer(output, list(record.guardrails), record.value, record.status)
+            FleetAnswer(output, list(record.guardrails), record.value, record.status, record.error)
             if record is not None
             else FleetAnswer(output)
         )

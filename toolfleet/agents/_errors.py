@@ -46,6 +46,18 @@ class FleetToolNotServed(FleetRunError):
     """
 
 
+class FleetToolError(ToolfleetError):
+    """What a function tool raised on a worker, as ``RunConfig.tool_error_formatter`` sees it.
+
+    The exception itself stayed in the worker's process; ``type`` is its class name and the
+    message its text there (``ToolErrorFormatterArgs.error`` is this object).
+    """
+
+    def __init__(self, type: str, message: str) -> None:
+        super().__init__(message)
+        self.type = type
+
+
 class FleetTurnError(FleetRunError):
     """A turn failure with no SDK exception class to stand for it.
 

@@ -30,12 +30,15 @@ once, when ``toolfleet.agents`` is imported.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agents import FunctionTool, RunContextWrapper
 from agents.exceptions import ToolOutputGuardrailTripwireTriggered
+from agents.logger import log_tool_action_warning, logger
+from agents.run_config import ToolErrorFormatterArgs
 from agents.run_internal import tool_execution as _tool_execution
 from agents.run_internal import turn_resolution as _turn_resolution
 from agents.run_state import RunState
@@ -55,6 +58,7 @@ from toolfleet.agents._calls import (
     invoke_on_fleet,
     verdicts_of,
 )
+from toolfleet.agents._errors import FleetToolError
 from toolfleet.agents._guardrails import input_results, output_results
 
 STATE_KEY = "toolfleet"
@@ -139,6 +143,7 @@ async def _invoke(*, function_tool: FunctionTool, context: ToolContext[Any], arg
         raise
     if reported is not None:
         reported.extend(input_results(function_tool, answer.guardrails))
+    answer = await _formatted(function_tool, context, answer)
     binding.pending_output[call_id] = answer
     # An input guardrail's rejection text is the SDK's own output, never the tool's: the
     # SDK does not hold it to the tool's output schema.
@@ -146,6 +151,47 @@ async def _invoke(*, function_tool: FunctionTool, context: ToolContext[Any], arg
         returned(function_tool, answer),
         is_sdk_generated_error=_sdk_generated(function_tool, answer),
     )
+
+
+async def _formatted(
+    tool: FunctionTool, context: ToolContext[Any], answer: FleetAnswer
+) -> FleetAnswer:
+    """The answer with ``RunConfig.tool_error_formatter`` applied, as the SDK applies it in the
+    runner to a tool exception its default failure text handled (the worker has no RunConfig).
+    The formatter's ``error`` is a ``FleetToolError``: the exception stayed on the worker."""
+    config = getattr(context, "run_config", None)
+    formatter = getattr(config, "tool_error_formatter", None)
+    error = answer.error
+    if (
+        formatter is None
+        or answer.status != "failed"
+        or error is None
+        or error.severity != "error"  # a cancellation or a BaseException: not formatted
+        or error.type == "MCPToolCancellationError"
+        or not getattr(tool, "_use_default_failure_error_function", False)
+    ):
+        return answer
+    try:
+        message = formatter(
+            ToolErrorFormatterArgs(
+                kind="tool_exception",
+                tool_type="function",
+                tool_name=context.qualified_tool_name,
+                call_id=context.tool_call_id,
+                default_message=answer.output,
+                run_context=context,
+                error=FleetToolError(error.type, error.message),
+            )
+        )
+        message = await message if inspect.isawaitable(message) else message
+    except Exception as exc:
+        log_tool_action_warning(logger, "Tool error formatter failed", exc)
+        return answer
+    if isinstance(message, str):
+        return replace(answer, output=message, value=None)
+    if message is not None:
+        logger.warning("Tool error formatter returned a non-string value")
+    return answer
 
 
 def _sdk_generated(tool: FunctionTool, answer: FleetAnswer) -> bool:
