@@ -1,9 +1,11 @@
 """The differential harness: ``python -m tests.sdk_suite run|select`` (``make sdk-suite``).
 
 ``run``: fetch and check the SDK's sdist, run the selected tests in-process and on
-FleetRunner, write docs/sdk-suite.md, and exit 1 when the share that passes on FleetRunner is
-below the committed floor or the selection drifted. ``select``: run the whole suite
-in-process and rewrite selected.txt (the tests that call the runner and pass).
+FleetRunner (and the failures once more, on a fresh fleet), write docs/sdk-suite.md, and exit
+1 when the share that passes on FleetRunner is below the committed floor or the selection
+drifted. ``report``: the same conclusions from the last run's records (after an edit of
+causes.toml). ``select``: run the whole suite in-process and rewrite selected.txt (the tests
+that call the runner and pass).
 
 Both run the SDK's tests in the virtualenv ``--python`` names (``make sdk-suite`` makes it
 with toolfleet's ``sdk-suite`` extra), from ``.artifacts/sdk-suite/``.
@@ -63,7 +65,6 @@ def run(args: argparse.Namespace) -> int:
     """Both runs of the selected tests, the page, and the floor."""
     python = str(args.python)
     root = _prepare(python)
-    expectations = _causes.load()
     selected = read_selection()
     if args.only:
         selected = [n for n in selected if any(part in n for part in args.only)]
@@ -71,10 +72,10 @@ def run(args: argparse.Namespace) -> int:
     selection.write_text("\n".join(selected) + "\n")
     paths = _files(selected)
     sessions = {}
-    for name, fleet in (("in-process", False), ("fleet", True)):
+    for name, on_fleet in (("in-process", False), ("fleet", True)):
         print(f"sdk-suite: {len(selected)} tests, {name}...", flush=True)
         sessions[name] = _session.run(
-            python, root, WORK / f"{name}.jsonl", fleet=fleet, paths=paths,
+            python, root, WORK / f"{name}.jsonl", fleet=on_fleet, paths=paths,
             selection=selection, timeout=args.timeout,
         )  # fmt: skip
         print(
@@ -82,9 +83,19 @@ def run(args: argparse.Namespace) -> int:
             f"(pytest exit {sessions[name].returncode}; log {sessions[name].log})",
             flush=True,
         )
-    figures = _report.compare(
-        selected, sessions["in-process"].tests, sessions["fleet"].tests, expectations
-    )
+    fleet = sessions["fleet"].tests
+    failed = [n for n in selected if n in fleet and fleet[n]["outcome"] != "passed"]
+    (WORK / "rerun.jsonl").unlink(missing_ok=True)
+    if failed:
+        # Each failure once more, on a fresh fleet: one that passes is reported intermittent
+        # (and stays a failure), so a cause is never assigned to a failure that does not recur.
+        print(f"sdk-suite: the {len(failed)} failures again, on a fresh fleet...", flush=True)
+        again = WORK / "rerun.txt"
+        again.write_text("\n".join(failed) + "\n")
+        sessions["rerun"] = _session.run(
+            python, root, WORK / "rerun.jsonl", fleet=True, paths=_files(failed),
+            selection=again, timeout=args.timeout,
+        )  # fmt: skip
     meta = {
         "sdk_version": _sdist.VERSION,
         "sdk_sha256": _sdist.SHA256,
@@ -92,7 +103,22 @@ def run(args: argparse.Namespace) -> int:
         "commit": _commit(),
         "in_process_s": f"{sessions['in-process'].seconds:.0f}",
         "fleet_s": f"{sessions['fleet'].seconds:.0f}",
+        "rerun_s": f"{sessions['rerun'].seconds:.0f}" if "rerun" in sessions else "0",
     }
+    (WORK / "meta.json").write_text(json.dumps(meta, indent=1))
+    return conclude(selected, meta, write=not args.only, check=not args.only)
+
+
+def conclude(selected: list[str], meta: dict[str, str], *, write: bool, check: bool) -> int:
+    """Compare the last run's records, write the page, hold the floor (exit status)."""
+    expectations = _causes.load()
+    figures = _report.compare(
+        selected,
+        _session.read(WORK / "in-process.jsonl"),
+        _session.read(WORK / "fleet.jsonl"),
+        expectations,
+        rerun=_session.read(WORK / "rerun.jsonl"),
+    )
     (WORK / "results.json").write_text(
         json.dumps(
             {
@@ -105,19 +131,18 @@ def run(args: argparse.Namespace) -> int:
             indent=1,
         )
     )
-    if not args.only:
+    if write:
         PAGE.write_text(_report.render(figures, expectations, meta))
-    summary = (
+    print(
         f"sdk-suite: {len(figures.passed)} of {len(figures.baseline)} in-process passes pass on "
         f"FleetRunner ({100 * figures.rate:.1f}%; floor {100 * expectations.floor:.1f}%); "
         f"{figures.count(documented=True)} fail on documented deviations, "
         f"{figures.count(documented=False)} on other causes; "
         f"{len(figures.drift)} selected tests drifted"
     )
-    print(summary)
     for cause, nodeids in figures.by_cause():
         print(f"  {len(nodeids):5d}  {cause.id}: {cause.title}")
-    if args.only:
+    if not check:
         return 0
     if figures.drift:
         print(
@@ -134,6 +159,12 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    """The page again from the last run's records (after editing causes.toml)."""
+    meta = json.loads((WORK / "meta.json").read_text())
+    return conclude(read_selection(), meta, write=True, check=True)
 
 
 _NOT_COLLECTED = re.compile(r"^ERROR (\S+\.py)\b")
@@ -180,10 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument(
         "--only", nargs="*", default=(), help="only node ids containing one of these (no page)"
     )
+    commands.add_parser("report", help="the page again from the last run's records")
     select_parser = commands.add_parser("select", help="rebuild selected.txt")
     select_parser.add_argument("paths", nargs="*", help="test paths (default: the whole suite)")
     args = parser.parse_args(argv)
-    return run(args) if args.command == "run" else select(args)
+    return {"run": run, "report": report, "select": select}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,11 @@ class Cause:
 
     ``documented`` names where docs/ documents the deviation (a page and anchor under docs/),
     empty when the cause is a defect or not documented yet. A failure matches the cause when
-    its node id is listed in ``tests`` or one of ``patterns`` (regular expressions) is found
-    in its description: ``<exception type>: <message>`` and pytest's crash line.
+    it is one of the cause's (its node id listed in ``tests``, alone or with its parameters, or
+    it failed at a line listed in ``at``, ``path:line`` of the SDK's test file) and, when the
+    cause has ``patterns`` (regular expressions), one is found in its description:
+    ``<exception type>: <message>`` and pytest's crash line. A cause with neither matches
+    nothing.
     """
 
     id: str
@@ -30,19 +33,34 @@ class Cause:
     """The test could not be run on the fleet at all (a tool the fleet cannot serve)."""
     patterns: tuple[re.Pattern[str], ...] = ()
     tests: frozenset[str] = field(default_factory=frozenset)
+    at: frozenset[str] = field(default_factory=frozenset)
 
     def matches(self, entry: dict[str, Any]) -> bool:
         """Whether a failing test's record line falls under this cause."""
-        if entry["nodeid"] in self.tests:
-            return True
+        nodeid = entry["nodeid"]
+        if self.tests or self.at:
+            named = nodeid in self.tests or nodeid.partition("[")[0] in self.tests
+            if not (named or entry.get("crash_at") in self.at):
+                return False
+        elif not self.patterns:
+            return False
         text = describe(entry)
-        return any(p.search(text) for p in self.patterns)
+        return not self.patterns or any(p.search(text) for p in self.patterns)
 
 
 UNKNOWN = Cause(
     id="unknown",
     title="Not explained yet: no known cause matches the failure",
 )
+INTERMITTENT = Cause(
+    id="intermittent",
+    title="Intermittent: failed in the run, passed when run again on a fresh fleet",
+    reason=(
+        "Still a failure: it depends on timing or on what ran before it on the fleet, a "
+        "defect to find (its first failure is listed)."
+    ),
+)
+RESERVED = frozenset({UNKNOWN.id, INTERMITTENT.id})
 
 
 @dataclass(frozen=True)
@@ -71,7 +89,7 @@ def parse(data: dict[str, Any]) -> Expectations:
     causes = []
     seen: set[str] = set()
     for raw in data.get("cause", []):
-        if raw["id"] in seen or raw["id"] == UNKNOWN.id:
+        if raw["id"] in seen or raw["id"] in RESERVED:
             raise ValueError(f"cause id {raw['id']!r} is used twice (or reserved)")
         seen.add(raw["id"])
         causes.append(
@@ -83,6 +101,7 @@ def parse(data: dict[str, Any]) -> Expectations:
                 inexpressible=bool(raw.get("inexpressible", False)),
                 patterns=tuple(re.compile(p) for p in raw.get("patterns", ())),
                 tests=frozenset(raw.get("tests", ())),
+                at=frozenset(raw.get("at", ())),
             )
         )
     return Expectations(

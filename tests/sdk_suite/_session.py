@@ -48,19 +48,23 @@ def run(
 ) -> Session:
     """Run the SDK's tests under ``root`` (``paths`` relative to it; ``selection``, a file of
     node ids, keeps only those), with the runner on the fleet when ``fleet``."""
+    record = record.resolve()  # the session runs in ``root``
     plugins = ["-p", "sdk_suite_fleet"] if fleet else []
     command = [
         python, "-m", "pytest", *COMMON_OPTIONS,
         *plugins, "-p", "sdk_suite_record",
-        "--timeout", str(timeout), *extra, *paths,
+        "--timeout", str(2 * timeout), *extra, *paths,
     ]  # fmt: skip
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])),
         "SDK_SUITE_REPORT": str(record),
+        # The record plugin cancels an async test after this; pytest-timeout (twice as long)
+        # is the backstop for sync tests.
+        "SDK_SUITE_TEST_LIMIT": str(timeout),
     }
     if selection is not None:
-        env["SDK_SUITE_SELECTION"] = str(selection)
+        env["SDK_SUITE_SELECTION"] = str(selection.resolve())
     else:
         env.pop("SDK_SUITE_SELECTION", None)
     log = record.with_suffix(".log")
@@ -69,8 +73,28 @@ def run(
         done = subprocess.run(
             command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, check=False
         )
+        returncode = done.returncode
+        # A session that dies (an interpreter error while reporting a failure, a crash) leaves
+        # the test it was running "crashed" and the rest without a line: the rest run on in a
+        # new session (and a new fleet), each of which reports its own crash the same way.
+        left = -1
+        while selection is not None and returncode not in (0, 1):
+            wanted = [n for n in selection.read_text().splitlines() if n.strip()]
+            recorded = read(record)
+            rest = [n for n in wanted if n not in recorded]
+            if not rest or len(rest) == left:  # done, or a session that ran nothing
+                break
+            left = len(rest)
+            out.write(f"\n== the session died (exit {returncode}); {len(rest)} tests go on\n")
+            out.flush()
+            remaining = record.with_suffix(".rest.txt")
+            remaining.write_text("\n".join(rest) + "\n")
+            resumed = {**env, "SDK_SUITE_SELECTION": str(remaining), "SDK_SUITE_APPEND": "1"}
+            returncode = subprocess.run(
+                command, cwd=root, env=resumed, stdout=out, stderr=subprocess.STDOUT, check=False
+            ).returncode
     seconds = time.monotonic() - began
-    return Session(read(record), seconds, done.returncode, log)
+    return Session(read(record), seconds, returncode, log)
 
 
 def read(record: Path) -> dict[str, dict[str, Any]]:

@@ -13,6 +13,8 @@ that decided it (type, message, pytest's crash line) and how often it called the
 
 ``$SDK_SUITE_SELECTION``, when set, names a file of node ids: only those tests run (the others
 are deselected), so odd characters in parametrized ids never go through a command line.
+``$SDK_SUITE_APPEND`` keeps the record's earlier lines (a session resumed after a crash).
+Async tests are cancelled after ``$SDK_SUITE_TEST_LIMIT`` seconds (60 by default).
 
 This module runs inside the SDK's test process, where ``tests`` is the SDK's package: it
 imports nothing of toolfleet's test tree.
@@ -20,6 +22,7 @@ imports nothing of toolfleet's test tree.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import functools
@@ -39,6 +42,7 @@ _IN_RUNNER: contextvars.ContextVar[bool] = contextvars.ContextVar(
 _counts: dict[str, int] = {"runner": 0, "agent_runner": 0, "tool_invocations": 0}
 _results: dict[str, dict[str, Any]] = {}
 _report_path = os.environ.get("SDK_SUITE_REPORT")
+_TEST_LIMIT = float(os.environ.get("SDK_SUITE_TEST_LIMIT", "60"))
 _RUNNER_METHODS = ("run", "run_streamed", "run_sync")
 
 
@@ -123,7 +127,7 @@ def install_counters() -> None:
 @pytest.hookimpl(trylast=True)  # after the fleet plugin's routes: the counters wrap them
 def pytest_configure(config: pytest.Config) -> None:
     install_counters()
-    if _report_path:
+    if _report_path and not os.environ.get("SDK_SUITE_APPEND"):
         Path(_report_path).write_text("")
 
 
@@ -139,19 +143,69 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = kept
 
 
+class TestTimeLimit(Exception):
+    """An async test ran past ``SDK_SUITE_TEST_LIMIT`` seconds and was cancelled."""
+
+
+def _limited(test: Callable[..., Any]) -> Callable[..., Any]:
+    """``test`` (a coroutine function) cancelled after ``_TEST_LIMIT`` seconds.
+
+    pytest-timeout's signal interrupts whatever code runs when it fires: on an event loop
+    that is often a task of its own (a fleet service's), not the test, which then never ends.
+    Cancelling the test's own coroutine ends the test, and leaves the loop and its other tasks
+    alone (pytest-timeout stays as a backstop for sync tests).
+    """
+
+    @functools.wraps(test)
+    async def limited(*args: Any, **kwargs: Any) -> Any:
+        async with asyncio.timeout(_TEST_LIMIT) as limit:
+            try:
+                return await test(*args, **kwargs)
+            except TimeoutError:
+                if limit.expired():
+                    raise TestTimeLimit(
+                        f"the test did not finish within {_TEST_LIMIT:.0f} s and was cancelled"
+                    ) from None
+                raise
+
+    return limited
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    test = getattr(item, "obj", None)
+    if inspect.iscoroutinefunction(test) and not getattr(test, "__sdk_suite_limited__", False):
+        limited = _limited(test)
+        limited.__sdk_suite_limited__ = True  # type: ignore[attr-defined]
+        item.obj = limited  # type: ignore[attr-defined]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     _counts.update(runner=0, agent_runner=0, tool_invocations=0)
     started = time.monotonic()
+    # A line first that says the test died with the session: the test's own line replaces it
+    # (the last line of a node id counts), unless the session dies during the test.
+    _write(
+        {
+            "nodeid": item.nodeid,
+            "outcome": "crashed",
+            "exc_type": "SessionCrash",
+            "exc_message": "the pytest session died during this test (see the session's log)",
+        }
+    )
     _results[item.nodeid] = {"nodeid": item.nodeid, "outcome": "passed"}
     try:
         return (yield)
     finally:
         entry = _results.pop(item.nodeid)
         entry.update(_counts, seconds=round(time.monotonic() - started, 3))
-        if _report_path:
-            with open(_report_path, "a") as out:
-                out.write(json.dumps(entry) + "\n")
+        _write(entry)
+
+
+def _write(entry: dict[str, Any]) -> None:
+    if _report_path:
+        with open(_report_path, "a") as out:
+            out.write(json.dumps(entry) + "\n")
 
 
 def _describe(value: BaseException) -> tuple[str, str]:
@@ -162,6 +216,16 @@ def _describe(value: BaseException) -> tuple[str, str]:
     except BaseException as exc:  # an exception whose str() raises (the SDK tests one)
         message = f"<str() raised {type(exc).__name__}>"
     return name, message[:500]
+
+
+def _where(item: pytest.Item, report: pytest.TestReport) -> str:
+    """The last line of the test's own files in the failure's traceback (path:line)."""
+    entries = getattr(getattr(report.longrepr, "reprtraceback", None), "reprentries", [])
+    for entry in reversed(entries):
+        location = getattr(entry, "reprfileloc", None)
+        if location is not None and str(location.path).startswith("tests"):
+            return f"{location.path}:{location.lineno}"
+    return ""
 
 
 @pytest.hookimpl(wrapper=True)
@@ -183,6 +247,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             crash = getattr(report.longrepr, "reprcrash", None)
             with contextlib.suppress(Exception):
                 entry["crash"] = str(crash.message)[:500] if crash is not None else ""
+                entry["crash_at"] = _where(item, report)
     elif call.when == "call" and hasattr(report, "wasxfail"):
         entry["outcome"] = "xpassed"
     return report
