@@ -302,10 +302,18 @@ async def sdk_pair(a: int) -> tuple[int, int]:
     return (a, a + 1)
 
 
+@function_tool(failure_error_function=None)
+async def sdk_cancel_itself(reason: str) -> str:
+    """Cancels itself (a tool-local cancellation) with no failure handler to take it."""
+    raise asyncio.CancelledError(reason)
+
+
 OBJECT_TOOLS: list[FunctionTool] = [sdk_ticket, sdk_stock, sdk_pair]
 """Tools that return objects, not text (not in SDK_TOOLS: other scenarios' views stay)."""
 
-tools = ToolRegistry.from_function_tools(SDK_TOOLS + OBJECT_TOOLS, effect="read_only")
+tools = ToolRegistry.from_function_tools(
+    [*SDK_TOOLS, *OBJECT_TOOLS, sdk_cancel_itself], effect="read_only"
+)
 """What the fleet's workers serve: the same objects, unchanged."""
 tools.add_function_tool(sdk_transfer, effect="non_idempotent")  # no probe: gated
 

@@ -457,6 +457,21 @@ async def test_run_config_tool_error_formatter_words_a_tool_exception(runner: Fl
     assert fleet_model.calls[-1].input == sdk_model.calls[-1].input
 
 
+async def test_a_tool_that_cancels_itself_unhandled_cancels_the_run_as_in_process(
+    runner: FleetRunner,
+) -> None:
+    s = Script()
+    s.turn(s.call("a", "sdk_cancel_itself", {"reason": "the tool gave up"})).answer()
+    raised = []
+    for run, model in ((Runner.run, s.model()), (runner.run, s.model())):
+        agent = Agent(name="a", model=model, tools=[t.sdk_cancel_itself])
+        with pytest.raises(asyncio.CancelledError) as caught:
+            await run(agent, "go")
+        raised.append(caught.value)
+    sdk, on_fleet = raised
+    assert type(on_fleet) is type(sdk) is asyncio.CancelledError
+
+
 async def test_pre_approval_input_guardrails(runner: FleetRunner, redis: Redis) -> None:
     s = Script()
     s.turn(

@@ -29,6 +29,7 @@ once, when ``toolfleet.agents`` is imported.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import json
@@ -58,7 +59,7 @@ from toolfleet.agents._calls import (
     invoke_on_fleet,
     verdicts_of,
 )
-from toolfleet.agents._errors import FleetToolError
+from toolfleet.agents._errors import FleetToolError, FleetTurnError
 from toolfleet.agents._guardrails import input_results, output_results
 
 STATE_KEY = "toolfleet"
@@ -132,6 +133,12 @@ async def _invoke(*, function_tool: FunctionTool, context: ToolContext[Any], arg
     reported = binding.input_results.pop(call_id, None)
     try:
         answer = await invoke_on_fleet(binding, function_tool, context, arguments)
+    except FleetTurnError as exc:
+        if exc.type != "CancelledError":
+            raise
+        # The tool cancelled itself and no failure handler took it: in-process that
+        # cancellation leaves the SDK's runner as it is, and so it does here.
+        raise asyncio.CancelledError(str(exc)) from None
     except Exception as exc:
         verdicts = verdicts_of(exc)
         if reported is not None:
