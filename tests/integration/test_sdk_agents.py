@@ -872,6 +872,12 @@ async def test_the_tools_of_an_mcp_server_run_on_the_workers(
     # the content's JSON beside its text, and the runner gives the SDK the content objects.
     assert views(fleet_model) == views(sdk_model)
     assert outcome(on_fleet)["final_output"] == outcome(sdk)["final_output"]
+
+    def outputs(result: Any) -> list[Any]:
+        return [i.output for i in result.new_items if i.type == "tool_call_output_item"]
+
+    # What the application gets of an MCP tool's output: the SDK's mappings, both ways.
+    assert outputs(on_fleet) == outputs(sdk)
     booked = {side: int(await redis.get(mcp_runs_key(side, city)) or 0) for side in
               ("sdk", "runner", "fleet")}  # fmt: skip
     # In-process the test's server ran it; on the fleet a worker's, never the runner's.

@@ -101,11 +101,14 @@ def identity_of(context: RunContextWrapper[Any] | None) -> FleetIdentity | None:
     return found if isinstance(found, FleetIdentity) else None
 
 
+def _origin(tool: FunctionTool) -> Any:
+    return getattr(getattr(tool, "_tool_origin", None), "type", None)
+
+
 def runs_on_fleet(tool: FunctionTool) -> bool:
     """Whether FleetRunner sends this tool's calls to the fleet (every function tool but an
     agent used as a tool, whose nested run stays with the runner)."""
-    origin = getattr(tool, "_tool_origin", None)
-    return getattr(origin, "type", None) != ToolOriginType.AGENT_AS_TOOL
+    return bool(_origin(tool) != ToolOriginType.AGENT_AS_TOOL)
 
 
 # --- the SDK's functions, as they were before ``install`` -------------------------------------
@@ -223,7 +226,12 @@ def returned(tool: FunctionTool, answer: FleetAnswer) -> Any:
     try:
         value = json.loads(answer.value)
         adapter = getattr(tool, "_output_type_adapter", None)
-        rebuilt = adapter.validate_python(value) if adapter is not None else _content(value)
+        if adapter is not None:
+            rebuilt = adapter.validate_python(value)
+        elif _origin(tool) == ToolOriginType.MCP:
+            rebuilt = value  # an MCP tool's content reaches the SDK as mappings, as they are
+        else:
+            rebuilt = _content(value)
     except ValueError:  # pydantic's ValidationError is one
         return answer.output
     return rebuilt if output_text(rebuilt) == answer.output else answer.output
