@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import re
 import subprocess
 import sys
@@ -63,7 +64,7 @@ def _prepare(python: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Both runs of the selected tests, the page, and the floor."""
-    python = str(args.python)
+    python = os.path.abspath(args.python)  # not resolved: a venv's python is a symlink
     root = _prepare(python)
     selected = read_selection()
     if args.only:
@@ -172,7 +173,7 @@ _NOT_COLLECTED = re.compile(r"^ERROR (\S+\.py)\b")
 
 def select(args: argparse.Namespace) -> int:
     """A whole in-process run of the suite, recorded; selected.txt rewritten from it."""
-    python = str(args.python)
+    python = os.path.abspath(args.python)  # not resolved: a venv's python is a symlink
     root = _prepare(python)
     print("sdk-suite: the whole suite in-process, recording runner calls...", flush=True)
     session = _session.run(
