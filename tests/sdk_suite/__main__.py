@@ -145,7 +145,12 @@ def conclude(selected: list[str], meta: dict[str, str], *, write: bool, check: b
         print(f"  {len(nodeids):5d}  {cause.id}: {cause.title}")
     if not check:
         return 0
-    if figures.drift:
+    # A selected test that failed in-process this time (a timing-sensitive SDK test on a busy
+    # machine) is reported on the page but does not fail the run: the comparison is made on
+    # this run's in-process passes. A test gone from the suite, or no longer calling the
+    # runner, means the selection itself is stale.
+    stale = {n: why for n, why in figures.drift.items() if not why.endswith(" in-process")}
+    if stale:
         print(
             "sdk-suite: the selection drifted (see docs/sdk-suite.md); rebuild it with "
             "`python -m tests.sdk_suite select` and commit selected.txt",
