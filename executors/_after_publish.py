@@ -15,40 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
 
-from kernel.adapters.redis import slot_bound, text
 from kernel.rules.effects import counts_against_circuit
-from kernel.stores.circuit import COUNT_FUNCTION, CircuitBreaker
+from kernel.stores.circuit import CircuitBreaker
 from kernel.stores.keys import Keys
-from kernel.stores.ledger import COMMIT_FUNCTION
+from kernel.stores.ledger import Ledger
 from schemas import CallOutcome
-
-# KEYS: ledger entries and their audit chains, pairwise, all of one slot group. ARGV:
-# retention_s.
-_COMMIT = (
-    COMMIT_FUNCTION
-    + """
-local retention_s = tonumber(ARGV[1])
-for i = 1, #KEYS, 2 do commit(KEYS[i], KEYS[i + 1], retention_s) end
-return 1
-"""
-)
-
-# KEYS: the tool version's window keys. ARGV: now, window_s, min_calls, rate, buckets, how
-# many of the calls failed, then the calls' ids. Returns what count_calls returns.
-_COUNT = (
-    COUNT_FUNCTION
-    + """
-local ids = {}
-for i = 7, #ARGV do ids[#ids + 1] = ARGV[i] end
-return count_calls(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), ids, tonumber(ARGV[6]),
-  tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
-"""
-)
 
 _Entry = tuple[CallOutcome, bool | None, "asyncio.Future[list[str]]"]
 """An outcome, whether its call is counted as failed (None: not counted), its caller's reply."""
@@ -63,9 +39,7 @@ class AfterPublish:
         self.keys = keys
         self.circuits = circuits
         self.retention_s = retention_s
-        self._per_slot_group = slot_bound(redis)
-        self._commit = redis.register_script(_COMMIT)
-        self._count = redis.register_script(_COUNT)
+        self.ledger = Ledger(redis, keys, retention_s)
         self._pending: dict[str | None, list[_Entry]] = {}
         self._writes: set[asyncio.Task[None]] = set()
 
@@ -92,24 +66,24 @@ class AfterPublish:
             task.add_done_callback(self._writes.discard)
 
     async def _write(self, ref: str | None, entries: Sequence[_Entry]) -> None:
-        # One commit script per slot group on a cluster (a script's keys share a hash slot),
-        # one for all on a single server, and one count for the tool version: issued
-        # together, they share one round trip.
-        groups: dict[int, list[str]] = {}
-        for outcome, _, _ in entries:
-            tenant, run, call = outcome.tenant_id, outcome.run_id, outcome.call_id
-            slot_group = self.keys.group(tenant, run) if self._per_slot_group else 0
-            group = groups.setdefault(slot_group, [])
-            group += [self.keys.call(tenant, run, call), self.keys.audit(tenant, run, call)]
-        steps = [self._commit(keys=keys, args=[self.retention_s]) for keys in groups.values()]
+        # The ledger's commit (one script per slot group on a cluster, one for all on a
+        # single server) and one count for the tool version: issued together, they share one
+        # round trip.
+        calls = [(o.tenant_id, o.run_id, o.call_id) for o, _, _ in entries]
+        steps: list[Awaitable[Any]] = [self.ledger.commit(calls)]
         counted = [
             (outcome.call_id, failed) for outcome, failed, _ in entries if failed is not None
         ]
         if ref is not None and counted:
             # The wall clock: the window's buckets are shared by every worker's clock.
-            args: list[Any] = [time.time(), *self.circuits.window_args()]
-            args += [sum(failed for _, failed in counted), *(call for call, _ in counted)]
-            steps.append(self._count(keys=self.circuits.window_keys(ref), args=args))
+            steps.append(
+                self.circuits.count(
+                    ref,
+                    [call for call, _ in counted],
+                    failed=sum(failed for _, failed in counted),
+                    now=time.time(),
+                )
+            )
         try:
             replies = await asyncio.gather(*steps)
         except BaseException as exc:
@@ -119,7 +93,7 @@ class AfterPublish:
             if not isinstance(exc, Exception):
                 raise
             return
-        opened = [text(m) for m in replies[-1]] if ref is not None and counted else []
+        opened: list[str] = replies[-1] if ref is not None and counted else []
         if opened and ref is not None:
             self.circuits.opened(ref)
         opener = max((i for i, (_, f, _) in enumerate(entries) if f), default=None)

@@ -13,62 +13,23 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from redis.asyncio import Redis
 
 from kernel.adapters.metrics import CIRCUIT_OPEN, labelled
+from kernel.adapters.redis import text
 from kernel.rules.versions import version_ref
 from kernel.settings import Settings
 from kernel.stores.keys import Keys
 from kernel.stores.registry import ToolDirectory
+from kernel.stores.scripts import script
 
-COUNT_FUNCTION = """
-local function count_calls(window, state, recent, now, ids, failed, window_s, min_calls, rate, nb)
-  local b = math.floor(now / (window_s / nb))
-  local n = redis.call('HINCRBY', window, b .. ':n', #ids)
-  if failed > 0 then redis.call('HINCRBY', window, b .. ':f', failed) end
-  local listed = 0
-  for first = 1, #ids, 500 do  -- unpack has a stack limit: push in slices
-    local slice = {}
-    for i = first, math.min(#ids, first + 499) do slice[#slice + 1] = now .. '|' .. ids[i] end
-    listed = redis.call('LPUSH', recent, unpack(slice))
-  end
-  if listed > 1100 then redis.call('LTRIM', recent, 0, 999) end
-  if n == #ids then
-    -- A new bucket (once per window / buckets, not on every call): forget the one that left
-    -- the window and keep both keys alive for another window.
-    local ttl = math.ceil(window_s) + 60
-    redis.call('HDEL', window, (b - nb) .. ':n', (b - nb) .. ':f')
-    redis.call('EXPIRE', window, ttl)
-    redis.call('EXPIRE', recent, ttl)
-  end
-  -- Successes never raise the error rate: the window is evaluated when failures come in
-  -- (successes that only bring it up to min_calls leave the decision to the next failure).
-  if failed == 0 or redis.call('EXISTS', state) == 1 then return {} end
-  local calls, fails = 0, 0
-  for i = 0, nb - 1 do
-    calls = calls + tonumber(redis.call('HGET', window, (b - i) .. ':n') or '0')
-    fails = fails + tonumber(redis.call('HGET', window, (b - i) .. ':f') or '0')
-  end
-  if calls < min_calls or fails / calls < rate then return {} end
-  redis.call('SET', state, cjson.encode({opened_at=now, failed=fails, calls=calls}))
-  local opened = {}
-  for _, entry in ipairs(redis.call('LRANGE', recent, 0, -1)) do
-    local sep = string.find(entry, '|', 1, true)
-    if tonumber(string.sub(entry, 1, sep - 1)) >= now - window_s then
-      opened[#opened + 1] = string.sub(entry, sep + 1)
-    end
-  end
-  return opened
-end
-"""
-"""Lua: count executed calls (``ids``, ``failed`` of them failed) in a tool version's sliding
-window (KEYS ``window_keys``: bucket counts, state, recent calls); returns the window's call
-ids when they opened the circuit, else {}. Counting a call is O(1): the window is counted in
-``_BUCKETS`` buckets and summed only when failures come in."""
+_COUNT = script("circuit/count")
+"""Count executed calls in a tool version's window; the call ids of the window when they
+opened its circuit (``kernel/stores/lua/circuit/count.lua``)."""
 
 _BUCKETS = 12
 """Buckets per window: a bucket leaves the window as a whole, so the window is exact to 1/12."""
@@ -91,15 +52,19 @@ class CircuitBreaker:
         self.cache_s = settings.circuit_cache_s
         self.keys = Keys.of(settings)
         self._cache: dict[str, tuple[float, dict[str, float] | None]] = {}
+        self._count = _COUNT.register(redis)
 
-    def window_keys(self, ref: str) -> list[str]:
-        """The keys ``COUNT_FUNCTION`` takes for one tool version."""
-        return [self.keys.circuit(part, ref) for part in ("window", "state", "calls")]
-
-    def window_args(self) -> list[float]:
-        """``COUNT_FUNCTION``'s window_s, min_calls, rate and bucket count, as configured."""
+    async def count(
+        self, ref: str, call_ids: Sequence[str], *, failed: int, now: float
+    ) -> list[str]:
+        """Count executed calls of the version ``ref`` in its sliding window, ``failed`` of
+        them failed: the window's call ids when these calls opened its circuit (the caller
+        files the human task listing them, and calls ``opened``), else []."""
         s = self.settings
-        return [s.circuit_window_s, s.circuit_min_calls, s.circuit_error_rate, _BUCKETS]
+        keys = [self.keys.circuit(part, ref) for part in ("window", "state", "calls")]
+        args: list[Any] = [now, s.circuit_window_s, s.circuit_min_calls, s.circuit_error_rate]
+        args += [_BUCKETS, failed, *call_ids]
+        return [text(m) for m in await self._count(keys=keys, args=args)]
 
     def opened(self, ref: str) -> None:
         """Counting calls opened the circuit of ``ref``: forget its cached verdict."""

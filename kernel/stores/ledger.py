@@ -1,7 +1,8 @@
 """The call ledger in Redis: one hash per (tenant, call_id) and an append-only audit chain.
 
-Every state change that decides whether user code may run is a Lua script, so two workers
-that receive the same command (a rebalance, a redelivery) can never both start it:
+Every state change that decides whether user code may run is a Lua script
+(``kernel/stores/lua/ledger/``), so two workers that receive the same command (a rebalance, a
+redelivery) can never both start it:
 
     planned -> dispatched -> started -> finished -> committed
 
@@ -16,6 +17,7 @@ archives it: that history is what the failure table forbids deleting.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import hashlib
@@ -31,12 +33,12 @@ from redis.asyncio import Redis
 from kernel.adapters.redis import (
     HashFields,
     SlotGroupBatches,
-    register_durable_script,
     slot_bound,
     text,
 )
 from kernel.settings import LEDGER_RETENTION_S
 from kernel.stores.keys import SLOT_GROUPS, Keys
+from kernel.stores.scripts import script
 from schemas import CallOutcome, ExecutionCommand, TurnConfig
 
 LedgerState = Literal["planned", "dispatched", "started", "finished", "committed"]
@@ -252,317 +254,20 @@ class LedgerEntry:
         )
 
 
-AUDIT_FUNCTIONS = """
-local function plain_events(call)
-  local h = redis.call('HMGET', call, 'created_at', 'dispatched_at', 'attempts',
-    'fencing_token', 'dispatch_reason', 'started_at', 'worker_id', 'finished_at', 'outcome',
-    'settled_at')
-  local events = {}
-  if h[1] then events[#events + 1] = cjson.encode({event='planned', at=tonumber(h[1])}) end
-  if h[2] then
-    events[#events + 1] = cjson.encode({event='dispatched', attempt=tonumber(h[3]),
-      fencing_token=tonumber(h[4]), reason=h[5] or 'planned', at=tonumber(h[2])})
-  end
-  if h[6] then
-    events[#events + 1] = cjson.encode({event='started', worker=h[7],
-      fencing_token=tonumber(h[4]), at=tonumber(h[6])})
-  end
-  local ref = redis.call('HMGET', call, 'upstream_ref', 'upstream_ref_at')
-  if ref[1] and ref[2] then
-    events[#events + 1] = cjson.encode({event='upstream_ref', ref=ref[1], at=tonumber(ref[2])})
-  end
-  if h[8] and h[9] then
-    local o = cjson.decode(h[9])
-    events[#events + 1] = cjson.encode({event='finished', status=o.status, effect=o.effect,
-      fencing_token=tonumber(h[4]), at=tonumber(h[8])})
-  end
-  if h[10] then
-    events[#events + 1] = cjson.encode({event='settled_without_running', at=tonumber(h[10])})
-  end
-  return events
-end
-local function keep(call, audit)
-  if redis.call('HGET', call, 'keep') then return end
-  if redis.call('LLEN', audit) == 0 then
-    local events = plain_events(call)
-    if #events > 0 then redis.call('RPUSH', audit, unpack(events)) end
-  end
-  redis.call('HSET', call, 'keep', 1)
-  redis.call('PERSIST', call)
-  redis.call('PERSIST', audit)
-end
-"""
-"""Lua: a call's plain run (planned, dispatched, started, finished, or settled without
-running) is recorded in its entry alone, each event's facts in fields of their own.
-``plain_events`` writes them as the audit chain would hold them. ``keep`` is for the first
-event beyond the plain run (an approval, probe, retry, compensation, verdict): it moves the
-plain run's events into the chain, and from then on every event is appended there. The call
-is kept: it never expires. Most calls never get a chain: an append per transition was a
-fifth of the ledger's Redis time, and the chain's key most of a finished call's memory."""
-
-RETAIN_FUNCTION = """
-local function retain(call, audit, retention_s)
-  if retention_s > 0 and not redis.call('HGET', call, 'keep') then
-    redis.call('EXPIRE', call, retention_s)
-    redis.call('EXPIRE', audit, retention_s)
-  end
-end
-"""
-"""Lua: a committed call expires after ``retention_s`` (0: never) unless it is kept."""
-
-# Issue an attempt of the call ``call`` (audit chain ``audit``); ``h`` is its HMGET of state,
-# attempts, fencing_token, keep. Unforced (the planner) it is idempotent: a dispatched call gets
-# its current attempt back, a started or finished one nothing. Forced (a retry the
-# reconciler decided after a probe proved the call not applied) the fencing token is bumped,
-# so the outcome of any older holder is ignored; it also reopens a call whose stored
-# outcome is an unknown effect. ``plan`` records a new entry in state planned from its
-# fields (fingerprint, idem key, run, turn, tool, pool, arguments, index) and returns its h.
-_ISSUE = (
-    AUDIT_FUNCTIONS
-    + """
-local function issue(call, audit, h, force, now, reason)
-  local state = h[1]
-  if not force then
-    if state == 'committed' or state == 'finished' then return {-2, 0} end
-    if state == 'dispatched' then return {tonumber(h[2]), tonumber(h[3])} end
-    if state ~= 'planned' then return {-3, 0} end
-  end
-  if force then keep(call, audit) end  -- before the previous attempt's fields change
-  local attempt, token = tonumber(h[2]) + 1, tonumber(h[3]) + 1
-  if force or h[4] then
-    redis.call('HSET', call, 'state', 'dispatched', 'attempts', attempt, 'fencing_token', token)
-    redis.call('RPUSH', audit, cjson.encode({event='dispatched', attempt=attempt,
-      fencing_token=token, reason=reason, at=now}))
-  elseif reason == 'planned' then
-    redis.call('HSET', call, 'state', 'dispatched', 'attempts', attempt, 'fencing_token', token,
-      'dispatched_at', now)
-  else
-    redis.call('HSET', call, 'state', 'dispatched', 'attempts', attempt, 'fencing_token', token,
-      'dispatched_at', now, 'dispatch_reason', reason)
-  end
-  return {attempt, token}
-end
-local function plan(call, now, f)
-  redis.call('HSET', call, 'fingerprint', f[1], 'idempotency_key', f[2], 'run_id', f[3],
-    'turn_id', f[4], 'tool_name', f[5], 'pool', f[6], 'state', 'planned', 'attempts', 0,
-    'fencing_token', 0, 'created_at', now, 'arguments', f[7], 'index', f[8], 'policy', f[9],
-    'trace_id', f[10])
-  return {'planned', '0', '0'}
-end
-"""
-)
-
-# Record a planned call unless it exists (an existing entry is left as it is); with
-# ARGV[10] = '1' also issue its attempt, as _DISPATCH does. ARGV: fingerprint, idem key,
-# run, turn, tool, pool, now, arguments, index, dispatch, policy, trace id. Returns
-# {attempt, token}, {0, 0} when not dispatching, or a negative attempt when no command should
-# be sent.
-_CREATE = (
-    _ISSUE
-    + """
-local h = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'fencing_token', 'keep')
-if not h[1] then
-  h = plan(KEYS[1], ARGV[7], {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6],
-    ARGV[8], ARGV[9], ARGV[11], ARGV[12]})
-end
-if ARGV[10] ~= '1' then return {0, 0} end
-return issue(KEYS[1], KEYS[2], h, false, tonumber(ARGV[7]), 'planned')
-"""
-)
-
-# A turn whose calls are all new, in one script: KEYS are the run's approval state and its
-# wrong-effect hold, then each call's entry and audit chain; ARGV: now, then the 10 fields of
-# each call. Records and dispatches every call (attempt 1, token 1 each) only if none of
-# those keys exists; returns the number of calls dispatched, 0 when it wrote nothing.
-_CREATE_FRESH = (
-    _ISSUE
-    + """
-for i = 1, #KEYS, 1000 do  -- in chunks: Lua's unpack takes at most ~8,000 values
-  if redis.call('EXISTS', unpack(KEYS, i, math.min(i + 999, #KEYS))) > 0 then return 0 end
-end
-local now = tonumber(ARGV[1])
-for i = 3, #KEYS, 2 do
-  local a = (i - 3) / 2 * 10 + 1
-  local h = plan(KEYS[i], ARGV[1], {ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
-    ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10]})
-  issue(KEYS[i], KEYS[i + 1], h, false, now, 'planned')
-end
-return (#KEYS - 2) / 2
-"""
-)
-
-# ARGV: now, reason, force ('1' or '0').
-_DISPATCH = (
-    _ISSUE
-    + """
-local h = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'fencing_token', 'keep')
-if not h[1] then return {-1, 0} end
-return issue(KEYS[1], KEYS[2], h, ARGV[3] == '1', tonumber(ARGV[1]), ARGV[2])
-"""
-)
-
-# Workers ask to run attempts, a batch at once (``SlotGroupBatches``). KEYS, four per call:
-# entry, audit chain, lease index, cancellation marker. ARGV, five per call: token, worker,
-# lease_s, lease member, the tool version it runs ('' for none: compensations). Returns
-# verdict, stored outcome ('' unless done) per call.
-_BEGIN = """
-local function begin(entry, audit, leases, cancelled, a, now)
-  local h = redis.call('HMGET', entry, 'state', 'fencing_token', 'lease_until', 'outcome',
-    'keep')
-  local state, token = h[1], tonumber(h[2])
-  if not state then return 'missing', '' end
-  if state == 'finished' or state == 'committed' then return 'done', h[4] or '' end
-  if tonumber(ARGV[a]) < token then return 'stale', '' end
-  if state == 'started' then
-    if tonumber(h[3] or '0') > now then return 'busy', '' end
-    return 'unknown', ''
-  end
-  if redis.call('EXISTS', cancelled) == 1 then return 'cancelled', '' end
-  local lease_until = now + tonumber(ARGV[a + 2])
-  redis.call('HSET', entry, 'state', 'started', 'worker_id', ARGV[a + 1],
-    'lease_until', lease_until, 'started_at', now)
-  if ARGV[a + 4] ~= '' then redis.call('HSET', entry, 'tool_version', ARGV[a + 4]) end
-  redis.call('ZADD', leases, lease_until, ARGV[a + 3])
-  if h[5] then
-    redis.call('RPUSH', audit, cjson.encode({event='started', worker=ARGV[a + 1],
-      fencing_token=token, at=now}))
-  end
-  return 'run', ''
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local out = {}
-for i = 1, #KEYS, 4 do
-  local verdict, outcome = begin(KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3],
-    (i - 1) / 4 * 5 + 1, now)
-  out[#out + 1] = verdict
-  out[#out + 1] = outcome
-end
-return out
-"""
-
-# The running attempt recorded the upstream's id for what it did. ARGV: token, ref.
-# Returns 0 when the attempt is no longer the current one (fenced off).
-_UPSTREAM_REF = """
-local h = redis.call('HMGET', KEYS[1], 'state', 'fencing_token', 'keep')
-if h[1] ~= 'started' or tonumber(h[2]) ~= tonumber(ARGV[1]) then return 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-redis.call('HSET', KEYS[1], 'upstream_ref', ARGV[2], 'upstream_ref_at', now)
-if h[3] then
-  redis.call('RPUSH', KEYS[2], cjson.encode({event='upstream_ref', ref=ARGV[2],
-    fencing_token=tonumber(ARGV[1]), at=now}))
-end
-return 1
-"""
-
-# ARGV: token, worker, lease_s
-_RENEW = """
-local h = redis.call('HMGET', KEYS[1], 'state', 'fencing_token', 'worker_id')
-if h[1] ~= 'started' or tonumber(h[2]) ~= tonumber(ARGV[1]) or h[3] ~= ARGV[2] then return 0 end
-local t = redis.call('TIME')
-local expiry = tonumber(t[1]) + tonumber(t[2]) / 1e6 + ARGV[3]
-redis.call('HSET', KEYS[1], 'lease_until', expiry)
-redis.call('ZADD', KEYS[2], 'XX', expiry, ARGV[4])
-return 1
-"""
-
-# Store the outcomes of current attempts, a batch at once (``SlotGroupBatches``). KEYS, three
-# per call: entry, audit chain, lease index. ARGV, seven per call: token, outcome json,
-# status, effect, now, lease member, failure json ('' when user code raised nothing).
-# Returns ok, stale, done or missing per call.
-_FINISH = """
-local function finish(entry, audit, leases, a)
-  local h = redis.call('HMGET', entry, 'state', 'fencing_token', 'keep')
-  if h[1] == false then return 'missing' end
-  if tonumber(ARGV[a]) ~= tonumber(h[2]) then return 'stale' end
-  if h[1] == 'finished' or h[1] == 'committed' then return 'done' end
-  redis.call('HSET', entry, 'state', 'finished', 'outcome', ARGV[a + 1], 'lease_until', 0,
-    'finished_at', ARGV[a + 4])
-  if ARGV[a + 6] ~= '' then redis.call('HSET', entry, 'failure', ARGV[a + 6]) end
-  redis.call('ZREM', leases, ARGV[a + 5])
-  if h[3] then
-    redis.call('RPUSH', audit, cjson.encode({event='finished', status=ARGV[a + 2],
-      effect=ARGV[a + 3], fencing_token=tonumber(ARGV[a]), at=tonumber(ARGV[a + 4])}))
-  end
-  return 'ok'
-end
-local out = {}
-for i = 1, #KEYS, 3 do
-  out[#out + 1] = finish(KEYS[i], KEYS[i + 1], KEYS[i + 2], (i - 1) / 3 * 7 + 1)
-end
-return out
-"""
-
-# An outcome decided without running anything (the planner's rejections). ARGV: json, now,
-# retention_s
-_SETTLE = (
-    RETAIN_FUNCTION
-    + """
-local h = redis.call('HMGET', KEYS[1], 'state', 'keep')
-local state = h[1]
-if state == false or state == 'finished' or state == 'committed' then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'committed', 'outcome', ARGV[1], 'settled_at', ARGV[2])
-if h[2] then
-  redis.call('RPUSH', KEYS[2], cjson.encode({event='settled_without_running',
-    at=tonumber(ARGV[2])}))
-end
-retain(KEYS[1], KEYS[2], tonumber(ARGV[3]))
-return 1
-"""
-)
-
-# The reconciler's (or a human's) verdict on a call: replaces the stored outcome, whatever
-# the state, and appends why. ARGV: outcome json, event json, member
-_RESOLVE = (
-    AUDIT_FUNCTIONS
-    + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-keep(KEYS[1], KEYS[2])  -- before the outcome it replaces is gone
-redis.call('HSET', KEYS[1], 'state', 'committed', 'outcome', ARGV[1], 'lease_until', 0)
-redis.call('ZREM', KEYS[3], ARGV[3])
-redis.call('RPUSH', KEYS[2], ARGV[2])
-return 1
-"""
-)
-
-# Append one event to a call's audit chain and keep the call. ARGV: the event (JSON), then
-# field/value pairs to set on its entry first (an approval decision).
-_APPEND = (
-    AUDIT_FUNCTIONS
-    + """
-if #ARGV > 1 then redis.call('HSET', KEYS[1], unpack(ARGV, 2)) end
-if redis.call('EXISTS', KEYS[1]) == 1 then keep(KEYS[1], KEYS[2]) end
-redis.call('RPUSH', KEYS[2], ARGV[1])
-"""
-)
-
-# The audit chain, and a plain run's events from the entry (none once the call is kept).
-_AUDIT = (
-    AUDIT_FUNCTIONS
-    + """
-local chain = redis.call('LRANGE', KEYS[2], 0, -1)
-if redis.call('HGET', KEYS[1], 'keep') then return {chain, {}} end
-return {chain, plain_events(KEYS[1])}
-"""
-)
-
-COMMIT_FUNCTION = (
-    RETAIN_FUNCTION
-    + """
-local function commit(call, audit, retention_s)
-  if redis.call('HGET', call, 'state') == 'finished' then
-    redis.call('HSET', call, 'state', 'committed')
-    retain(call, audit, retention_s)
-    return 1
-  end
-  return 0
-end
-"""
-)
-"""Lua: mark the entry ``call`` (its key; ``audit`` its chain) committed, if it is finished,
-and let a plain run expire after ``retention_s`` (0: never); 1 when it did. Workers run it
-for the outcomes they published (``executors._after_publish``)."""
+# The scripts (kernel/stores/lua/ledger/): every state change that decides whether user code
+# may run. Each file says which keys and arguments it takes and what it returns.
+_CREATE = script("ledger/create")
+_CREATE_FRESH = script("ledger/create_fresh")
+_DISPATCH = script("ledger/dispatch")
+_BEGIN = script("ledger/begin")
+_UPSTREAM_REF = script("ledger/upstream_ref")
+_RENEW = script("ledger/renew")
+_FINISH = script("ledger/finish")
+_SETTLE = script("ledger/settle")
+_RESOLVE = script("ledger/resolve")
+_APPEND = script("ledger/append")
+_AUDIT = script("ledger/audit")
+_COMMIT = script("ledger/commit")
 
 
 class Ledger:
@@ -572,24 +277,26 @@ class Ledger:
         self.redis = redis
         self.keys = keys
         self.retention_s = retention_s
-        self._create = redis.register_script(_CREATE)
-        self._create_fresh = redis.register_script(_CREATE_FRESH)
-        self._dispatch = redis.register_script(_DISPATCH)
+        self._create = _CREATE.register(redis)
+        self._create_fresh = _CREATE_FRESH.register(redis)
+        self._dispatch = _DISPATCH.register(redis)
         # ``started`` must survive a failover before user code runs: it waits for a replica.
-        self._begin = register_durable_script(redis, _BEGIN)
+        self._begin = _BEGIN.register_durable(redis)
         self._begins: SlotGroupBatches[_Step, tuple[bytes, bytes]] = SlotGroupBatches(
             partial(self._batch, self._begin, 2), per_slot_group=slot_bound(redis)
         )
-        self._renew = redis.register_script(_RENEW)
-        self._upstream_ref = redis.register_script(_UPSTREAM_REF)
-        self._finish = redis.register_script(_FINISH)
+        self._renew = _RENEW.register(redis)
+        self._upstream_ref = _UPSTREAM_REF.register(redis)
+        self._finish = _FINISH.register(redis)
         self._finishes: SlotGroupBatches[_Step, tuple[bytes]] = SlotGroupBatches(
             partial(self._batch, self._finish, 1), per_slot_group=slot_bound(redis)
         )
-        self._settle = redis.register_script(_SETTLE)
-        self._resolve = redis.register_script(_RESOLVE)
-        self._append = redis.register_script(_APPEND)
-        self._audit = redis.register_script(_AUDIT)
+        self._settle = _SETTLE.register(redis)
+        self._resolve = _RESOLVE.register(redis)
+        self._append = _APPEND.register(redis)
+        self._audit = _AUDIT.register(redis)
+        self._commit = _COMMIT.register(redis)
+        self._per_slot_group = slot_bound(redis)
 
     async def read(
         self, tenant_id: str, run_id: str, call_ids: Iterable[str]
@@ -820,6 +527,23 @@ class Ledger:
         )
         (reply,) = await self._finishes.submit(group, step)
         return str(reply.decode())
+
+    def commit(self, calls: Iterable[tuple[str, str, str]]) -> asyncio.Future[list[Any]]:
+        """Mark the entries of published outcomes committed (those that are finished) and let
+        a plain run expire after the retention: ``calls`` are (tenant, run, call_id).
+
+        One script per slot group on a Redis Cluster (a script's keys share a slot), one for
+        all on a single server. The scripts are issued as this returns (it is not a
+        coroutine): they share a round trip with what the caller issues in the same loop
+        turn (the worker's count of the same calls, ``executors.AfterPublish``)."""
+        groups: dict[int, list[str]] = {}
+        for tenant, run, call in calls:
+            slot_group = self.keys.group(tenant, run) if self._per_slot_group else 0
+            group = groups.setdefault(slot_group, [])
+            group += [self.keys.call(tenant, run, call), self.keys.audit(tenant, run, call)]
+        return asyncio.gather(
+            *(self._commit(keys=keys, args=[self.retention_s]) for keys in groups.values())
+        )
 
     async def resolve(self, outcome: CallOutcome, event: str, **details: Any) -> bool:
         """Record the reconciler's or a human's verdict as the call's outcome, with why."""
