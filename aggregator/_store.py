@@ -13,43 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import orjson
 from redis.asyncio import Redis
 
 from aggregator._turn import TurnState
 from kernel.adapters.redis import BoundedCache
+from kernel.stores.turns import TurnHashes
 from schemas import CallOutcome, TurnPlan
 
 T = TypeVar("T")
-
-# ARGV: the version read ('' when absent), ttl, the number of fields to delete, their names,
-# then field/value pairs to set. Returns the new version, 0 when the turn changed meanwhile.
-_WRITE = """
-local v = redis.pcall('HGET', KEYS[1], 'v')
-if type(v) == 'table' then
-  -- A turn stored as one JSON string (as versions before 0.2 wrote it): the version read
-  -- is its SHA-1, and the hash replaces it whole.
-  if redis.sha1hex(redis.call('GET', KEYS[1])) ~= ARGV[1] then return 0 end
-  redis.call('DEL', KEYS[1])
-  v = 0
-elseif (v or '') ~= ARGV[1] then
-  return 0
-end
--- In chunks: Lua's unpack takes at most ~8,000 values (a turn of thousands of calls).
-local deletes = tonumber(ARGV[3])
-for i = 4, 3 + deletes, 1000 do
-  redis.call('HDEL', KEYS[1], unpack(ARGV, i, math.min(i + 999, 3 + deletes)))
-end
-local version, first = (tonumber(v) or 0) + 1, 4 + deletes
-redis.call('HSET', KEYS[1], 'v', version, unpack(ARGV, first, math.min(first + 999, #ARGV)))
-for i = first + 1000, #ARGV, 1000 do
-  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
-end
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-return version
-"""
 
 _OUTCOME, _EARLY = "o:", "e:"
 
@@ -113,9 +87,8 @@ class TurnStore:
     """
 
     def __init__(self, redis: Redis, *, ttl_s: int, cached: int) -> None:
-        self.redis = redis
         self.ttl_s = ttl_s
-        self._write = redis.register_script(_WRITE)
+        self._hashes = TurnHashes(redis, ttl_s=ttl_s)
         self._cache: BoundedCache[str, StoredTurn] = BoundedCache(cached)
 
     async def update(
@@ -145,9 +118,7 @@ class TurnStore:
             if not writes and not deletes:
                 self._cache[key] = stored
                 return result
-            version = await self._write(
-                keys=[key], args=[stored.version, self.ttl_s, len(deletes), *deletes, *writes]
-            )
+            version = await self._hashes.write(key, stored.version, deletes=deletes, sets=writes)
             if version:
                 stored.version = str(version)
                 self._cache[key] = stored
@@ -155,8 +126,7 @@ class TurnStore:
 
     async def read(self, key: str) -> StoredTurn:
         """The turn's state as stored (empty when it has none)."""
-        raw = await self.redis.hgetall(key)  # the client keeps replies as bytes
-        return StoredTurn.from_hash(cast(dict[bytes, bytes], raw))
+        return StoredTurn.from_hash(await self._hashes.read(key))
 
     def forget(self, key: str) -> None:
         """Drop the cached state (a settled turn: later updates, duplicates, are rare)."""
