@@ -1,9 +1,9 @@
 """The concurrency gate of a turn with ``max_concurrency``: at most N calls in flight fleet-wide.
 
 The planner releases a capped turn's calls in model order, the next as each outcome arrives
-(``next_to_release`` decides; this module keeps its inputs in Redis). Updates are
-compare-and-set writes (``update_json``), so a redelivered outcome or a planner taking over a
-partition during a rebalance can never release a call twice.
+(``next_to_release`` decides; ``kernel.stores.gates`` keeps its inputs in Redis). Updates
+are compare-and-set writes, so a redelivered outcome or a planner taking over a partition
+during a rebalance can never release a call twice.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from kernel.adapters.redis import JsonState, add_to_set, update_json
 from kernel.rules.effects import fails_turn
+from kernel.stores.gates import GateStore, JsonState
 from kernel.stores.keys import Keys
 from planner._planning import next_to_release
 from schemas import CallOutcome, PlannedCall, TurnPlan
@@ -33,14 +33,11 @@ class Gate:
     """Releases the calls of capped turns; state per turn in Redis."""
 
     def __init__(self, redis: Redis, keys: Keys, *, ttl_s: int) -> None:
-        self.redis = redis
-        self.keys = keys
-        self.ttl_s = ttl_s
-        """How long a turn's gate state lives (as long as its ledger entries)."""
+        self.store = GateStore(redis, keys, ttl_s=ttl_s)
+        """Each turn's gate state, living as long as its ledger entries (``ttl_s``)."""
 
     async def open(self, plan: TurnPlan, dispatch: list[str]) -> list[str]:
         """Create the gate for a new plan (idempotent per epoch); the call_ids to send now."""
-        key = self.keys.gate(plan.tenant_id, plan.run_id, plan.turn_id)
         fresh = {
             "epoch": plan.epoch,
             "limit": plan.config.max_concurrency,
@@ -63,15 +60,14 @@ class Gate:
                 return _release(state, resend=True)
             return _release(state)
 
-        gates = self.keys.gates(plan.tenant_id, plan.run_id)
-        await add_to_set(self.redis, gates, plan.turn_id, self.ttl_s)
-        _state, released = await self._update(key, start)
+        await self.store.add_turn(plan.tenant_id, plan.run_id, plan.turn_id)
+        _state, released = await self._update(plan.tenant_id, plan.run_id, plan.turn_id, start)
         return [c.call_id for c in released]
 
     async def on_outcome(self, outcome: CallOutcome) -> Released:
         """Account for a finished call of a capped turn: which calls to send, which to skip."""
-        key = self.keys.gate(outcome.tenant_id, outcome.run_id, outcome.turn_id)
-        if outcome.kind != "execute" or not await self.redis.exists(key):
+        where = (outcome.tenant_id, outcome.run_id, outcome.turn_id)
+        if outcome.kind != "execute" or not await self.store.exists(*where):
             return Released(send=[], never_started=[])  # not a capped turn
 
         def finish(state: JsonState | None) -> tuple[JsonState | None, list[str]]:
@@ -92,29 +88,30 @@ class Gate:
                 return state, [c for c in _ids(state["calls"]) if c not in state["in_flight"]]
             return _release(state, resend=redelivered)
 
-        state, changed = await self._update(key, finish)
+        state, changed = await self._update(*where, finish)
         if state is not None and state["failed"]:
             return Released(send=[], never_started=changed)
         return Released(send=changed, never_started=[])
 
     async def cancel_run(self, tenant_id: str, run_id: str) -> None:
         """Parent cancellation: queued calls of every capped turn of the run never start."""
-        for turn in await self.redis.smembers(self.keys.gates(tenant_id, run_id)):
-            key = self.keys.gate(tenant_id, run_id, int(turn))
+        for turn in await self.store.turns(tenant_id, run_id):
 
             def cancel(state: JsonState | None) -> tuple[JsonState | None, list[str]]:
                 if state is not None:
                     state["cancelled"] = True
                 return state, []
 
-            await self._update(key, cancel)
+            await self._update(tenant_id, run_id, turn, cancel)
 
     async def _update(
         self,
-        key: str,
+        tenant_id: str,
+        run_id: str,
+        turn_id: int,
         change: Callable[[JsonState | None], tuple[JsonState | None, list[str]]],
     ) -> tuple[JsonState | None, list[PlannedCall]]:
-        state, released = await update_json(self.redis, key, change, ttl_s=self.ttl_s)
+        state, released = await self.store.update(tenant_id, run_id, turn_id, change)
         calls = [PlannedCall.model_validate(c) for c in (state or {}).get("calls", [])]
         return state, [c for c in calls if c.call_id in released]
 

@@ -1,9 +1,8 @@
-"""The Redis edge: one auto-pipelining asyncio client per process, optimistic JSON updates."""
+"""The Redis edge: one auto-pipelining asyncio client per process, on a server or a cluster."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -11,10 +10,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import unquote, urlsplit
-from weakref import WeakKeyDictionary
 
 import hiredis
-import orjson
 from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.client import Pipeline
@@ -38,23 +35,10 @@ from kernel.adapters.security import redact_url, redis_tls_options
 from kernel.errors import ConfigurationError, InfrastructureError, UnreplicatedWriteError
 from kernel.settings import Settings
 
-T = TypeVar("T")
 K = TypeVar("K")
 V = TypeVar("V")
 Item = TypeVar("Item")
 Reply = TypeVar("Reply")
-
-# Compare-and-set: write the new value only if the key still holds what was read (by its
-# SHA-1; an absent key reads as ''). ARGV: sha1 of the value read, new value, ttl.
-_CAS = """
-local current = redis.call('GET', KEYS[1]) or ''
-if redis.sha1hex(current) ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
-return 1
-"""
-_cas_scripts: WeakKeyDictionary[Redis, AsyncScript] = WeakKeyDictionary()
-
-JsonState = dict[str, Any]
 
 HashFields = dict[bytes | bytearray | memoryview | str | int | float, str]
 """A mapping redis-py's ``hset`` accepts as it is typed (its key type is invariant)."""
@@ -570,33 +554,6 @@ class BoundedCache(OrderedDict[K, V]):
         super().__setitem__(key, value)
         while len(self) > self.max_entries:
             self.popitem(last=False)
-
-
-async def update_json(
-    redis: Redis,
-    key: str,
-    change: Callable[[JsonState | None], tuple[JsonState | None, T]],
-    *,
-    ttl_s: int,
-) -> tuple[JsonState | None, T]:
-    """Read-modify-write one JSON value atomically (compare-and-set), retrying on a conflict.
-
-    ``change`` gets the current value (None when absent) and returns the new value (None
-    leaves the key as it is) and a result; it must be pure, because it may run again.
-    Two round trips: GET, then a script that sets the value only if it did not change.
-    """
-    cas = _cas_scripts.get(redis)
-    if cas is None:
-        cas = _cas_scripts[redis] = redis.register_script(_CAS)
-    while True:
-        raw = await redis.get(key)
-        current = raw.encode() if isinstance(raw, str) else raw or b""
-        state, result = change(orjson.loads(current) if current else None)
-        if state is None:
-            return state, result
-        read = hashlib.sha1(current, usedforsecurity=False).hexdigest()
-        if await cas(keys=[key], args=[read, orjson.dumps(state), ttl_s]):
-            return state, result
 
 
 # --- Redis Cluster -------------------------------------------------------------------------

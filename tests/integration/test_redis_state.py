@@ -10,8 +10,9 @@ import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import ConnectionError, DataError, ResponseError
 
-from kernel.adapters.redis import AutoPipelinedRedis, JsonState, update_json
+from kernel.adapters.redis import AutoPipelinedRedis
 from kernel.settings import Settings
+from kernel.stores.gates import JsonState, update_json
 
 # The single-server client itself (bursts on one connection, MULTI, keyless scripts); the
 # cluster client is tested in test_redis_cluster.py.
