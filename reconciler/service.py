@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
@@ -31,7 +30,6 @@ from kernel.adapters.metrics import (
     UNKNOWN_EFFECTS,
     UNKNOWN_EFFECTS_AGE,
 )
-from kernel.adapters.redis import text
 from kernel.adapters.topics import command_topic
 from kernel.adapters.tracing import continuing
 from kernel.errors import InvalidMessageError, ToolfleetError
@@ -42,8 +40,9 @@ from kernel.rules.texts import COMPENSATED, DEFAULT_ERROR, unknown_outcome_text
 from kernel.settings import Settings
 from kernel.stores.admission import Admission
 from kernel.stores.admitting import Admitter
-from kernel.stores.keys import SLOT_GROUPS, Keys
+from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger, LedgerEntry, NewCall, command_for, lease_member
+from kernel.stores.reconciling import ReconcileState
 from kernel.stores.registry import ToolDirectory
 from kernel.stores.tasks import TaskStore, new_task_id
 from kernel.stores.unknowns import UnknownEffects
@@ -84,30 +83,6 @@ each report reads every task and up to 1,024 ledger entries."""
 TASK_KINDS: tuple[str, ...] = get_args(HumanTask.model_fields["kind"].annotation)
 """Every kind of human task: each gets a series, 0 when none is open."""
 
-# Pop every due action atomically, so two reconcilers never both run one.
-_POP_DUE = """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 100)
-if #due > 0 then redis.call('ZREM', KEYS[1], unpack(due)) end
-return due
-"""
-
-# Start reconciling one attempt, unless it already is. ARGV: token
-_CLAIM = """
-local token = tonumber(redis.call('HGET', KEYS[1], 'token') or '-1')
-if token >= tonumber(ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[1], 'token', ARGV[1], 'probes', 0, 'awaiting_probe', 0,
-  'status', 'reconciling')
-return 1
-"""
-
-# Take one probe answer (ignore duplicates); returns the probe count or -1.
-_TAKE_PROBE = """
-if redis.call('HGET', KEYS[1], 'awaiting_probe') ~= '1' then return -1 end
-redis.call('HSET', KEYS[1], 'awaiting_probe', 0)
-return redis.call('HINCRBY', KEYS[1], 'probes', 1)
-"""
-
-
 _MINE = (
     b'"effect":"unknown"', b'"effect":"wrong_effect"', b'"retry":"transient"',
     b'"kind":"probe"', b'"kind":"compensate"',
@@ -139,9 +114,7 @@ class Reconciler:
         self.unknowns = UnknownEffects(self.redis, self.keys, self.ledger)
         self.auth = DecisionAuth.of(settings)
         self.tick_s = tick_s
-        self._claim = self.redis.register_script(_CLAIM)
-        self._take_probe = self.redis.register_script(_TAKE_PROBE)
-        self._pop_due = self.redis.register_script(_POP_DUE)
+        self.recon = ReconcileState(self.redis, self.keys)
         self._loop: ConsumeLoop | None = None
         self._stopping = asyncio.Event()
 
@@ -219,11 +192,8 @@ class Reconciler:
         elif outcome.source == "human" or (outcome.resolved and outcome.effect != "unknown"):
             return
         elif outcome.effect in ("unknown", "wrong_effect") or outcome.retry == "transient":
-            claimed = await self._claim(
-                keys=[self.keys.recon(outcome.tenant_id, outcome.run_id, outcome.call_id)],
-                args=[outcome.fencing_token],
-            )
-            if not claimed:
+            where = (outcome.tenant_id, outcome.run_id, outcome.call_id)
+            if not await self.recon.claim(*where, outcome.fencing_token):
                 return
             case, _entry, _spec = await self._case(
                 outcome.tenant_id, outcome.run_id, outcome.call_id
@@ -272,9 +242,7 @@ class Reconciler:
         await self._act(self._latest(entry), action, source="human")
 
     async def _on_probe(self, answer: CallOutcome) -> None:
-        recon = self.keys.recon(answer.tenant_id, answer.run_id, answer.call_id)
-        probes = await self._take_probe(keys=[recon])
-        if int(probes) < 0:
+        if await self.recon.take_probe(answer.tenant_id, answer.run_id, answer.call_id) is None:
             return  # a duplicate answer, or one for a reconciliation that moved on
         state = probe_answer(answer.effect)
         detail = answer.error.message if answer.error else None
@@ -318,9 +286,7 @@ class Reconciler:
         if isinstance(action, Probe):
             if action.delay_s > 0:
                 due = {"tenant": tenant, "run": run, "call_id": call_id, "do": "probe"}
-                await self.redis.zadd(
-                    self._due_of(tenant, run), {json.dumps(due): time.time() + action.delay_s}
-                )
+                await self.recon.schedule(due, time.time() + action.delay_s)
             else:
                 await self._send_probe(tenant, run, call_id)
         elif isinstance(action, ResolveApplied):
@@ -336,8 +302,7 @@ class Reconciler:
         elif isinstance(action, Retry) and action.delay_s > 0:
             due = {"tenant": tenant, "run": run, "call_id": call_id, "do": "retry",
                    "why": action.reason}  # fmt: skip
-            when = time.time() + action.delay_s
-            await self.redis.zadd(self._due_of(tenant, run), {json.dumps(due): when})
+            await self.recon.schedule(due, time.time() + action.delay_s)
         elif isinstance(action, Retry):
             await self._retry(tenant, run, call_id, action.reason)
         elif isinstance(action, HandOver):
@@ -357,14 +322,11 @@ class Reconciler:
         held = self.keys.held(about.tenant_id, about.run_id)
         await self.redis.sadd(held, about.call_id)
 
-    def _due_of(self, tenant: str, run: str) -> str:
-        return self.keys.due(self.keys.group(tenant, run))
-
     async def _send_probe(self, tenant: str, run: str, call_id: str) -> None:
         entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)
         if entry is None:
             return
-        await self.redis.hset(self.keys.recon(tenant, run, call_id), "awaiting_probe", 1)
+        await self.recon.await_probe(tenant, run, call_id)
         await self._send(_command(entry, "probe", entry.fencing_token))
 
     async def _retry(self, tenant: str, run: str, call_id: str, reason: str) -> None:
@@ -425,8 +387,7 @@ class Reconciler:
         )  # fmt: skip
         await self.ledger.resolve(resolved, f"resolved_{effect}", reason=why, by=source)
         await self.unknowns.discard(about.tenant_id, about.run_id, about.call_id)
-        recon = self.keys.recon(about.tenant_id, about.run_id, about.call_id)
-        await self.redis.hset(recon, "status", "resolved")
+        await self.recon.set_status(about.tenant_id, about.run_id, about.call_id, "resolved")
         await self.bus.publish_and_wait("outcomes", resolved.run_id, resolved)
         OUTCOMES.labels("reconciler", resolved.tool_name, status, effect).inc()
 
@@ -450,17 +411,16 @@ class Reconciler:
         await self.ledger.append_audit(
             tenant, run, call_id, "handed_over", task_id=task.task_id, reason=reason
         )
-        await self.redis.hset(self.keys.recon(tenant, run, call_id), "status", "handed_over")
+        await self.recon.set_status(tenant, run, call_id, "handed_over")
         if kind != "circuit_open" and not about.resolved:
             # The turn waits for this call: tell the model after a while, and keep the task.
             due = {"tenant": tenant, "run": run, "call_id": call_id, "do": "report"}
-            when = time.time() + self.policy.report_after_s
-            await self.redis.zadd(self._due_of(tenant, run), {json.dumps(due): when})
+            await self.recon.schedule(due, time.time() + self.policy.report_after_s)
 
     async def _report_unknown(self, tenant: str, run: str, call_id: str) -> None:
-        status = await self.redis.hget(self.keys.recon(tenant, run, call_id), "status")
+        status = await self.recon.status(tenant, run, call_id)
         _case, entry, spec = await self._case(tenant, run, call_id)
-        if status is None or text(status) != "handed_over" or entry is None or spec is None:
+        if status != "handed_over" or entry is None or spec is None:
             return  # resolved in the meantime
         latest = self._latest(entry)
         reported = latest.model_copy(
@@ -515,12 +475,7 @@ class Reconciler:
     async def tick(self) -> None:
         """Run due actions, and report calls whose worker died without any outcome."""
         now = time.time()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for group in range(SLOT_GROUPS):  # one script per group, all in one round trip
-                await self._pop_due(keys=[self.keys.due(group)], args=[now], client=pipe)
-            popped = await pipe.execute()
-        for raw in (item for items in popped for item in items):
-            due = json.loads(raw)
+        for due in await self.recon.pop_due(now):
             where = (due["tenant"], due["run"], due["call_id"])
             if due["do"] == "probe":
                 await self._send_probe(*where)
@@ -545,13 +500,13 @@ class Reconciler:
         entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)
         name = entry.tool_name if entry else ""
         spec = (await self.tools.specs(needed=[name])).get(name)
-        probes = await self.redis.hget(self.keys.recon(tenant, run, call_id), "probes")
+        probes = await self.recon.probes(tenant, run, call_id)
         case = CallCase(
             effect_class=spec.effect_class if spec else "non_idempotent",
             has_probe=bool(spec and spec.has_probe),
             has_compensate=bool(spec and spec.has_compensate),
             attempts=entry.attempts if entry else 0,
-            probes=int(probes or 0),
+            probes=probes,
         )
         return case, entry, spec
 
