@@ -25,6 +25,11 @@ The contract, for a runner (``toolfleet.agents.FleetRunner``):
 - A server whose fleet runs on an event loop may say which (``loop``, an optional attribute):
   calls must be made on it, and a synchronous entry point (``run_sync``) can run its
   coroutine there with ``loop.run_until_complete`` while that loop is idle.
+- A server may say whether the fleet holds every call of a tool it serves for a person (its
+  release gate: ``gated(tool)``, an optional method, see ``GatingToolServer``). A runner asks
+  it right after ``ensure_served(tool)``, when the SDK evaluates the call's approval: the gate
+  is then the one of the very object that will run the call, never one read earlier (a name
+  an earlier test served with another policy), and the runner reads no registry for it.
 
 This module imports nothing of toolfleet, so the runner (``toolfleet.agents``) and the testing
 helpers (``toolfleet.testing``), which the import contracts keep independent of each other,
@@ -45,6 +50,15 @@ class ToolServer(Protocol):
 
     async def ensure_served(self, tool: object) -> None:
         """Return once calls of ``tool``'s lookup key run this object on the fleet."""
+
+
+@runtime_checkable
+class GatingToolServer(ToolServer, Protocol):
+    """A tool server that also says which of the tools it serves the release gate holds."""
+
+    def gated(self, tool: object) -> bool:
+        """Whether the fleet holds every call of ``tool``'s lookup key for a person, as the
+        object served under it now is specified (call ``ensure_served(tool)`` first)."""
 
 
 _CURRENT: ContextVar[ToolServer | None] = ContextVar("toolfleet_tool_server", default=None)
@@ -85,4 +99,11 @@ def uninstall(server: ToolServer) -> None:
         _INSTALLED.remove(server)
 
 
-__all__ = ["ToolServer", "current_tool_server", "install", "serving", "uninstall"]
+__all__ = [
+    "GatingToolServer",
+    "ToolServer",
+    "current_tool_server",
+    "install",
+    "serving",
+    "uninstall",
+]

@@ -28,7 +28,7 @@ from schemas import CancelRequest, TurnResult
 from toolfleet.agents._calls import Binding, bound
 from toolfleet.agents._sdk import binding_of, identity_of, install, remember
 from toolfleet.client import FleetClient
-from toolfleet.serving import current_tool_server
+from toolfleet.serving import GatingToolServer, current_tool_server
 
 if TYPE_CHECKING:
     from kernel.stores.registry import ToolDirectory
@@ -113,7 +113,9 @@ class FleetRunner:
         ``options`` are the other keyword arguments of ``Runner.run``.
         """
         binding = self._binding_for(input, run_id)
-        await self._read_gates()
+        if not isinstance(current_tool_server(), GatingToolServer):
+            # A test fleet says each tool's gate when the call is evaluated (``_sdk._gated``).
+            await self._read_gates()
         binding.gated = self._gated
         with bound(binding):
             try:
@@ -158,8 +160,9 @@ class FleetRunner:
         ``Runner.run_streamed``'s, in its order (positional ones included).
 
         The fleet's release gate is known as of this runner's last ``run`` (the stream starts
-        without waiting for a read); a gated call it does not know of fails the run with
-        FleetApprovalRequired rather than running unapproved."""
+        without waiting for a read), or, under a test fleet that says its tools' gates
+        (``toolfleet.serving.GatingToolServer``), as of each call; a gated call it does not
+        know of fails the run with FleetApprovalRequired rather than running unapproved."""
         binding = self._binding_for(input, run_id)
         binding.gated = self._gated
         with bound(binding):  # the SDK's run task copies the binding when it is created
@@ -222,7 +225,7 @@ class FleetRunner:
             settings = self.client.settings
             self._directory = ToolDirectory(connect_redis(settings), Keys.of(settings))
         elif current_tool_server() is not None:
-            self._directory.forget()  # a test fleet serves objects at run time: read afresh
+            self._directory.forget()  # a tool server serves objects at run time: read afresh
         specs = await self._directory.specs()
         self._gated = frozenset(
             key for key, spec in specs.items() if spec.needs_approval == "always"

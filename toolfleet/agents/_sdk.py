@@ -50,6 +50,7 @@ from agents.tool import (
 )
 from agents.tool_context import ToolContext
 
+from kernel.errors import ToolfleetError
 from kernel.tools import output_text
 from toolfleet.agents._calls import (
     Binding,
@@ -61,6 +62,7 @@ from toolfleet.agents._calls import (
 )
 from toolfleet.agents._errors import FleetToolError, FleetTurnError
 from toolfleet.agents._guardrails import input_results, output_results
+from toolfleet.serving import GatingToolServer, current_tool_server
 
 STATE_KEY = "toolfleet"
 """The key of a serialized RunState that holds the fleet run's identity."""
@@ -257,11 +259,29 @@ async def _needs_approval(
     binding = current_binding()
     if binding is None or not runs_on_fleet(function_tool):
         return evaluation
-    if evaluation.outcome == "invoke" and function_tool.qualified_name in binding.gated:
+    if evaluation.outcome == "invoke" and await _gated(binding, function_tool):
         # The fleet holds every call of this tool for a person: ask, the SDK's way.
         evaluation.outcome, evaluation.prepared = "require_approval", None
     binding.asked[tool_call.call_id] = evaluation.outcome == "require_approval"
     return evaluation
+
+
+async def _gated(binding: Binding, tool: FunctionTool) -> bool:
+    """Whether the fleet's release gate holds every call of ``tool`` for a person.
+
+    Under a tool server that knows its gate (a test fleet serving the application's objects),
+    the gate of this very object, served now, before its call is sent: a gate read when the
+    run started can be an earlier object's of the same name. Otherwise the gate as the runner
+    last read it from the fleet's registry (``binding.gated``).
+    """
+    server = current_tool_server()
+    if isinstance(server, GatingToolServer):
+        try:
+            await server.ensure_served(tool)
+            return server.gated(tool)
+        except ToolfleetError:
+            pass  # reported where the call is sent, which serves it again
+    return tool.qualified_name in binding.gated
 
 
 async def _input_guardrails(

@@ -141,6 +141,14 @@ class InProcessFleet:
         async with self._lock:
             await self._serve_one(tool, None)
 
+    def gated(self, tool: object) -> bool:
+        """The tool-server contract's release gate (``toolfleet.serving.GatingToolServer``):
+        whether the planner holds every call of ``tool``'s lookup key for a person, as the
+        object served under it now is specified (its registry spec says ``always``).
+        UsageError when nothing is served under that key."""
+        needs = self.served(lookup_key_of(tool)).needs_approval
+        return not callable(needs) and bool(needs)
+
     def served(self, lookup_key: str) -> Tool:
         """The Tool the workers run for ``lookup_key`` now; UsageError when none is served."""
         found = self._served.get(lookup_key)

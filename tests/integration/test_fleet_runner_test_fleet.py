@@ -1,0 +1,107 @@
+"""FleetRunner on a test fleet shared by many tests: what one test leaves must not reach the next.
+
+Defects the Agents SDK's own suite found on FleetRunner (tests/sdk_suite), each reproduced
+here as the SDK's tests meet it: one ``InProcessFleet`` for the module, as a harness's
+session fixture starts one, a new ``FleetRunner`` per test, tools defined inside each test
+under names other tests reuse. Real Kafka, Redis and the fleet's services.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from agents import Agent, function_tool
+from agents.testing import ScriptedModel, assistant_message, function_call
+from agents.tracing import set_tracing_disabled
+
+from kernel.settings import Settings
+from toolfleet.agents import FleetRunner
+from toolfleet.testing import InProcessFleet
+
+pytestmark = [pytest.mark.integration, pytest.mark.layout_free, pytest.mark.agent_runtime]
+
+set_tracing_disabled(True)
+
+TENANT = "test-fleet"
+
+
+@pytest.fixture(scope="module")
+async def fleet(settings: Settings) -> AsyncIterator[InProcessFleet]:
+    """One fleet for the module, as a harness's conftest starts one per session."""
+    async with InProcessFleet(settings, auto_serve=True) as running:
+        yield running
+
+
+def script(call_id: str) -> ScriptedModel:
+    """A model that calls ``second_tool`` once, then answers."""
+    return ScriptedModel(
+        [[function_call("second_tool", {}, call_id=call_id)], [assistant_message("done")]]
+    )
+
+
+def outputs(result: Any) -> list[Any]:
+    return [item.output for item in result.new_items if item.type == "tool_call_output_item"]
+
+
+async def test_a_reused_name_is_gated_by_the_object_the_run_calls_not_an_earlier_one(
+    fleet: InProcessFleet,
+) -> None:
+    # An earlier test's tool of the name asks a person for every call: the fleet serves it.
+    @function_tool(name_override="second_tool", needs_approval=True)
+    def earlier() -> str:
+        """The earlier test's body."""
+        return "earlier"
+
+    runner = FleetRunner(fleet.client, tenant_id=TENANT)
+    agent = Agent(name="a", model=script("c1"), tools=[earlier])
+    held = await runner.run(agent, "go")
+    assert [i.name for i in held.interruptions] == ["second_tool"] and outputs(held) == []
+    state = held.to_state()
+    state.approve(held.interruptions[0])
+    approved = await runner.run(agent, state)  # the approved call runs on the fleet: served
+    assert outputs(approved) == ["earlier"]
+    assert fleet.served("second_tool").function_tool is earlier  # type: ignore[attr-defined]
+
+    # This test's tool of the same name asks nobody: it runs, with no interruption, although
+    # the fleet's registry still names the earlier object's gate when the run starts.
+    ran: list[str] = []
+
+    @function_tool(name_override="second_tool")
+    def current() -> str:
+        """This test's body."""
+        ran.append("current")
+        return "second tool result"
+
+    runner = FleetRunner(fleet.client, tenant_id=TENANT)
+    result = await runner.run(Agent(name="a", model=script("c1"), tools=[current]), "go")
+
+    assert result.interruptions == [] and result.final_output == "done"
+    assert outputs(result) == ["second tool result"] and ran == ["current"]
+    assert fleet.served("second_tool").function_tool is current  # type: ignore[attr-defined]
+
+
+async def test_the_release_gate_of_the_object_served_with_fleet_options_still_asks(
+    fleet: InProcessFleet,
+) -> None:
+    """The other way round: an object the fleet gates (an irreversible effect, declared when
+    serving it) under a name an earlier object ran unattended is asked about, the SDK's way."""
+    ran: list[str] = []
+
+    @function_tool(name_override="second_tool")
+    def wire_money() -> str:
+        """Sends money: irreversible."""
+        ran.append("wired")
+        return "sent"
+
+    await fleet.serve(wire_money, effect="irreversible")
+    runner = FleetRunner(fleet.client, tenant_id=TENANT)
+    agent = Agent(name="a", model=script("c2"), tools=[wire_money])
+    held = await runner.run(agent, "go")
+
+    assert [i.name for i in held.interruptions] == ["second_tool"] and ran == []
+    state = held.to_state()
+    state.approve(held.interruptions[0])
+    result = await runner.run(agent, state)
+    assert outputs(result) == ["sent"] and ran == ["wired"]
