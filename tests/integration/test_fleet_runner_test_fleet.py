@@ -1,9 +1,10 @@
-"""FleetRunner on a test fleet shared by many tests: what one test leaves must not reach the next.
+"""FleetRunner on a test fleet shared by many tests: defects the SDK's own suite found.
 
-Defects the Agents SDK's own suite found on FleetRunner (tests/sdk_suite), each reproduced
-here as the SDK's tests meet it: one ``InProcessFleet`` for the module, as a harness's
-session fixture starts one, a new ``FleetRunner`` per test, tools defined inside each test
-under names other tests reuse. Real Kafka, Redis and the fleet's services.
+Each is reproduced here as the Agents SDK's tests (tests/sdk_suite) meet it: one
+``InProcessFleet`` for the module, as a harness's session fixture starts one, a new
+``FleetRunner`` per test, tools defined inside each test under names other tests reuse, so
+what one test leaves on the fleet must not reach the next. Real Kafka, Redis and the fleet's
+services.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from agents import Agent, function_tool
+from agents import Agent, RunContextWrapper, function_tool
+from agents.items import ToolApprovalItem
 from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tracing import set_tracing_disabled
 
@@ -105,3 +107,41 @@ async def test_the_release_gate_of_the_object_served_with_fleet_options_still_as
     state.approve(held.interruptions[0])
     result = await runner.run(agent, state)
     assert outputs(result) == ["sent"] and ran == ["wired"]
+
+
+async def test_an_approval_the_sdk_scopes_to_the_agent_runs_the_call(
+    fleet: InProcessFleet,
+) -> None:
+    """The context holds another agent's approval of a same-named tool: the SDK asks again
+    for this agent's tool, and the person's approval of it (scoped to this agent, which a
+    lookup by tool name alone cannot tell apart) lets the call run on the fleet."""
+    executed: list[str] = []
+
+    @function_tool(name_override="operate", needs_approval=True)
+    def low_privilege() -> str:
+        """Another agent's capability."""
+        return "public data"
+
+    @function_tool(name_override="operate", needs_approval=True)
+    def privileged() -> str:
+        """This agent's capability."""
+        executed.append("privileged")
+        return "private data"
+
+    source = Agent(name="owner", tools=[low_privilege])
+    context: RunContextWrapper[dict[str, str]] = RunContextWrapper(context={"tenant": "t"})
+    call = function_call("operate", {}, call_id="approved")
+    context.approve_tool(ToolApprovalItem(agent=source, raw_item=call))
+    model = ScriptedModel([[function_call("operate", {}, call_id="approved")],
+                           [assistant_message("done")]])  # fmt: skip
+    configured = Agent(name="owner", tools=[privileged], model=model)
+    runner = FleetRunner(fleet.client, tenant_id=TENANT)
+
+    held = await runner.run(configured, "start", context=context)
+    assert executed == [] and [i.agent for i in held.interruptions] == [configured]
+    state = held.to_state()
+    state.approve(held.interruptions[0])
+    resumed = await runner.run(configured, state)
+
+    assert resumed.final_output == "done" and executed == ["privileged"]
+    assert outputs(resumed) == ["private data"]

@@ -190,8 +190,13 @@ async def invoke_on_fleet(
     first, then model order), never the one whose worker happened to answer first.
     """
     call = _call_of(ctx, arguments)
-    # The SDK invokes a tool only when it needs no decision, or a person approved the call.
-    approved_by_person = ctx.is_tool_approved(tool.name, call.call_id) is True
+    # The SDK invokes a tool only when its approval evaluation in this run said "invoke"
+    # (``binding.asked`` False), or a person approved the call: a decision the SDK scopes to
+    # an agent, which ``is_tool_approved`` (by name) does not see, is one too.
+    approved_by_person = (
+        binding.asked.get(call.call_id) is not False
+        or ctx.is_tool_approved(tool.name, call.call_id) is True
+    )
     decision = binding.client.auth.sign(
         ApprovalDecision(
             tenant_id=binding.tenant_id,
