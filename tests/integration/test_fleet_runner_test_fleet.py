@@ -145,3 +145,27 @@ async def test_an_approval_the_sdk_scopes_to_the_agent_runs_the_call(
 
     assert resumed.final_output == "done" and executed == ["privileged"]
     assert outputs(resumed) == ["private data"]
+
+
+async def test_a_deferred_top_level_tool_called_under_its_own_namespace_runs_on_the_fleet(
+    fleet: InProcessFleet,
+) -> None:
+    """The model names a deferred top-level tool ``lookup`` with the namespace ``lookup``;
+    the SDK dispatches it as ``lookup``, and so must the fleet (not ``lookup.lookup``)."""
+
+    @function_tool(defer_loading=True)
+    async def lookup() -> str:
+        """Looks something up (loaded on demand)."""
+        return "found"
+
+    model = ScriptedModel(
+        [
+            [function_call("lookup", {}, call_id="d1", namespace="lookup")],
+            [assistant_message("done")],
+        ]
+    )
+    runner = FleetRunner(fleet.client, tenant_id=TENANT)
+    result = await runner.run(Agent(name="a", model=model, tools=[lookup]), "start")
+
+    assert outputs(result) == ["found"] and result.final_output == "done"
+    assert fleet.served("lookup").function_tool is lookup  # type: ignore[attr-defined]

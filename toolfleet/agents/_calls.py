@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from agents import FunctionTool
+from agents._tool_identity import normalize_tool_call_for_function_tool
 from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall
 
@@ -189,7 +190,9 @@ async def invoke_on_fleet(
     result says which failure the fleet chose among all of the turn's (BaseException-class
     first, then model order), never the one whose worker happened to answer first.
     """
-    call = _call_of(ctx, arguments)
+    # A deferred top-level tool's call can name the tool as its own namespace: the fleet
+    # knows it by its name alone, as the SDK dispatches it.
+    call = normalize_tool_call_for_function_tool(_call_of(ctx, arguments), tool)
     # The SDK invokes a tool only when its approval evaluation in this run said "invoke"
     # (``binding.asked`` False), or a person approved the call: a decision the SDK scopes to
     # an agent, which ``is_tool_approved`` (by name) does not see, is one too.
