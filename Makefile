@@ -50,12 +50,16 @@ image-check:
 	  && docker/steps.sh install .image-check/wheels && docker/steps.sh check
 	rm -rf .image-check
 
-## lint: ruff, mypy, and the layer contracts (lint-imports, configured in pyproject.toml)
+## lint: ruff, mypy, the layer contracts (lint-imports, configured in pyproject.toml) and
+## luacheck on the stores' Lua scripts (.luacheckrc; Debian's lua-check, installed here)
 lint: $(STAMP)
+	sh scripts/apt-install.sh luacheck lua-check \
+	  "install luacheck (e.g. luarocks install luacheck) for the Lua scripts' lint."
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
+	luacheck -q .
 
 ## test: everything CI runs: lint, unit tests, integration tests against real Kafka and a
 ## single Redis, then the integration tests again with a 3-master Redis Cluster as the state
