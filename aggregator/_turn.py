@@ -309,6 +309,7 @@ def _record(state: TurnState, call: PlannedCall) -> CallRecord:
             guardrails=outcome.guardrails,
             value=outcome.value,
             error=outcome.error,
+            run_context=outcome.run_context,
         )
     # No outcome: the call may be running elsewhere (its command was sent), so nothing is
     # known of its effect.

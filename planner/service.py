@@ -488,9 +488,10 @@ it builds them from the ledger, which does not record admission."""
 def _commands_for(
     event: ModelResponseEvent, dispatches: list[tuple[Dispatch, tuple[int, int]]]
 ) -> list[ExecutionCommand]:
-    """The commands of ``dispatches``, each with its (attempt, fencing token)."""
+    """The commands of ``dispatches``, each with its (attempt, fencing token), and the run
+    context the response carries (payload for the tool: the ledger does not keep it)."""
     calls = _new_calls(event, [d for d, _ in dispatches])
-    return [
+    commands = [
         command_for(
             event.tenant_id,
             call,
@@ -501,6 +502,10 @@ def _commands_for(
         )
         for call, (d, (attempt, token)) in zip(calls, dispatches, strict=True)
     ]
+    if event.run_context is None:
+        return commands
+    carried = {"run_context": event.run_context}
+    return [command.model_copy(update=carried) for command in commands]
 
 
 def _new_calls(
@@ -593,6 +598,20 @@ def _decisions_of(event: ModelResponseEvent, auth: DecisionAuth) -> list[Approva
 def _check_limits(event: ModelResponseEvent, settings: Settings) -> None:
     """Refuse a response over the configured limits before anything is planned (a dead
     letter with the reason; nesting deeper than pydantic's JSON limit never decodes)."""
+    carried = event.run_context
+    for what, copied in (
+        ("context", carried.value if carried else None),
+        ("tool input", carried.tool_input if carried else None),
+    ):
+        if copied is not None and len(copied.encode()) > settings.max_argument_bytes:
+            reason = (
+                f"run {what} of {len(copied.encode())} bytes, more than "
+                f"TOOLFLEET_MAX_ARGUMENT_BYTES={settings.max_argument_bytes}"
+            )
+            raise InvalidMessageError(reason, reason=reason)
+        if copied is not None and json_depth_exceeds(copied, settings.max_json_depth):
+            reason = f"run {what} nested deeper than TOOLFLEET_MAX_JSON_DEPTH"
+            raise InvalidMessageError(reason, reason=reason)
     calls = event.function_calls
     if len(calls) > settings.max_items_per_response:
         reason = (

@@ -8,6 +8,7 @@ from schemas.inbound import (
     CancelRequest,
     FunctionCallItem,
     ModelResponseEvent,
+    RunContextCopy,
     TurnConfig,
 )
 from schemas.internal import (
@@ -71,6 +72,7 @@ __all__ = [
     "ModelResponseEvent",
     "PlannedCall",
     "RetryHint",
+    "RunContextCopy",
     "TaskResolution",
     "ToolSpec",
     "ToolfleetError",

@@ -74,6 +74,36 @@ class AgentRef(WireModel):
     name: str = Field(min_length=1)
 
 
+class RunContextCopy(WireModel):
+    """What an agent run's tools see of the run on a worker: a copy of its context.
+
+    An agent runtime sends it with a response's calls (FleetRunner sends the Agents SDK's
+    ``RunContextWrapper.context``); the planner hands it to each command it dispatches from
+    that response, and the worker rebuilds the copy the tool is given. It is payload, never
+    identity: no fingerprint, dedupe or ledger entry depends on it.
+    """
+
+    agent: str | None = Field(
+        default=None, description="The name of the agent whose model made the calls."
+    )
+    value: str | None = Field(
+        default=None,
+        description="The context as JSON text; None: the runtime could not copy it (the tool "
+        "then sees the worker's own ToolContext as the run's context).",
+    )
+    type: str | None = Field(
+        default=None,
+        description="`module:qualname` of the context's class (a dataclass or pydantic "
+        "model): the worker rebuilds it as that class when it has its module imported and the "
+        "tool declares no context type of its own.",
+    )
+    tool_input: str | None = Field(
+        default=None,
+        description="The run's tool input (an agent used as a tool: its structured input) as "
+        "JSON text.",
+    )
+
+
 class ModelResponseEvent(Message):
     """One model response whose function calls toolfleet must execute.
 
@@ -99,6 +129,11 @@ class ModelResponseEvent(Message):
         "they decide: applied before the response is planned, a person's as if it had "
         "arrived on `approvals` first. An agent runtime that asks its own approval questions "
         "(FleetRunner) sends one for every call it sends.",
+    )
+    run_context: RunContextCopy | None = Field(
+        default=None,
+        description="The agent run's context, copied for the tools of these calls (never part "
+        "of a call's identity).",
     )
 
     @model_validator(mode="before")

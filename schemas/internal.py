@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from schemas._base import Message, WireModel
-from schemas.inbound import TurnConfig
+from schemas.inbound import RunContextCopy, TurnConfig
 
 CallStatus = Literal[
     "succeeded", "failed", "rejected", "timed_out", "cancelled", "pending_approval", "skipped"
@@ -187,6 +187,11 @@ class ExecutionCommand(Message):
         default=None,
         description="For probe and compensate: the upstream's own id the call recorded.",
     )
+    run_context: RunContextCopy | None = Field(
+        default=None,
+        description="The agent run's context as the response carried it (the first dispatch "
+        "of a call; a command built later from the ledger carries none).",
+    )
     issued_at: float
 
 
@@ -213,6 +218,11 @@ class CallOutcome(Message):
         default=None,
         description="The body's return value as JSON when it is not text itself, so an agent "
         "runtime can give the application the object (None: the output is all there is).",
+    )
+    run_context: str | None = Field(
+        default=None,
+        description="The run context's copy as the call left it, as JSON text, when the call "
+        "changed it (None: unchanged, or no copy travelled).",
     )
     fails_turn: bool = Field(
         default=False, description="No failure handler: this failure fails the whole turn."

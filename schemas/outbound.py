@@ -52,6 +52,11 @@ class CallRecord(WireModel):
         description="The body's return value as JSON when it is not text itself, so an agent "
         "runtime can give the application the object (None: the output is all there is).",
     )
+    run_context: str | None = Field(
+        default=None,
+        description="The run context's copy as the call left it, as JSON text, when the call "
+        "changed it (None: unchanged, or no copy travelled).",
+    )
 
 
 class TurnResult(Message):

@@ -9,6 +9,7 @@ from typing import Any
 
 from kernel.errors import ToolfleetError
 from kernel.rules.effects import ProbeAnswer
+from kernel.tools._run_context import CarriedRunContext
 from schemas import ExecutionCommand
 
 UpstreamRecorder = Callable[[str], Awaitable[None]]
@@ -50,6 +51,11 @@ class ToolContext:
     _upstream: _UpstreamRef = field(
         default_factory=lambda: _UpstreamRef(None, None), repr=False, compare=False
     )
+    _run_context: CarriedRunContext = field(
+        default_factory=lambda: CarriedRunContext(None), repr=False, compare=False
+    )
+    """The agent run's context the command carried, and the tool's copy of it (an Agents SDK
+    tool is given the copy as its run context)."""
 
     @property
     def upstream_ref(self) -> str | None:
@@ -106,6 +112,7 @@ class ToolContext:
             worker_id=worker_id,
             deadline_at=command.deadline_at,
             _upstream=upstream,
+            _run_context=CarriedRunContext(command.run_context),
         )
 
 

@@ -534,6 +534,9 @@ class _CallRun:
             output=output,
             error=error,
             guardrails=list(self.verdicts),
+            # What the tool changed in its copy of the agent run's context, applied by the
+            # runtime to its own (a failed call's changes too, as in-process).
+            run_context=self.ctx._run_context.changes(),
             fails_turn=fails_turn,
             resolved=effect != "unknown",
             source="executor",

@@ -18,12 +18,19 @@ model-visible behaviour is the one the SDK (0.24) gives it in-process:
 - a bool ``is_enabled`` is published to the registry; a callable one depends on the run
   context, which lives with the agent, so ``toolfleet.agents.FleetRunner`` evaluates it there.
 
-What a tool sees of the fleet: the SDK ``ToolContext`` passed to the function, guardrails,
-policies and formatters has ``context`` set to toolfleet's ``ToolContext`` (idempotency key,
-tenant, run, attempt). The user's run context object does not travel to the fleet, and
-``ToolContext.agent`` is a placeholder agent named ``toolfleet``: the worker does not know which
-agent made the call. Structured tool outputs (images, files) cannot be carried on toolfleet's
-string-only wire; they reach the model as their ``str()``.
+What a tool sees of the run: the SDK ``ToolContext`` passed to the function, guardrails,
+policies and formatters has ``context`` set to a copy of the agent run's context when the call
+carries one (``ExecutionCommand.run_context``, which ``toolfleet.agents.FleetRunner`` sends for
+a dataclass, pydantic model or JSON context), rebuilt as the type the function declares for it
+(``ctx: RunContextWrapper[MyContext]``), else as the class the copy names when the worker has
+its module imported, else as JSON's values; one copy per attempt, whose changes travel back
+with the outcome (``CallOutcome.run_context``). A call without a copy (another runtime, a
+context that could not be copied, a command the fleet rebuilt from its ledger) sees
+toolfleet's ``ToolContext`` (idempotency key, tenant, run, attempt) instead.
+``ToolContext.agent`` is an agent named as the run's agent that made the call (a placeholder
+named ``toolfleet`` when the call does not say): the agent object itself stays with the
+runner. Structured tool outputs (images, files) cannot be carried on toolfleet's string-only
+wire; they reach the model as their ``str()``.
 
 toolfleet's own options (``FleetOptions``, plus ``probe`` and ``compensate``) can be given
 alongside: an undeclared ``effect`` is treated as ``non_idempotent`` with the SDK's approval
@@ -36,10 +43,11 @@ The SDK is imported lazily: toolfleet itself works without ``openai-agents`` ins
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import json
 from functools import cache
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack, get_args, get_origin, get_type_hints
 
 from kernel.errors import ConfigurationError
 from kernel.tools._context import ToolContext
@@ -77,10 +85,47 @@ def _require_sdk() -> None:
 
 @cache
 def _placeholder_agent() -> Agent[Any]:
-    """The agent the SDK callbacks see on a worker: the worker does not know the real one."""
+    """The agent the SDK callbacks see on a worker when the call does not name its agent."""
     from agents import Agent
 
     return Agent(name="toolfleet")
+
+
+@functools.lru_cache(maxsize=256)
+def _agent_named(name: str) -> Agent[Any]:
+    """The agent the SDK callbacks see on a worker: one named as the run's agent (the object
+    itself, with its tools and model, stays with the runner)."""
+    from agents import Agent
+
+    return Agent(name=name)
+
+
+def _agent_of(ctx: ToolContext) -> Agent[Any]:
+    name = ctx._run_context.agent
+    return _agent_named(name) if name else _placeholder_agent()
+
+
+def _declared_context_type(function_tool: FunctionTool) -> Any:
+    """The type a ``@function_tool`` function declares for its run context
+    (``ctx: RunContextWrapper[MyContext]`` or ``ToolContext[MyContext]``), if any."""
+    from agents import RunContextWrapper
+
+    try:
+        func = function_tool.__wrapped__
+        params = list(inspect.signature(func).parameters.values())
+    except (AttributeError, TypeError, ValueError):  # a hand-built FunctionTool: no function
+        return None
+    if not params:
+        return None
+    try:
+        annotation = get_type_hints(func).get(params[0].name)
+    except Exception:  # unresolvable annotations: the copy is rebuilt another way
+        return None
+    origin = get_origin(annotation) or annotation
+    if not (isinstance(origin, type) and issubclass(origin, RunContextWrapper)):
+        return None
+    args = get_args(annotation)
+    return args[0] if args else None
 
 
 def is_function_tool(obj: object) -> bool:
@@ -120,6 +165,7 @@ class FunctionToolAdapter(Tool):
                 f"got {type(function_tool).__name__}"
             )
         self.function_tool = function_tool
+        self._context_type = _declared_context_type(function_tool)
         # The SDK's own invoker, minus its failure handling: toolfleet's runner applies the
         # failure policy itself, so that a failure keeps its status and effect.
         self._invoker_tool = copy.copy(function_tool)
@@ -204,8 +250,9 @@ class FunctionToolAdapter(Tool):
         """Run the SDK's invoker with the raw arguments, as ``Runner.run`` would."""
         return await self._body(ctx)
 
-    def sdk_context(self, ctx: ToolContext) -> SdkToolContext[ToolContext]:
-        """The SDK ToolContext for one call; its ``context`` is toolfleet's ToolContext."""
+    def sdk_context(self, ctx: ToolContext) -> SdkToolContext[Any]:
+        """The SDK ToolContext for one call; its ``context`` is the call's copy of the agent
+        run's context, or toolfleet's ToolContext when no copy travelled."""
         from agents.tool_context import ToolContext as SdkToolContext
         from openai.types.responses import ResponseFunctionToolCall
 
@@ -216,14 +263,16 @@ class FunctionToolAdapter(Tool):
             arguments=ctx.arguments,
             namespace=self.namespace,
         )
+        carried = ctx._run_context
         return SdkToolContext(
-            ctx,
+            carried.copy(self._context_type, default=ctx),
             tool_name=self.name,
             tool_call_id=ctx.call_id,
             tool_arguments=ctx.arguments,
             tool_call=call,
             tool_namespace=self.namespace,
-            agent=_placeholder_agent(),
+            agent=_agent_of(ctx),
+            tool_input=carried.tool_input(),
         )
 
     async def _body(self, ctx: ToolContext) -> Any:
@@ -288,9 +337,7 @@ class _SdkInputGuardrail:
     async def __call__(self, ctx: ToolContext, args: dict[str, Any]) -> GuardrailResult:
         from agents.tool_guardrails import ToolInputGuardrailData
 
-        data = ToolInputGuardrailData(
-            context=self.tool.sdk_context(ctx), agent=_placeholder_agent()
-        )
+        data = ToolInputGuardrailData(context=self.tool.sdk_context(ctx), agent=_agent_of(ctx))
         return _verdict(await self.guardrail.run(data))
 
 
@@ -308,7 +355,7 @@ class _SdkOutputGuardrail:
         from agents.tool_guardrails import ToolOutputGuardrailData
 
         data = ToolOutputGuardrailData(
-            context=self.tool.sdk_context(ctx), agent=_placeholder_agent(), output=output
+            context=self.tool.sdk_context(ctx), agent=_agent_of(ctx), output=output
         )
         return _verdict(await self.guardrail.run(data))
 

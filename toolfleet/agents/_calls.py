@@ -48,6 +48,7 @@ from schemas import (
     TurnConfig,
     TurnResult,
 )
+from toolfleet.agents._context import BatchContext, RunContextSync, call_order, context_sync
 from toolfleet.agents._errors import (
     FleetApprovalRequired,
     FleetRunCancelled,
@@ -84,6 +85,9 @@ class Binding:
     pending_output: dict[str, FleetAnswer | BaseException] = field(default_factory=dict)
     """Per call_id, what the call's output guardrails said on the worker, for the point
     where the SDK runs them: the answer they let through, or the tripwire they raised."""
+    contexts: dict[int, RunContextSync] = field(default_factory=dict)
+    """Per run context object (by id), the copies its calls carry and where their changes
+    go (shared with nested runs, which share the context)."""
 
     _open: dict[str, Batch] = field(default_factory=dict)
     """Per agent, the batch of calls still accepting calls started in the same step."""
@@ -213,6 +217,7 @@ async def invoke_on_fleet(
     )
     agent_name = getattr(ctx.agent, "name", None) or "agent"
     batch = binding.batch_for(agent_name)
+    batch.carry_context(ctx)
     answer = batch.add(call, tool, decision)
     try:
         return await asyncio.shield(answer)
@@ -256,6 +261,21 @@ class Batch:
         self.calls: list[_Pending] = []
         self._task: asyncio.Task[None] | None = None
         self._waiting = 0
+        self.context: BatchContext | None = None
+        """The run context the calls carry, and where their changes to it go."""
+
+    def carry_context(self, ctx: ToolContext[Any]) -> None:
+        """A call of the batch carries a copy of the run's context (one copy per batch)."""
+        if self.context is None:
+            limit = self.binding.client.settings.max_argument_bytes
+            sync = context_sync(self.binding.contexts, ctx.context, limit=limit)
+            self.context = sync.batch(agent=self.agent_name, tool_input=ctx.tool_input)
+        self.context.join(ctx.tool_call_id, call_order())
+
+    def _context_back(self, pending: _Pending, changes: str | None) -> None:
+        """Apply what a call changed in its copy of the run context, as it is answered."""
+        if self.context is not None:
+            self.context.apply(pending.call.call_id, changes)
 
     def add(
         self, call: ResponseFunctionToolCall, tool: FunctionTool, decision: ApprovalDecision
@@ -300,6 +320,7 @@ class Batch:
             resume=True,
             config=TurnConfig(failure_policy="error_as_output", tool_not_found="raise_error"),
             decisions=[p.decision for p in self.calls],
+            run_context=self.context.copy if self.context is not None else None,
         )
         stop_following = None
         try:
@@ -323,10 +344,16 @@ class Batch:
             binding.turn_results.append(result)
             for pending in self.calls:
                 if not pending.answer.done():
+                    record = next(
+                        (r for r in result.calls if r.call_id == pending.call.call_id), None
+                    )
+                    self._context_back(pending, record.run_context if record else None)
                     _answer(binding, result, pending, self.agent_name)
         finally:
             if stop_following is not None:
                 stop_following()
+            if self.context is not None:
+                self.context.settled()
 
     def _on_outcome(self, outcome: CallOutcome) -> None:
         """A worker's outcome of one of the calls: its answer now, if it is the output the
@@ -342,6 +369,7 @@ class Batch:
             and outcome.output is not None
         )
         if final and outcome.output is not None:
+            self._context_back(pending, outcome.run_context)
             pending.answer.set_result(
                 FleetAnswer(
                     outcome.output,
@@ -373,7 +401,9 @@ def _answer(binding: Binding, result: TurnResult, pending: _Pending, agent_name:
                 )
             )
             return
-        exc = run_error(error, [call], [pending.tool])
+        record = next((r for r in result.calls if r.call_id == call.call_id), None)
+        raised = record.error if record is not None else None
+        exc = run_error(error, [call], [pending.tool], raised=raised)
         setattr(exc, _VERDICTS_ATTRIBUTE, list(error.guardrails))
         answer.set_exception(exc)
         return

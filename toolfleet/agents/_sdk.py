@@ -60,6 +60,7 @@ from toolfleet.agents._calls import (
     invoke_on_fleet,
     verdicts_of,
 )
+from toolfleet.agents._context import install as install_call_order
 from toolfleet.agents._errors import FleetToolError, FleetTurnError
 from toolfleet.agents._guardrails import input_results, output_results
 from toolfleet.serving import GatingToolServer, current_tool_server
@@ -373,6 +374,7 @@ def install() -> None:
     """Route the SDK's points listed above through FleetRunner (once per process)."""
     if tool_execution._invoke_function_tool_with_metadata is _invoke:
         return
+    install_call_order()  # each call knows its place in model order (the run context's)
     tool_execution._invoke_function_tool_with_metadata = _invoke
     tool_execution.function_needs_approval = _needs_approval
     turn_resolution.function_needs_approval = _needs_approval
