@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,7 +16,8 @@ from agents.tool_guardrails import (
 from openai.types.responses import ResponseFunctionToolCall
 
 from kernel.errors import ToolfleetError
-from schemas import GuardrailVerdict, TurnError
+from kernel.rules.texts import RUN_ERROR
+from schemas import CallError, GuardrailVerdict, TurnError
 from toolfleet.agents._guardrails import input_guardrail, output_guardrail, sdk_output
 
 
@@ -58,6 +60,27 @@ class FleetToolError(ToolfleetError):
         self.type = type
 
 
+def tool_exception(type_name: str, message: str) -> Exception:
+    """What a tool raised on a worker, as the runner can give it: never the object itself,
+    which stayed in the worker's process.
+
+    An exception of a Python built-in class (``ValueError``, ``RuntimeError``, ...) is rebuilt
+    from its class name and text, so that ``isinstance`` checks of built-in classes hold as
+    in-process; any other class (the application's, the SDK's, pydantic's), or a built-in one
+    whose text its constructor would not give back (``KeyError``), is a ``FleetToolError``
+    naming it.
+    """
+    cls = getattr(builtins, type_name, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            rebuilt = cls(message)
+        except Exception:  # a class whose constructor wants more than a text
+            rebuilt = None
+        if rebuilt is not None and str(rebuilt) == message:
+            return rebuilt
+    return FleetToolError(type_name, message)
+
+
 class FleetTurnError(FleetRunError):
     """A turn failure with no SDK exception class to stand for it.
 
@@ -73,15 +96,44 @@ class FleetTurnError(FleetRunError):
 
 
 def run_error(
-    error: TurnError, calls: Sequence[ResponseFunctionToolCall], tools: Sequence[FunctionTool]
+    error: TurnError,
+    calls: Sequence[ResponseFunctionToolCall],
+    tools: Sequence[FunctionTool],
+    *,
+    raised: CallError | None = None,
 ) -> Exception:
     """The SDK exception for a failed turn, with the fleet's message (the SDK's own texts).
 
     ``calls`` are the turn's function calls and ``tools`` the agent's, to fill the attributes
     some SDK exceptions carry (the timed-out tool's name and timeout, the guardrail).
+    ``raised`` is the failing call's error (its record in the TurnResult): where the SDK wraps
+    a tool's exception in ``UserError("Error running tool ...")``, that exception, as
+    ``tool_exception`` gives it, is the UserError's ``__cause__``, as in-process.
     """
     call = next((c for c in calls if c.call_id == error.call_id), None)
     tool = _tool_of(call, tools)
+    exc = _sdk_exception(error, call, tool)
+    cause = _wrapped(error, raised, call)
+    if cause is not None and isinstance(exc, sdk.UserError):
+        exc.__cause__ = cause
+    return exc
+
+
+def _wrapped(
+    error: TurnError, raised: CallError | None, call: ResponseFunctionToolCall | None
+) -> Exception | None:
+    """The tool exception a UserError("Error running tool {name}: {error}") wraps, if any."""
+    if raised is None or call is None or error.type != "UserError" or raised.type == "UserError":
+        return None
+    prefix = RUN_ERROR.format(name=call.name, error="")
+    if not error.message.startswith(prefix):
+        return None
+    return tool_exception(raised.type, error.message.removeprefix(prefix))
+
+
+def _sdk_exception(
+    error: TurnError, call: ResponseFunctionToolCall | None, tool: FunctionTool | None
+) -> Exception:
     exc: Exception
     if error.type == "ToolTimeoutError":
         seconds = tool.timeout_seconds if tool and tool.timeout_seconds else 0.0

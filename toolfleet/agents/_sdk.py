@@ -47,6 +47,7 @@ from agents.tool import (
     ToolOriginType,
     ValidToolOutputPydanticModelsTypeAdapter,
     _FunctionToolInvocationResult,
+    resolve_function_tool_failure_error_function,
 )
 from agents.tool_context import ToolContext
 
@@ -61,7 +62,7 @@ from toolfleet.agents._calls import (
     verdicts_of,
 )
 from toolfleet.agents._context import install as install_call_order
-from toolfleet.agents._errors import FleetToolError, FleetTurnError
+from toolfleet.agents._errors import FleetTurnError, tool_exception
 from toolfleet.agents._guardrails import input_results, output_results
 from toolfleet.serving import GatingToolServer, current_tool_server
 
@@ -156,6 +157,9 @@ async def _invoke(*, function_tool: FunctionTool, context: ToolContext[Any], arg
         raise
     if reported is not None:
         reported.extend(input_results(function_tool, answer.guardrails))
+    raised = _propagated(function_tool, context, answer)
+    if raised is not None:
+        raise raised
     answer = await _formatted(function_tool, context, answer)
     binding.pending_output[call_id] = answer
     # An input guardrail's rejection text is the SDK's own output, never the tool's: the
@@ -166,12 +170,32 @@ async def _invoke(*, function_tool: FunctionTool, context: ToolContext[Any], arg
     )
 
 
+def _propagated(
+    tool: FunctionTool, context: ToolContext[Any], answer: FleetAnswer
+) -> Exception | None:
+    """The tool's exception, when the SDK would let it fail the run for this very call where
+    the worker, which does not see the call's caller, gave the default failure text: a
+    program's call of a tool with an output schema has no default failure text
+    (``resolve_function_tool_failure_error_function`` with the call's context)."""
+    error = answer.error
+    if (
+        answer.status != "failed"
+        or error is None
+        or error.severity != "error"
+        or not getattr(tool, "_use_default_failure_error_function", False)
+        or resolve_function_tool_failure_error_function(tool, context) is not None
+    ):
+        return None
+    return tool_exception(error.type, error.message)
+
+
 async def _formatted(
     tool: FunctionTool, context: ToolContext[Any], answer: FleetAnswer
 ) -> FleetAnswer:
     """The answer with ``RunConfig.tool_error_formatter`` applied, as the SDK applies it in the
     runner to a tool exception its default failure text handled (the worker has no RunConfig).
-    The formatter's ``error`` is a ``FleetToolError``: the exception stayed on the worker."""
+    The formatter's ``error`` is the tool's exception as ``tool_exception`` rebuilds it (it
+    stayed on the worker)."""
     config = getattr(context, "run_config", None)
     formatter = getattr(config, "tool_error_formatter", None)
     error = answer.error
@@ -193,7 +217,7 @@ async def _formatted(
                 call_id=context.tool_call_id,
                 default_message=answer.output,
                 run_context=context,
-                error=FleetToolError(error.type, error.message),
+                error=tool_exception(error.type, error.message),
             )
         )
         message = await message if inspect.isawaitable(message) else message
