@@ -41,7 +41,7 @@ from kernel.settings import Settings
 from kernel.stores.admission import Admission
 from kernel.stores.admitting import Admitter
 from kernel.stores.keys import Keys
-from kernel.stores.ledger import Ledger, LedgerEntry, NewCall, command_for, lease_member
+from kernel.stores.ledger import Ledger, LedgerEntry, NewCall, command_for
 from kernel.stores.reconciling import ReconcileState
 from kernel.stores.registry import ToolDirectory
 from kernel.stores.tasks import TaskStore, new_task_id
@@ -269,7 +269,7 @@ class Reconciler:
         await self.ledger.resolve(
             compensated, "compensated", compensation=answer.call_id, output=answer.output
         )
-        await self.redis.srem(self.keys.held(tenant, entry.run_id), original_id)
+        await self.ledger.release_hold(tenant, entry.run_id, original_id)
         # A turn still waiting for this call learns what happened; a reported one ignores it.
         told = compensated.model_copy(
             update={"resolved": True, "output": COMPENSATED.format(name=entry.tool_name)}
@@ -319,8 +319,7 @@ class Reconciler:
         wrong = about.model_copy(update={"effect": "wrong_effect", "source": "reconciler"})
         await self.ledger.resolve(wrong, "wrong_effect", output=about.output)
         await self.unknowns.discard(about.tenant_id, about.run_id, about.call_id)
-        held = self.keys.held(about.tenant_id, about.run_id)
-        await self.redis.sadd(held, about.call_id)
+        await self.ledger.hold(about.tenant_id, about.run_id, about.call_id)
 
     async def _send_probe(self, tenant: str, run: str, call_id: str) -> None:
         entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)
@@ -490,8 +489,7 @@ class Reconciler:
                 lost_call = lost(_command(entry, "execute", entry.fencing_token), spec,
                                  worker_id=entry.worker_id, source="reconciler")  # fmt: skip
                 await self.bus.publish_and_wait("outcomes", entry.run_id, lost_call)
-            index = self.ledger.lease_index(tenant, run)
-            await self.redis.zrem(index, lease_member(tenant, run, call_id))
+            await self.ledger.drop_lease(tenant, run, call_id)
 
     # --- reading ----------------------------------------------------------------------------
     async def _case(

@@ -582,6 +582,20 @@ class Ledger:
         """The lease index of a run's slot group."""
         return self.keys.leases(self.keys.group(tenant_id, run_id))
 
+    async def drop_lease(self, tenant_id: str, run_id: str, call_id: str) -> None:
+        """Take the call out of its lease index (its expired lease has been dealt with)."""
+        member = lease_member(tenant_id, run_id, call_id)
+        await self.redis.zrem(self.lease_index(tenant_id, run_id), member)
+
+    async def hold(self, tenant_id: str, run_id: str, call_id: str) -> None:
+        """The call had a wrong effect: until it is compensated (``release_hold``), the run's
+        later side-effecting calls wait for a human, and ``create_fresh`` writes nothing."""
+        await self.redis.sadd(self.keys.held(tenant_id, run_id), call_id)
+
+    async def release_hold(self, tenant_id: str, run_id: str, call_id: str) -> None:
+        """The call's wrong effect was compensated: it no longer holds its run back."""
+        await self.redis.srem(self.keys.held(tenant_id, run_id), call_id)
+
     async def settle(self, outcome: CallOutcome) -> None:
         """Commit an outcome decided without running the call (a rejection, a missing tool)."""
         await self._settle(
