@@ -3,9 +3,10 @@
 ``run``: fetch and check the SDK's sdist, run the selected tests in-process and on
 FleetRunner (and the failures once more, on a fresh fleet), write docs/sdk-suite.md, and exit
 1 when the share that passes on FleetRunner is below the committed floor or the selection
-drifted. ``report``: the same conclusions from the last run's records (after an edit of
-causes.toml). ``select``: run the whole suite in-process and rewrite selected.txt (the tests
-that call the runner and pass).
+drifted. ``run`` also runs the SDK's examples (tests/sdk_suite/examples/) in-process and on
+FleetRunner, and exits 1 when one differs; ``examples`` runs only those. ``report``: the same
+conclusions from the last run's records (after an edit of causes.toml). ``select``: run the
+whole suite in-process and rewrite selected.txt (the tests that call the runner and pass).
 
 Both run the SDK's tests in the virtualenv ``--python`` names (``make sdk-suite`` makes it
 with toolfleet's ``sdk-suite`` extra), from ``.artifacts/sdk-suite/``.
@@ -21,8 +22,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.sdk_suite import _causes, _report, _sdist, _session
+from tests.sdk_suite.examples import _session as _examples
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -30,6 +33,8 @@ WORK = REPO / ".artifacts" / "sdk-suite"
 SELECTED = HERE / "selected.txt"
 PAGE = REPO / "docs" / "sdk-suite.md"
 DEFAULT_PYTHON = WORK / "venv" / "bin" / "python"
+EXAMPLES = WORK / "examples.jsonl"
+"""The last record of the examples' tests."""
 
 
 def read_selection(path: Path = SELECTED) -> list[str]:
@@ -97,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
             python, root, WORK / "rerun.jsonl", fleet=True, paths=_files(failed),
             selection=again, timeout=args.timeout,
         )  # fmt: skip
+    if not args.only:
+        print("sdk-suite: the SDK's examples, in-process and on FleetRunner...", flush=True)
+        sessions["examples"] = _examples.run(python, root, EXAMPLES, timeout=args.timeout)
     meta = {
         "sdk_version": _sdist.VERSION,
         "sdk_sha256": _sdist.SHA256,
@@ -105,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         "in_process_s": f"{sessions['in-process'].seconds:.0f}",
         "fleet_s": f"{sessions['fleet'].seconds:.0f}",
         "rerun_s": f"{sessions['rerun'].seconds:.0f}" if "rerun" in sessions else "0",
+        "examples_s": f"{sessions['examples'].seconds:.0f}" if "examples" in sessions else "0",
     }
     (WORK / "meta.json").write_text(json.dumps(meta, indent=1))
     return conclude(selected, meta, write=not args.only, check=not args.only)
@@ -132,8 +141,9 @@ def conclude(selected: list[str], meta: dict[str, str], *, write: bool, check: b
             indent=1,
         )
     )
+    examples = _session.read(EXAMPLES)
     if write:
-        PAGE.write_text(_report.render(figures, expectations, meta))
+        PAGE.write_text(_report.render(figures, expectations, meta, examples=examples))
     print(
         f"sdk-suite: {len(figures.passed)} of {len(figures.baseline)} in-process passes pass on "
         f"FleetRunner ({100 * figures.rate:.1f}%; floor {100 * expectations.floor:.1f}%); "
@@ -143,6 +153,7 @@ def conclude(selected: list[str], meta: dict[str, str], *, write: bool, check: b
     )
     for cause, nodeids in figures.by_cause():
         print(f"  {len(nodeids):5d}  {cause.id}: {cause.title}")
+    examples_failed = _examples_summary(examples)
     if not check:
         return 0
     # A selected test that failed in-process this time (a timing-sensitive SDK test on a busy
@@ -164,7 +175,30 @@ def conclude(selected: list[str], meta: dict[str, str], *, write: bool, check: b
             file=sys.stderr,
         )
         return 1
-    return 0
+    return 1 if examples_failed else 0
+
+
+def _examples_summary(record: dict[str, dict[str, Any]]) -> bool:
+    """Print how the examples' last run went; whether it failed (a test that did not pass, or
+    no test recorded: a session that collected nothing or died first)."""
+    failed = {n: t for n, t in record.items() if t["outcome"] != "passed"}
+    print(
+        f"sdk-suite: {len(record) - len(failed)} of {len(record)} runs of the SDK's examples "
+        f"are the same on FleetRunner as in-process (log {EXAMPLES.with_suffix('.log')})"
+    )
+    for nodeid, entry in sorted(failed.items()):
+        lines = str(entry.get("exc_message") or entry.get("crash") or "").splitlines() or [""]
+        print(f"  {entry['outcome']}: {nodeid}: {entry.get('exc_type', '')}: {lines[0]}")
+    return bool(failed) or not record
+
+
+def examples(args: argparse.Namespace) -> int:
+    """Only the SDK's examples, in-process and on FleetRunner (no page)."""
+    python = os.path.abspath(args.python)  # not resolved: a venv's python is a symlink
+    root = _prepare(python)
+    print("sdk-suite: the SDK's examples, in-process and on FleetRunner...", flush=True)
+    session = _examples.run(python, root, EXAMPLES, timeout=args.timeout)
+    return 1 if _examples_summary(session.tests) or session.returncode != 0 else 0
 
 
 def report(args: argparse.Namespace) -> int:
@@ -218,10 +252,12 @@ def main(argv: list[str] | None = None) -> int:
         "--only", nargs="*", default=(), help="only node ids containing one of these (no page)"
     )
     commands.add_parser("report", help="the page again from the last run's records")
+    commands.add_parser("examples", help="only the SDK's examples, in-process and on FleetRunner")
     select_parser = commands.add_parser("select", help="rebuild selected.txt")
     select_parser.add_argument("paths", nargs="*", help="test paths (default: the whole suite)")
     args = parser.parse_args(argv)
-    return {"run": run, "report": report, "select": select}[args.command](args)
+    commands_run = {"run": run, "report": report, "select": select, "examples": examples}
+    return commands_run[args.command](args)
 
 
 if __name__ == "__main__":

@@ -120,8 +120,48 @@ def _why(entry: Mapping[str, Any]) -> str:
     return f"{kind}: {message}" if message else str(kind)
 
 
-def render(figures: Figures, expectations: Expectations, meta: Mapping[str, str]) -> str:
-    """docs/sdk-suite.md: how the harness works, the last run's figures, every failure."""
+def _examples(record: Record, meta: Mapping[str, str]) -> list[str]:
+    """The page's section on the SDK's examples (tests/sdk_suite/examples/)."""
+    lines = [
+        "",
+        "## The SDK's examples",
+        "",
+        "`tests/sdk_suite/examples/` runs examples of the same sdist as written",
+        "(`customer_service/main.py`, `agent_patterns/human_in_the_loop.py`,",
+        "`agent_patterns/forcing_tool_use.py` with each tool-use behaviour, `basic/tools.py`,",
+        "`basic/tool_guardrails.py`), only the model replaced by a scripted one and `input()`",
+        "answered, with the SDK's runner and with a FleetRunner on the same fleet, and compares",
+        "the two runs: every model call's input, each `Runner.run`'s items, final output,",
+        "interruptions, tool guardrail results and run context, what the example printed and",
+        "asked, and which tool bodies the fleet's workers ran.",
+        "",
+    ]
+    if not record:
+        return [*lines, "Not run with the last run of the suite."]
+    same = [n for n, entry in record.items() if entry["outcome"] == "passed"]
+    lines += [
+        f"Last run ({meta.get('examples_s', '?')} s): {len(same)} of {len(record)} runs the same"
+        " on FleetRunner as in-process.",
+        "",
+        "| example run | on FleetRunner |",
+        "|---|---|",
+    ]
+    for nodeid, entry in sorted(record.items()):
+        name = nodeid.removeprefix("tests/sdk_suite/examples/")
+        verdict = "the same" if entry["outcome"] == "passed" else _code(_why(entry))
+        lines.append(f"| {_code(name)} | {verdict} |")
+    return lines
+
+
+def render(
+    figures: Figures,
+    expectations: Expectations,
+    meta: Mapping[str, str],
+    *,
+    examples: Record | None = None,
+) -> str:
+    """docs/sdk-suite.md: how the harness works, the last run's figures, every failure, and
+    the SDK's examples (their last record, when given)."""
     baseline = len(figures.baseline)
     failed = len(figures.failed)
     lines = [
@@ -211,6 +251,8 @@ def render(figures: Figures, expectations: Expectations, meta: Mapping[str, str]
             "",
             *(f"- {_code(n)}" for n in figures.unchecked),
         ]
+    if examples is not None:
+        lines += _examples(examples, meta)
     lines += ["", "## Failures by cause", ""]
     if not figures.failed:
         lines.append("None: every test that passes in-process passes on FleetRunner.")
