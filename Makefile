@@ -120,7 +120,8 @@ $(SDK_VENV)/.installed: pyproject.toml
 
 ## sdk-suite: openai-agents 0.24.0's own tests that call the runner (its PyPI sdist, sha256
 ## pinned), in-process and on FleetRunner with an InProcessFleet; writes docs/sdk-suite.md and
-## fails below the floor in tests/sdk_suite/causes.toml (a virtualenv of its own: the
+## fails below the floor in tests/sdk_suite/causes.toml, or when one of the SDK's examples
+## (tests/sdk_suite/examples) runs differently (a virtualenv of its own: the
 ## sdk-suite extra, the SDK's test tools)
 sdk-suite: setup-demo $(SDK_VENV)/.installed
 	$(BIN)/python -m tests.sdk_suite --python $(SDK_VENV)/bin/python run

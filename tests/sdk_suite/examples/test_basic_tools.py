@@ -48,7 +48,7 @@ async def test_tools_example_runs_on_fleet_runner_as_in_process(
         )
 
     in_process = await run(InProcess())
-    assert worker_calls == []
+    assert worker_calls == []  # the SDK's runner ran every tool body itself
     on_fleet = await run(OnFleet(fleet))
 
     assert in_process.stdout == (

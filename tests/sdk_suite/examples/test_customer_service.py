@@ -84,6 +84,7 @@ async def test_customer_service_example_runs_on_fleet_runner_as_in_process(
 
     sdk = InProcess()
     in_process = await run(sdk)
+    assert worker_calls == []  # the SDK's runner ran every tool body itself
     fleet_runner = OnFleet(fleet)
     on_fleet = await run(fleet_runner)
 

@@ -67,6 +67,7 @@ async def test_each_tool_use_behavior_runs_on_fleet_runner_as_in_process(
         )
 
     in_process = await run(InProcess())
+    assert worker_calls == []  # the SDK's runner ran every tool body itself
     on_fleet = await run(OnFleet(fleet))
 
     assert in_process.stdout == f"[debug] get_weather called\n{PRINTED[behavior]}\n"

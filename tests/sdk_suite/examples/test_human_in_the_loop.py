@@ -77,6 +77,7 @@ async def test_human_in_the_loop_example_runs_on_fleet_runner_as_in_process(
         )  # fmt: skip
 
     in_process = await run(InProcess(), "in-process")
+    assert worker_calls == []  # the SDK's runner ran every tool body itself
     on_fleet = await run(OnFleet(fleet, fresh_client=True), "fleet")
 
     assert in_process.prompts == [PROMPT] * len(replies)
@@ -141,6 +142,7 @@ async def test_a_state_restored_from_a_string_resumes_on_fleet_runner_as_in_proc
         return await observe(hitl, runner, [model], drive, monkeypatch=monkeypatch, capsys=capsys)
 
     in_process = await run(InProcess())
+    assert worker_calls == []  # the SDK's runner ran every tool body itself
     on_fleet = await run(OnFleet(fleet, fresh_client=True))
 
     assert in_process.error is None

@@ -78,6 +78,7 @@ async def test_tool_guardrails_example_runs_on_fleet_runner_as_in_process(
         )
 
     in_process = await run(InProcess())
+    assert worker_calls == []  # the SDK's runner ran every tool body itself
     on_fleet = await run(OnFleet(fleet))
 
     # What the example shows, in-process: the second call never ran, the third run raised.
