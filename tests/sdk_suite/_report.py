@@ -133,7 +133,8 @@ def _examples(record: Record, meta: Mapping[str, str]) -> list[str]:
         "answered, with the SDK's runner and with a FleetRunner on the same fleet, and compares",
         "the two runs: every model call's input, each `Runner.run`'s items, final output,",
         "interruptions, tool guardrail results and run context, what the example printed and",
-        "asked, and which tool bodies the fleet's workers ran.",
+        "asked, and which tool bodies the fleet's workers ran (`python -m tests.sdk_suite",
+        "examples` runs only them).",
         "",
     ]
     if not record:

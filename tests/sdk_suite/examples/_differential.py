@@ -233,6 +233,41 @@ async def observe(
     )
 
 
+def first_difference(fleet: Any, sdk: Any, path: str = "") -> tuple[str, Any, Any] | None:
+    """Where two runs' records first differ: (path, on FleetRunner, in-process), or None."""
+    if isinstance(fleet, dict) and isinstance(sdk, dict):
+        for key in [*sdk, *(k for k in fleet if k not in sdk)]:
+            if key not in fleet or key not in sdk:
+                return f"{path}.{key}", fleet.get(key, "<absent>"), sdk.get(key, "<absent>")
+            found = first_difference(fleet[key], sdk[key], f"{path}.{key}")
+            if found is not None:
+                return found
+        return None
+    sequences = (list, tuple)
+    if isinstance(fleet, sequences) and isinstance(sdk, sequences) and len(fleet) == len(sdk):
+        for index, (theirs, ours) in enumerate(zip(fleet, sdk, strict=True)):
+            found = first_difference(theirs, ours, f"{path}[{index}]")
+            if found is not None:
+                return found
+        return None
+    return None if fleet == sdk else (path, fleet, sdk)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _same(fleet: Any, sdk: Any, where: str) -> None:
+    found = first_difference(fleet, sdk)
+    assert found is None, (
+        f"{' '.join(filter(None, [where, found[0].lstrip('.')]))}: "
+        f"on FleetRunner {_shown(found[1])}, in-process {_shown(found[2])}"
+        if found is not None
+        else ""
+    )
+
+
 def _ending(outcome: dict[str, Any]) -> str:
     if "raised" in outcome:
         return f"raised {outcome['raised']}: {outcome['message']}"
@@ -241,20 +276,18 @@ def _ending(outcome: dict[str, Any]) -> str:
 
 def assert_same_run(on_fleet: Observed, in_process: Observed) -> None:
     """The fleet's run of an example is the SDK's, compared piece by piece so that a failure
-    names the model call, the ``Runner.run`` and the field that differ."""
+    names the model call or ``Runner.run``, the field, and both values where they differ."""
     assert len(on_fleet.model_calls) == len(in_process.model_calls), "model calls"
     for number, (fleet_call, sdk_call) in enumerate(
         zip(on_fleet.model_calls, in_process.model_calls, strict=True), start=1
     ):
-        for key, expected in sdk_call.items():
-            assert fleet_call[key] == expected, f"model call {number}: {key}"
+        _same(fleet_call, sdk_call, f"model call {number}")
     assert len(on_fleet.outcomes) == len(in_process.outcomes), "Runner.run calls"
     for number, (fleet_run, sdk_run) in enumerate(
         zip(on_fleet.outcomes, in_process.outcomes, strict=True), start=1
     ):
-        assert _ending(fleet_run) == _ending(sdk_run), f"Runner.run {number}: how it ended"
-        for key, expected in sdk_run.items():
-            assert fleet_run[key] == expected, f"Runner.run {number}: {key}"
+        _same(_ending(fleet_run), _ending(sdk_run), f"Runner.run {number} ended")
+        _same(fleet_run, sdk_run, f"Runner.run {number}")
     assert on_fleet.stdout == in_process.stdout
     assert on_fleet.prompts == in_process.prompts
     assert on_fleet.error == in_process.error
