@@ -9,17 +9,38 @@ services.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from agents import Agent, RunContextWrapper, function_tool
+from agents import (
+    Agent,
+    GuardrailFunctionOutput,
+    ProgrammaticToolCallingTool,
+    RunConfig,
+    RunContextWrapper,
+    Runner,
+    UserError,
+    function_tool,
+    input_guardrail,
+)
+from agents.exceptions import _mark_error_data_redacted
 from agents.items import ToolApprovalItem
 from agents.testing import ScriptedModel, assistant_message, function_call
-from agents.tracing import set_tracing_disabled
+from agents.tracing import (
+    Span,
+    Trace,
+    TracingProcessor,
+    add_trace_processor,
+    set_tracing_disabled,
+)
+from openai.types.responses import ResponseFunctionToolCall
+from openai.types.responses.response_function_tool_call import CallerProgram
+from openai.types.responses.response_output_item import Program
 
 from kernel.settings import Settings
-from toolfleet.agents import FleetRunner
+from toolfleet.agents import FleetRunner, FleetToolError
 from toolfleet.testing import InProcessFleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.layout_free, pytest.mark.agent_runtime]
@@ -130,7 +151,9 @@ async def test_an_approval_the_sdk_scopes_to_the_agent_runs_the_call(
 
     source = Agent(name="owner", tools=[low_privilege])
     context: RunContextWrapper[dict[str, str]] = RunContextWrapper(context={"tenant": "t"})
-    call = function_call("operate", {}, call_id="approved")
+    call = ResponseFunctionToolCall(
+        type="function_call", call_id="approved", name="operate", arguments="{}"
+    )
     context.approve_tool(ToolApprovalItem(agent=source, raw_item=call))
     model = ScriptedModel([[function_call("operate", {}, call_id="approved")],
                            [assistant_message("done")]])  # fmt: skip
@@ -169,3 +192,162 @@ async def test_a_deferred_top_level_tool_called_under_its_own_namespace_runs_on_
 
     assert outputs(result) == ["found"] and result.final_output == "done"
     assert fleet.served("lookup").function_tool is lookup  # type: ignore[attr-defined]
+
+
+class Rejected(Exception):
+    """An application's own exception class."""
+
+
+@pytest.mark.parametrize(
+    ("raised", "cause"),
+    [(ValueError("no such order"), ValueError), (Rejected("no such order"), FleetToolError)],
+)
+async def test_a_tool_exception_that_fails_the_run_is_the_user_errors_cause(
+    fleet: InProcessFleet, raised: Exception, cause: type[Exception]
+) -> None:
+    """A tool without a failure handler fails the run with UserError("Error running tool
+    ..."); its ``__cause__`` is the tool's exception, as in-process: rebuilt when its class is
+    a built-in one, else a FleetToolError naming the class (the object stayed on the worker)."""
+
+    @function_tool(failure_error_function=None)
+    async def find_order() -> str:
+        """Finds an order."""
+        raise raised
+
+    model = ScriptedModel([[function_call("find_order", {}, call_id="f1")]])
+    runner = FleetRunner(fleet.client, tenant_id=TENANT)
+    with pytest.raises(UserError, match="no such order") as failed:
+        await runner.run(Agent(name="a", model=model, tools=[find_order]), "find it")
+
+    error = failed.value.__cause__
+    assert type(error) is cause and str(error) == "no such order"
+    assert getattr(error, "type", "ValueError") == type(raised).__name__
+    assert str(failed.value) == "Error running tool find_order: no such order"
+
+
+async def test_a_programs_call_of_a_tool_with_an_output_schema_fails_on_its_exception(
+    fleet: InProcessFleet,
+) -> None:
+    """The SDK gives a program's call of a tool with an output schema no default failure text
+    (the worker, which does not see the caller, gives it one): the run fails, as in-process."""
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+
+    @function_tool(allowed_callers=["direct", "programmatic"], output_json_schema=schema)
+    async def check() -> str:
+        """Checks something."""
+        raise ValueError("check failed")
+
+    call = ResponseFunctionToolCall(
+        type="function_call", call_id="p1", name="check", arguments="{}",
+        caller=CallerProgram(type="program", caller_id="program-1"),
+    )  # fmt: skip
+    program = Program(
+        id="program-item", call_id="program-1", code="check()", fingerprint="f", type="program"
+    )
+    model = ScriptedModel([[program, call], [assistant_message("done")]])
+    agent = Agent(name="a", model=model, tools=[check, ProgrammaticToolCallingTool()])
+    runner = FleetRunner(fleet.client, tenant_id=TENANT)
+    with pytest.raises(UserError, match="check failed") as failed:
+        await runner.run(agent, "start")
+    assert isinstance(failed.value.__cause__, ValueError)
+
+
+class _Spans(TracingProcessor):
+    """Counts the spans started and ended while ``on`` (a processor stays registered)."""
+
+    on = False
+    started = 0
+    ended = 0
+
+    def on_trace_start(self, trace: Trace) -> None:
+        return None
+
+    def on_trace_end(self, trace: Trace) -> None:
+        return None
+
+    def on_span_start(self, span: Span[Any]) -> None:
+        if _Spans.on:
+            _Spans.started += 1
+
+    def on_span_end(self, span: Span[Any]) -> None:
+        if _Spans.on:
+            _Spans.ended += 1
+
+    def shutdown(self) -> None:
+        return None
+
+    def force_flush(self) -> None:
+        return None
+
+
+async def test_a_call_the_runner_cancels_ends_at_once_and_the_fleet_still_hears_of_it(
+    fleet: InProcessFleet,
+) -> None:
+    """A streamed run cancelled while a call runs: as in-process, the call's task (and its
+    function span) has ended when the stream does; the fleet cancels the body afterwards."""
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    @function_tool
+    async def slow_tool() -> str:
+        """Never finishes by itself."""
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopped.set()
+        return "unreachable"
+
+    add_trace_processor(_Spans())
+    set_tracing_disabled(False)
+    _Spans.on, _Spans.started, _Spans.ended = True, 0, 0
+    try:
+        model = ScriptedModel([[function_call("slow_tool", {}, call_id="s1")]])
+        runner = FleetRunner(fleet.client, tenant_id=TENANT)
+        result = runner.run_streamed(Agent(name="a", model=model, tools=[slow_tool]), "go")
+
+        async def consume() -> None:
+            async for _ in result.stream_events():
+                pass
+
+        consumer = asyncio.create_task(consume())
+        await asyncio.wait_for(started.wait(), 10)
+        result.cancel()
+        await asyncio.wait_for(consumer, 10)
+        assert _Spans.started == _Spans.ended > 0
+    finally:
+        _Spans.on = False
+        set_tracing_disabled(True)
+    # The cancellation reached the worker, which cancelled the body.
+    await asyncio.wait_for(stopped.wait(), 30)
+
+
+def test_run_sync_raises_an_error_the_sdk_redacted_detached_from_the_callers(
+    fleet: InProcessFleet,
+) -> None:
+    """As ``Runner.run_sync``: an error the SDK marked as data-redacted leaves ``run_sync``
+    without the exception the caller was handling as its context."""
+
+    @input_guardrail
+    async def protected(context: Any, agent: Any, input: Any) -> GuardrailFunctionOutput:
+        error = RuntimeError("protected configuration")
+        _mark_error_data_redacted(error)
+        raise error
+
+    def agent() -> Agent[Any]:
+        return Agent(name="a", model=ScriptedModel([]), input_guardrails=[protected])
+
+    config = RunConfig(tracing_disabled=True)
+    runner = FleetRunner(fleet.client, tenant_id=TENANT)
+    for run_sync in (Runner.run_sync, runner.run_sync):
+        caller_error = ValueError("the caller's own")
+        try:
+            raise caller_error
+        except ValueError:
+            with pytest.raises(RuntimeError, match="protected configuration") as raised:
+                run_sync(agent(), "hello", run_config=config)
+        assert raised.value.__context__ is None and raised.value.__cause__ is None

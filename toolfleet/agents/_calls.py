@@ -235,9 +235,18 @@ async def invoke_on_fleet(
             call_id=call.call_id,
             reason="tool call cancelled by the agent runner",
         )
-        with contextlib.suppress(Exception):
-            await asyncio.shield(binding.client.cancel(request))
+        # Sent beside the cancellation, not awaited before it: as in-process, the call's task
+        # (and its function span) ends as soon as the runner cancels it, and the run waits for
+        # the request with its batches (``Binding.settled``).
+        sending = asyncio.get_running_loop().create_task(_cancel_quietly(binding, request))
+        binding.batches.add(sending)
+        sending.add_done_callback(binding.batches.discard)
         raise
+
+
+async def _cancel_quietly(binding: Binding, request: CancelRequest) -> None:
+    with contextlib.suppress(Exception):
+        await binding.client.cancel(request)
 
 
 class _SiblingFailed(Exception):

@@ -18,10 +18,20 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from agents import Agent, RunConfig, RunHooks, RunResult, RunResultStreaming
-from agents.exceptions import UserError
+from agents.exceptions import (
+    UserError,
+    _detach_data_redacted_error_traceback,
+    _is_error_data_redacted,
+    _prepare_data_redacted_error,
+    _raise_data_redacted_error,
+)
 from agents.items import TResponseInputItem
 from agents.memory import Session
-from agents.run import DEFAULT_MAX_TURNS, get_default_agent_runner
+from agents.run import (
+    DEFAULT_MAX_TURNS,
+    _data_redacted_sync_cancellation_source,
+    get_default_agent_runner,
+)
 from agents.run_state import RunState
 
 from schemas import CancelRequest, TurnResult
@@ -197,6 +207,18 @@ class FleetRunner:
             raise UserError(
                 "run_sync cannot be called from a running event loop; await FleetRunner.run."
             )
+        redacted: BaseException | None = None
+        try:
+            return self._run_sync(starting_agent, input, **kwargs)
+        except BaseException as error:
+            redacted = _redacted(error)
+            if redacted is None:
+                raise
+        # As the SDK's run_sync: an error the SDK marked as carrying no payload data is raised
+        # from here, detached from the caller's frames and from the exception it was handling.
+        _raise_data_redacted_error(redacted)
+
+    def _run_sync(self, starting_agent: Agent[Any], input: RunInput, **kwargs: Any) -> RunResult:
         fleet_loop = getattr(current_tool_server(), "loop", None)
         if isinstance(fleet_loop, asyncio.AbstractEventLoop) and not (
             fleet_loop.is_running() or fleet_loop.is_closed()
@@ -259,6 +281,20 @@ class FleetRunner:
         )
         with contextlib.suppress(Exception):
             await asyncio.shield(self.client.cancel(request))
+
+
+def _redacted(error: BaseException) -> BaseException | None:
+    """What ``AgentRunner.run_sync`` raises instead of ``error`` when the SDK marked it (or the
+    cancellation it wraps) as data-redacted, detached; None for any other error."""
+    if _is_error_data_redacted(error):
+        _detach_data_redacted_error_traceback(error)
+        return error
+    source = _data_redacted_sync_cancellation_source(error)
+    if source is None:
+        return None
+    prepared = _prepare_data_redacted_error(source)
+    _detach_data_redacted_error_traceback(prepared)
+    return prepared
 
 
 def _context_of(run: Any) -> Any:

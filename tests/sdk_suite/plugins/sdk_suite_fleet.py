@@ -189,9 +189,17 @@ def _hooks() -> Any:
 @pytest.fixture(autouse=True)
 def _sdk_suite_runner() -> Iterator[None]:
     """A new FleetRunner for each test, made at its first runner call; the worker starts
-    its calls caused go to the test's line of the record."""
+    its calls caused go to the test's line of the record.
+
+    Each test also starts with the workers' failure log as a new worker has it: the log
+    writes at most ten tracebacks per tool name per minute (kernel.tools._failures), and the
+    SDK's tests reuse tool names (``fail``), so whether a test's tool failure is logged would
+    otherwise depend on how many tests before it failed a tool of that name."""
     import sdk_suite_record
 
+    from kernel.tools._failures import TOOL_FAILURES
+
+    TOOL_FAILURES._windows.clear()
     _Session.runner = None
     before = _WorkerCounts.started
     yield
