@@ -488,8 +488,9 @@ it builds them from the ledger, which does not record admission."""
 def _commands_for(
     event: ModelResponseEvent, dispatches: list[tuple[Dispatch, tuple[int, int]]]
 ) -> list[ExecutionCommand]:
-    """The commands of ``dispatches``, each with its (attempt, fencing token), and the run
-    context the response carries (payload for the tool: the ledger does not keep it)."""
+    """The commands of ``dispatches``, each with its (attempt, fencing token), the run context
+    the response carries and its call item's other fields (payload for the tool: the ledger
+    does not keep them)."""
     calls = _new_calls(event, [d for d, _ in dispatches])
     commands = [
         command_for(
@@ -502,10 +503,15 @@ def _commands_for(
         )
         for call, (d, (attempt, token)) in zip(calls, dispatches, strict=True)
     ]
-    if event.run_context is None:
+    items = {c.call_id: dict(c.model_extra) for c in event.function_calls if c.model_extra}
+    if event.run_context is None and not items:
         return commands
-    carried = {"run_context": event.run_context}
-    return [command.model_copy(update=carried) for command in commands]
+    return [
+        command.model_copy(
+            update={"run_context": event.run_context, "tool_call": items.get(command.call_id)}
+        )
+        for command in commands
+    ]
 
 
 def _new_calls(

@@ -192,6 +192,12 @@ class ExecutionCommand(Message):
         description="The agent run's context as the response carried it (the first dispatch "
         "of a call; a command built later from the ledger carries none).",
     )
+    tool_call: dict[str, Any] | None = Field(
+        default=None,
+        description="The call item's other fields as the response carried them (its id, "
+        "status, a hosted agent's attribution), for the tool's view of its call; as "
+        "run_context, payload of the first dispatch only.",
+    )
     issued_at: float
 
 

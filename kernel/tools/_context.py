@@ -112,7 +112,7 @@ class ToolContext:
             worker_id=worker_id,
             deadline_at=command.deadline_at,
             _upstream=upstream,
-            _run_context=CarriedRunContext(command.run_context),
+            _run_context=CarriedRunContext(command.run_context, command.tool_call),
         )
 
 

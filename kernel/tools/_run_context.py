@@ -132,12 +132,15 @@ def _pointer(path: Path) -> str:
 
 
 class CarriedRunContext:
-    """The run context one call carries, and the copy its tool is given: built once per
-    attempt, shared by the tool's body, guardrails, approval policy and failure formatter,
-    as one context object is in-process."""
+    """What of the agent run one call carries (its context, its call item's other fields),
+    and the context's copy its tool is given: built once per attempt, shared by the tool's
+    body, guardrails, approval policy and failure formatter, as one context object is
+    in-process."""
 
-    def __init__(self, carried: RunContextCopy | None) -> None:
+    def __init__(self, carried: RunContextCopy | None, item: dict[str, Any] | None = None) -> None:
         self.carried = carried
+        self.item = item
+        """The call item's other fields (id, status, ...), when the command carried them."""
         self._built = False
         self._copy: Any = None
         self._baseline: Any = None

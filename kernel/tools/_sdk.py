@@ -42,6 +42,7 @@ The SDK is imported lazily: toolfleet itself works without ``openai-agents`` ins
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -256,14 +257,22 @@ class FunctionToolAdapter(Tool):
         from agents.tool_context import ToolContext as SdkToolContext
         from openai.types.responses import ResponseFunctionToolCall
 
+        # As the model wrote it: a namespace only when the tool has one.
+        namespace = {"namespace": self.namespace} if self.namespace else {}
         call = ResponseFunctionToolCall(
             type="function_call",
             call_id=ctx.call_id,
             name=self.name,
             arguments=ctx.arguments,
-            namespace=self.namespace,
+            **namespace,
         )
         carried = ctx._run_context
+        if carried.item:
+            # The call as the model wrote it (its id, status, a hosted agent's attribution).
+            with contextlib.suppress(ValueError):
+                call = ResponseFunctionToolCall.model_validate(
+                    {**carried.item, **call.model_dump(exclude_unset=True)}
+                )
         return SdkToolContext(
             carried.copy(self._context_type, default=ctx),
             tool_name=self.name,

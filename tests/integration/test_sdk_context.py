@@ -102,7 +102,7 @@ def outputs(result: Any) -> list[str]:
 async def test_a_dataclass_context_reaches_the_tool_as_in_process(runner: FleetRunner) -> None:
     """The tool declares no context type (``RunContextWrapper[Any]``): its copy is rebuilt as
     the application's class, which the worker has imported. Its SDK tool context names the
-    tool, the call and the agent as in-process."""
+    tool, the call (the item as the model wrote it) and the agent as in-process."""
     seen: list[dict[str, Any]] = []
 
     @function_tool
@@ -114,6 +114,7 @@ async def test_a_dataclass_context_reaches_the_tool_as_in_process(runner: FleetR
                 "context": dataclasses.asdict(ctx.context),
                 "agent": ctx.agent.name,  # type: ignore[attr-defined]
                 "tool": (ctx.tool_name, ctx.tool_call_id, ctx.tool_arguments),  # type: ignore[attr-defined]
+                "call": ctx.tool_call.model_dump(exclude_unset=True),  # type: ignore[attr-defined]
             }
         )
         ctx.context.visits += 1
@@ -137,7 +138,8 @@ async def test_a_dataclass_context_reaches_the_tool_as_in_process(runner: FleetR
         "agent": "guide",
         "tool": ("visit", "v1", '{"page":"home"}'),
     }
-    assert seen[0] == seen[1] == expected
+    assert {k: v for k, v in seen[0].items() if k != "call"} == expected
+    assert seen[0] == seen[1]  # the call item too: its id and status as the model wrote them
     assert outputs(sdk) == outputs(fleet) == ["ann saw home"]
     assert sdk_context == fleet_context == Profile("ann", visits=3, tags=["start", "home"])
     assert fleet.context_wrapper.context is fleet_context  # the application's own object

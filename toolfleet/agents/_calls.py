@@ -458,4 +458,8 @@ def _wire(call: ResponseFunctionToolCall) -> dict[str, Any]:
     }
     if call.namespace:
         item["namespace"] = call.namespace
+    # The item's other fields (its id, status, a hosted agent's attribution) reach the tool's
+    # view of its call on the worker, as in-process; never the call's identity.
+    other = call.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+    item.update((k, v) for k, v in other.items() if k not in item and k != "namespace")
     return item
