@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -298,8 +299,28 @@ async def sdk_stock(sku: str) -> Stock:
 
 @function_tool
 async def sdk_pair(a: int) -> tuple[int, int]:
-    """Returns a tuple, which JSON cannot keep."""
+    """Returns a tuple, which JSON keeps as a list: its return annotation rebuilds it."""
     return (a, a + 1)
+
+
+@dataclass
+class Forecast:
+    """A structured tool output no ``output_type`` declares: only the annotation names it."""
+
+    city: str
+    sky: str
+
+
+@function_tool
+async def sdk_forecast(city: str) -> Forecast:
+    """Returns a dataclass, named by its return annotation only."""
+    return Forecast(city=city, sky="sunny")
+
+
+@function_tool
+async def sdk_loose(a: int):  # type: ignore[no-untyped-def]  # no annotation: nothing to rebuild
+    """Returns a tuple with no return annotation: the application gets the model's text."""
+    return (a, a)
 
 
 @function_tool(failure_error_function=None)
@@ -308,7 +329,7 @@ async def sdk_cancel_itself(reason: str) -> str:
     raise asyncio.CancelledError(reason)
 
 
-OBJECT_TOOLS: list[FunctionTool] = [sdk_ticket, sdk_stock, sdk_pair]
+OBJECT_TOOLS: list[FunctionTool] = [sdk_ticket, sdk_stock, sdk_pair, sdk_forecast, sdk_loose]
 """Tools that return objects, not text (not in SDK_TOOLS: other scenarios' views stay)."""
 
 tools = ToolRegistry.from_function_tools(

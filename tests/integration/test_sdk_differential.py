@@ -366,13 +366,15 @@ async def test_a_tools_returned_object_reaches_the_application_as_in_process(
 ) -> None:
     # The worker's tool returns an object; the model sees its text, while tool_use_behavior,
     # on_tool_end and the run's items get the object, rebuilt from its JSON (by the tool's
-    # output type when it declares one). A tuple, which JSON cannot keep, stays the text the
-    # model saw.
+    # output type when it declares one, else by its function's return annotation). A tuple
+    # no annotation names, which JSON cannot keep, stays the text the model saw.
     s = Script()
     s.turn(
         s.call("a", "sdk_ticket", {"title": "printer"}),
         s.call("b", "sdk_stock", {"sku": "A-1"}),
         s.call("c", "sdk_pair", {"a": 1}),
+        s.call("d", "sdk_forecast", {"city": "Tokyo"}),
+        s.call("e", "sdk_loose", {"a": 3}),
     ).answer()
     seen: dict[str, dict[str, list[Any]]] = {"sdk": {}, "fleet": {}}
 
@@ -395,18 +397,18 @@ async def test_a_tools_returned_object_reaches_the_application_as_in_process(
     on_fleet = await runner.run(agent(s.model(), "fleet"), "go", hooks=Ends("fleet"))
     ticket = {"ticket": {"title": "printer", "status": "created"}}
     stock = t.Stock(sku="A-1", units=42)
+    forecast = t.Forecast(city="Tokyo", sky="sunny")
     # on_tool_end, then tool_use_behavior, each with the returned object.
     assert seen["sdk"] == {
         "sdk_ticket": [ticket] * 2,
         "sdk_stock": [stock] * 2,
         "sdk_pair": [(1, 2)] * 2,
+        "sdk_forecast": [forecast] * 2,
+        "sdk_loose": [(3, 3)] * 2,
     }
-    assert seen["fleet"] == {
-        "sdk_ticket": [ticket] * 2,
-        "sdk_stock": [stock] * 2,
-        "sdk_pair": ["(1, 2)"] * 2,
-    }
-    assert all(type(output) is t.Stock for output in seen["fleet"]["sdk_stock"])
+    assert seen["fleet"] == {**seen["sdk"], "sdk_loose": ["(3, 3)"] * 2}
+    for name, kind in (("sdk_stock", t.Stock), ("sdk_pair", tuple), ("sdk_forecast", t.Forecast)):
+        assert all(type(output) is kind for output in seen["fleet"][name])
 
     def outputs(result: Any) -> list[Any]:
         items = [i for i in result.new_items if i.type == "tool_call_output_item"]
@@ -414,7 +416,7 @@ async def test_a_tools_returned_object_reaches_the_application_as_in_process(
 
     # The model was given the same text both ways; the items hold the objects.
     assert [o[:2] for o in outputs(on_fleet)] == [o[:2] for o in outputs(sdk)]
-    assert [o[2] for o in outputs(on_fleet)] == [ticket, stock, "(1, 2)"]
+    assert [o[2] for o in outputs(on_fleet)] == [ticket, stock, (1, 2), forecast, "(3, 3)"]
 
 
 async def test_run_config_tool_error_formatter_words_a_tool_exception(runner: FleetRunner) -> None:

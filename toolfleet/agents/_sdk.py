@@ -33,6 +33,7 @@ import asyncio
 import functools
 import inspect
 import json
+import typing
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -50,6 +51,7 @@ from agents.tool import (
     resolve_function_tool_failure_error_function,
 )
 from agents.tool_context import ToolContext
+from pydantic import TypeAdapter
 
 from kernel.errors import ToolfleetError
 from kernel.tools import output_text
@@ -252,7 +254,7 @@ def returned(tool: FunctionTool, answer: FleetAnswer) -> Any:
         return answer.output
     try:
         value = json.loads(answer.value)
-        adapter = getattr(tool, "_output_type_adapter", None)
+        adapter = getattr(tool, "_output_type_adapter", None) or _annotated_output(tool)
         if adapter is not None:
             rebuilt = adapter.validate_python(value)
         elif _origin(tool) == ToolOriginType.MCP:
@@ -262,6 +264,33 @@ def returned(tool: FunctionTool, answer: FleetAnswer) -> Any:
     except ValueError:  # pydantic's ValidationError is one
         return answer.output
     return rebuilt if output_text(rebuilt) == answer.output else answer.output
+
+
+def _annotated_output(tool: FunctionTool) -> TypeAdapter[Any] | None:
+    """A TypeAdapter for the return annotation of the function a tool wraps, when it names a
+    type JSON cannot show as it is (a pydantic model, a dataclass, a typed container): the
+    SDK declares an output type only for ``output_type=`` or programmatic callers, yet
+    in-process the application gets the object the function returned, so the runner
+    rebuilds it by the annotation."""
+    try:
+        function = tool.__wrapped__
+    except AttributeError:  # not made by function_tool, or its invoker was replaced
+        return None
+    return _adapter_for_return_of(function)
+
+
+@functools.lru_cache(maxsize=1024)
+def _adapter_for_return_of(function: Any) -> TypeAdapter[Any] | None:
+    try:
+        annotation = typing.get_type_hints(function, include_extras=True).get("return")
+    except Exception:  # an annotation that does not resolve in this process
+        return None
+    if annotation in (None, Any, str, type(None)):
+        return None
+    try:
+        return TypeAdapter(annotation)
+    except Exception:  # pydantic cannot validate into it (an arbitrary class)
+        return None
 
 
 def _content(value: Any) -> Any:
