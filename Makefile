@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: setup setup-demo test lint unit demo docs bench fuzz chaos infra-up infra-down clean \
-	chart-tools image-check console-screenshot sdk-suite
+	chart-tools image-check console-screenshot sdk-suite upgrade-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -68,10 +68,16 @@ lint: $(STAMP)
 ## (local infrastructure, topics, the consume loop, the demo, the console, traces) run in the
 ## first pass only)
 test: setup lint chart-tools
-	$(BIN)/pytest -q --durations=25
+	$(BIN)/pytest -q --durations=25 --ignore=tests/upgrade
 	TOOLFLEET_TEST_REDIS=cluster $(BIN)/pytest -q --durations=15 tests/integration \
 	  -m "integration and not single_redis and not own_cluster and not long_scenario \
 	      and not agent_runtime and not layout_free"
+
+## upgrade-check: a rolling upgrade from the baseline release (kernel/stores/baseline.toml,
+## checked out as a git worktree) with calls in flight, on a single Redis and on the 3-master
+## cluster, replacing the services in two orders (tests/upgrade/; about 2 minutes)
+upgrade-check: setup
+	$(BIN)/pytest -q -s --durations=4 tests/upgrade
 
 ## unit: the tests that need no broker
 unit: $(STAMP)
