@@ -3,8 +3,10 @@ fleet (``--tools tests.integration.sdk_tools:tools``) in tests/integration/test_
 
 Names start with ``sdk_`` because the fleet's tool registry in Redis is shared by every fleet
 on the machine. Tools that count what ran record it in Redis under the side they ran on:
-``fleet`` when the SDK context carries toolfleet's ToolContext (on a worker), ``sdk`` when it
-does not (in-process), so one test can compare both runs of the same call ids.
+``fleet`` in a worker process (the tests' fleets start their workers with ``SIDE_ENV`` set,
+since a tool on a worker now gets a copy of the run's context like the one in-process), or when
+the context is toolfleet's ToolContext (a call that carried no copy); ``sdk`` otherwise
+(in-process), so one test can compare both runs of the same call ids.
 """
 
 from __future__ import annotations
@@ -31,9 +33,14 @@ from executors import ToolContext, ToolRegistry
 from tests.integration.side_effects import side_effects
 
 
+SIDE_ENV = {"SDK_TOOLS_SIDE": "fleet"}
+"""The environment a test fleet's worker processes get: their tools count as "fleet"."""
+
+
 def side(ctx: RunContextWrapper[Any]) -> str:
     """Where a call runs: "fleet" (a worker) or "sdk" (the test process, in-process run)."""
-    return "fleet" if isinstance(ctx.context, ToolContext) else "sdk"
+    on_worker = os.environ.get("SDK_TOOLS_SIDE") == "fleet"
+    return "fleet" if on_worker or isinstance(ctx.context, ToolContext) else "sdk"
 
 
 def runs_key(where: str, call_id: str) -> str:

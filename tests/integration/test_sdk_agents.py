@@ -70,7 +70,7 @@ TENANT = "sdk-agents"
 @pytest.fixture(scope="module")
 def fleet(settings: Settings, topics: list[str]) -> Iterator[LocalFleet]:
     os.environ.setdefault("REDIS_URL", settings.redis_address())  # in-process tools count too
-    env = {"TOOLFLEET_CIRCUIT_MIN_CALLS": "1000000"}
+    env = {"TOOLFLEET_CIRCUIT_MIN_CALLS": "1000000", **t.SIDE_ENV}
     with LocalFleet(settings, tools=TOOLS, workers=2, extra_env=env) as running:
         yield running
 

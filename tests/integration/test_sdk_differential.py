@@ -68,7 +68,7 @@ def fleet(settings: Settings, topics: list[str]) -> Iterator[LocalFleet]:
     os.environ.setdefault("REDIS_URL", settings.redis_address())  # in-process tools count too
     # Several scenarios fail tools on purpose: keep the circuit breaker (a fleet-wide error
     # rate per tool version, shared through Redis) out of this module's way.
-    env = {"TOOLFLEET_CIRCUIT_MIN_CALLS": "1000000"}
+    env = {"TOOLFLEET_CIRCUIT_MIN_CALLS": "1000000", **t.SIDE_ENV}
     with LocalFleet(settings, tools=TOOLS, workers=2, extra_env=env) as running:
         yield running
 
