@@ -5,7 +5,7 @@ the worker, the SDK adapter and ``toolfleet.testing`` use them from here.
 """
 
 from kernel.rules.effects import EffectVerdict, NotExecuted
-from kernel.tools._context import ProbeResult, ProbeState, ToolContext
+from kernel.tools._context import ProbeResult, ProbeState, ToolContext, current_tool_context
 from kernel.tools._errors import (
     ToolCancelledError,
     ToolInputGuardrailTripwireTriggered,
@@ -23,14 +23,6 @@ from kernel.tools._guardrails import (
 )
 from kernel.tools._recovery import run_compensate, run_probe
 from kernel.tools._registry import ToolRegistry
-from kernel.tools._run_context import (
-    CarriedRunContext,
-    apply_json_changes,
-    encode_run_context,
-    json_changes,
-    pointer_path,
-    rebuild_run_context,
-)
 from kernel.tools._runner import CallHooks, output_text, run_call
 from kernel.tools._sdk import FunctionToolAdapter, is_function_tool
 from kernel.tools._tool import (
@@ -48,7 +40,6 @@ from kernel.tools._tool import (
 __all__ = [
     "ApprovalFunction",
     "CallHooks",
-    "CarriedRunContext",
     "CompensateFunction",
     "EffectVerdict",
     "FleetOptions",
@@ -72,16 +63,12 @@ __all__ = [
     "ToolOutputGuardrailTripwireTriggered",
     "ToolRegistry",
     "ToolTimeoutError",
-    "apply_json_changes",
+    "current_tool_context",
     "default_tool_error_function",
     "default_tool_timeout_error_message",
-    "encode_run_context",
     "guardrail_name",
     "is_function_tool",
-    "json_changes",
     "output_text",
-    "pointer_path",
-    "rebuild_run_context",
     "run_call",
     "run_compensate",
     "run_probe",

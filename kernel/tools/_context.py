@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 from kernel.errors import ToolfleetError
 from kernel.rules.effects import ProbeAnswer
-from kernel.tools._run_context import CarriedRunContext
+from kernel.tools.run_context import CarriedRunContext
 from schemas import ExecutionCommand
 
 UpstreamRecorder = Callable[[str], Awaitable[None]]
@@ -114,6 +115,21 @@ class ToolContext:
             _upstream=upstream,
             _run_context=CarriedRunContext(command.run_context, command.tool_call),
         )
+
+
+_CURRENT: ContextVar[ToolContext | None] = ContextVar("toolfleet_tool_context", default=None)
+
+
+def current_tool_context() -> ToolContext | None:
+    """The call the running tool code serves, as the fleet knows it (tenant, run, call,
+    ``idempotency_key``, ``record_upstream_ref``); None outside a call.
+
+    A toolfleet tool is given it as its ``ctx``; an Agents SDK function tool is given the
+    agent run's context instead (a copy of the application's), and reads the fleet's view of
+    its call here: in its body, guardrails, hooks and failure formatter, on a worker or under
+    ``toolfleet.testing.ToolEnvironment``.
+    """
+    return _CURRENT.get()
 
 
 ProbeState = ProbeAnswer

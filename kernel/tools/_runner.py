@@ -55,7 +55,7 @@ from kernel.errors import ModelBehaviorError
 from kernel.rules.effects import effect_for_class
 from kernel.rules.texts import OUTPUT_TOO_LARGE, RUN_ERROR, TOOL_DISABLED_ON_WORKER
 from kernel.tools._capture import Captured, abandon, capture, error_of, text_of
-from kernel.tools._context import ToolContext, UpstreamRecorder
+from kernel.tools._context import _CURRENT, ToolContext, UpstreamRecorder
 from kernel.tools._errors import (
     ToolCancelledError,
     ToolInputGuardrailTripwireTriggered,
@@ -223,10 +223,13 @@ class _CallRun:
 
     async def run(self) -> CallOutcome:
         """The whole call; turn failures become outcomes, parent cancellation propagates."""
+        current = _CURRENT.set(self.ctx)  # for current_tool_context(), in all the call's code
         try:
             outcome = await self._run()
         except _TurnFailed as failed:
             outcome = self._outcome(failed.status, failed.effect, None, failed.error, True)
+        finally:
+            _CURRENT.reset(current)
         if self.parent_cancelled():
             # User code swallowed a cancellation meant for the whole call: honour it anyway.
             raise asyncio.CancelledError
@@ -246,6 +249,7 @@ class _CallRun:
             parse_error = exc
         else:
             self.ctx = dataclasses.replace(self.ctx, args=args)
+            _CURRENT.set(self.ctx)
         if not command.approved and await self._approval_required():
             if command.pre_approval_guardrails:
                 rejection = await self._input_guardrails()

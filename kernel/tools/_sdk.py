@@ -26,7 +26,9 @@ a dataclass, pydantic model or JSON context), rebuilt as the type the function d
 its module imported, else as JSON's values; one copy per attempt, whose changes travel back
 with the outcome (``CallOutcome.run_context``). A call without a copy (another runtime, a
 context that could not be copied, a command the fleet rebuilt from its ledger) sees
-toolfleet's ``ToolContext`` (idempotency key, tenant, run, attempt) instead.
+toolfleet's ``ToolContext`` (idempotency key, tenant, run, attempt) instead. Either way the
+fleet's own view of the call (its ``idempotency_key`` for the upstream,
+``record_upstream_ref``) is ``current_tool_context()``.
 ``ToolContext.agent`` is an agent named as the run's agent that made the call (a placeholder
 named ``toolfleet`` when the call does not say): the agent object itself stays with the
 runner. Structured tool outputs (images, files) cannot be carried on toolfleet's string-only

@@ -27,6 +27,7 @@ from agents.tracing import set_tracing_disabled
 from pydantic import BaseModel
 
 from executors import ToolContext as WorkerToolContext
+from executors import current_tool_context
 from kernel.settings import Settings
 from toolfleet.agents import FleetRunner
 from toolfleet.testing import InProcessFleet
@@ -102,8 +103,10 @@ def outputs(result: Any) -> list[str]:
 async def test_a_dataclass_context_reaches_the_tool_as_in_process(runner: FleetRunner) -> None:
     """The tool declares no context type (``RunContextWrapper[Any]``): its copy is rebuilt as
     the application's class, which the worker has imported. Its SDK tool context names the
-    tool, the call (the item as the model wrote it) and the agent as in-process."""
+    tool, the call (the item as the model wrote it) and the agent as in-process; the fleet's
+    view of the call is ``current_tool_context()``."""
     seen: list[dict[str, Any]] = []
+    keys: list[str | None] = []
 
     @function_tool
     def visit(ctx: RunContextWrapper[Any], page: str) -> str:
@@ -117,6 +120,8 @@ async def test_a_dataclass_context_reaches_the_tool_as_in_process(runner: FleetR
                 "call": ctx.tool_call.model_dump(exclude_unset=True),  # type: ignore[attr-defined]
             }
         )
+        fleet_call = current_tool_context()  # the fleet's view of the call: on a worker only
+        keys.append(fleet_call.idempotency_key if fleet_call is not None else None)
         ctx.context.visits += 1
         ctx.context.tags.append(page)
         return f"{ctx.context.user} saw {page}"
@@ -140,6 +145,7 @@ async def test_a_dataclass_context_reaches_the_tool_as_in_process(runner: FleetR
     }
     assert {k: v for k, v in seen[0].items() if k != "call"} == expected
     assert seen[0] == seen[1]  # the call item too: its id and status as the model wrote them
+    assert keys[0] is None and keys[1] is not None and keys[1].startswith("tf-")
     assert outputs(sdk) == outputs(fleet) == ["ann saw home"]
     assert sdk_context == fleet_context == Profile("ann", visits=3, tags=["start", "home"])
     assert fleet.context_wrapper.context is fleet_context  # the application's own object

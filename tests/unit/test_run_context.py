@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from agents import RunContextWrapper, function_tool
 from pydantic import BaseModel, Field
 
-from kernel.tools import (
+from executors import Tool, ToolContext, ToolRegistry, current_tool_context, run_call
+from kernel.tools.run_context import (
     CarriedRunContext,
     apply_json_changes,
     encode_run_context,
@@ -26,7 +29,7 @@ from kernel.tools import (
     pointer_path,
     rebuild_run_context,
 )
-from schemas import RunContextCopy
+from schemas import ExecutionCommand, RunContextCopy
 from toolfleet.agents._context import BatchContext, RunContextSync
 
 LIMIT = 262_144
@@ -345,3 +348,61 @@ def test_the_tool_input_travels_beside_the_context() -> None:
     assert copy is None
     assert carried.available
     assert carried.tool_input() == {"input": "hi"}
+
+
+# --- the worker: an SDK function tool run by toolfleet's runner -------------------------------
+def command_for_tool(tool: Tool, arguments: str, **overrides: Any) -> ExecutionCommand:
+    fields: dict[str, Any] = {
+        "tenant_id": "t1", "run_id": "r1", "turn_id": 0, "call_id": "c1",
+        "tool_name": tool.lookup_key, "arguments": arguments, "index": 0, "pool": "default",
+        "attempt": 1, "fencing_token": 1, "idempotency_key": "idem-1", "fingerprint": "fp",
+        "issued_at": time.time(),
+    }  # fmt: skip
+    return ExecutionCommand(**(fields | overrides))
+
+
+async def test_an_sdk_tool_on_a_worker_gets_the_copy_and_sends_back_its_change() -> None:
+    seen: list[Any] = []
+
+    @function_tool
+    async def book(ctx: RunContextWrapper[Booking], row: int) -> str:
+        """Book a seat."""
+        seen.append((ctx.context, ctx.agent, ctx.tool_call, current_tool_context()))  # type: ignore[attr-defined]
+        ctx.context.seat = Seat(row=row, letter="A")
+        return "booked"
+
+    app = Booking(passenger="ann")
+    batch = batch_of(app, "c1")
+    tool = ToolRegistry().add_function_tool(book)
+    item = {"id": "fc_1", "status": "completed", "agent": {"agent_name": "/root/x"}}
+    outcome = await run_call(
+        tool,
+        command_for_tool(tool, '{"row": 7}', run_context=batch.copy, tool_call=item),
+        worker_id="w1",
+    )
+    ((copy, agent, call, fleet_ctx),) = seen
+    booked = Booking(passenger="ann", seat=Seat(row=7, letter="A"))
+    assert isinstance(copy, Booking) and copy == booked
+    assert agent.name == "a"
+    assert (call.id, call.status, call.agent) == ("fc_1", "completed", {"agent_name": "/root/x"})
+    assert isinstance(fleet_ctx, ToolContext) and fleet_ctx.idempotency_key == "idem-1"
+    assert current_tool_context() is None  # only while the call runs
+    batch.apply("c1", outcome.run_context)
+    assert app == booked
+
+
+async def test_without_a_copy_an_sdk_tool_sees_the_workers_tool_context() -> None:
+    seen: list[Any] = []
+
+    @function_tool
+    async def who(ctx: RunContextWrapper[Any]) -> str:
+        """Who runs."""
+        seen.append((ctx.context, ctx.agent.name))  # type: ignore[attr-defined]
+        return "ok"
+
+    tool = ToolRegistry().add_function_tool(who)
+    outcome = await run_call(tool, command_for_tool(tool, "{}"), worker_id="w1")
+    ((context, agent),) = seen
+    assert isinstance(context, ToolContext) and context.idempotency_key == "idem-1"
+    assert agent == "toolfleet"
+    assert outcome.run_context is None

@@ -30,7 +30,7 @@ from typing import Any
 from agents.run_internal import tool_execution
 from pydantic import BaseModel
 
-from kernel.tools import (
+from kernel.tools.run_context import (
     apply_json_changes,
     encode_run_context,
     pointer_path,

@@ -26,6 +26,15 @@ from pydantic_core import PydanticSerializationError, to_json
 
 from schemas import RunContextCopy
 
+__all__ = [
+    "CarriedRunContext",
+    "apply_json_changes",
+    "encode_run_context",
+    "json_changes",
+    "pointer_path",
+    "rebuild_run_context",
+]
+
 Path = tuple[str, ...]
 """Where a member sits in a JSON document: the object keys from the root down."""
 
