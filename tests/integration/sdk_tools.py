@@ -32,7 +32,6 @@ from pydantic import BaseModel
 from executors import ToolContext, ToolRegistry
 from tests.integration.side_effects import side_effects
 
-
 SIDE_ENV = {"SDK_TOOLS_SIDE": "fleet"}
 """The environment a test fleet's worker processes get: their tools count as "fleet"."""
 
