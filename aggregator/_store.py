@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import orjson
-from redis.asyncio import Redis
 
 from aggregator._turn import TurnState
 from kernel.adapters.redis import BoundedCache
@@ -86,9 +85,8 @@ class TurnStore:
     writes the fields that changed. The compare-and-set still guards every write.
     """
 
-    def __init__(self, redis: Redis, *, ttl_s: int, cached: int) -> None:
-        self.ttl_s = ttl_s
-        self._hashes = TurnHashes(redis, ttl_s=ttl_s)
+    def __init__(self, hashes: TurnHashes, *, cached: int) -> None:
+        self._hashes = hashes
         self._cache: BoundedCache[str, StoredTurn] = BoundedCache(cached)
 
     async def update(

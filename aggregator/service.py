@@ -22,7 +22,6 @@ from typing import Any, NamedTuple
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from opentelemetry.trace import Span, SpanKind
-from redis.asyncio import Redis
 
 from aggregator._store import StoredTurn, TurnStore
 from aggregator._turn import TurnState, accept_outcome, build_result, is_settled
@@ -37,15 +36,13 @@ from kernel.adapters.bus import (
 )
 from kernel.adapters.dependencies import DEPENDENCIES
 from kernel.adapters.metrics import MESSAGES, TURN_LATENCY, labelled
-from kernel.adapters.redis import add_to_set, text
 from kernel.adapters.tracing import context_from_traceparent, headers_of, tracer
 from kernel.errors import InvalidMessageError
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.outcomes import ended
 from kernel.settings import Settings
-from kernel.stores.admission import Admission, queued_command
-from kernel.stores.keys import Keys
-from kernel.stores.ledger import Ledger
+from kernel.stores.admission import queued_command
+from kernel.stores.door import Stores
 from schemas import CallOutcome, CancelRequest, TurnError, TurnPlan, TurnResult
 
 log = logging.getLogger(__name__)
@@ -69,13 +66,14 @@ class Emission(NamedTuple):
 class Aggregator:
     """Consumes plans, outcomes and cancellations; publishes TurnResults transactionally."""
 
-    def __init__(self, settings: Settings, *, bus: Bus, redis: Redis) -> None:
+    def __init__(self, settings: Settings, *, bus: Bus, stores: Stores) -> None:
         self.settings = settings
         self.bus = bus
-        self.redis = redis
-        self.keys = Keys.of(settings)
-        self.admission = Admission(self.redis, self.keys)
-        self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
+        self.keys = stores.keys
+        self.admission = stores.admission()
+        self.ledger = stores.ledger()
+        self.runs = stores.run_turns()
+        """Each run's turns (a cancellation ends them all) and the turns attached to a call."""
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
         self.auth = DecisionAuth.of(settings)
         self._stopping = asyncio.Event()
@@ -85,7 +83,7 @@ class Aggregator:
         # Runs handled at once: their Redis steps share round trips (auto-pipelining), so a
         # whole polled batch goes at once instead of in waves.
         self._slots = asyncio.Semaphore(512)
-        self.turns = TurnStore(self.redis, ttl_s=settings.ledger_retention_s, cached=_CACHED_TURNS)
+        self.turns = TurnStore(stores.turn_hashes(), cached=_CACHED_TURNS)
         self._uncommitted: dict[TopicPartition, int] = {}
         """Offsets of handled batches that emitted nothing, for the next transaction."""
         self._committed_at = time.monotonic()
@@ -335,9 +333,8 @@ class Aggregator:
 
         # A plan usually comes first: write without reading (early outcomes fail the write).
         # The run's turn list (for cancellations) is written in the same round trip.
-        turns = self.keys.turns(plan.tenant_id, plan.run_id)
         _, emitted = await asyncio.gather(
-            add_to_set(self.redis, turns, plan.turn_id, self.settings.ledger_retention_s),
+            self.runs.add(plan.tenant_id, plan.run_id, plan.turn_id),
             self._update(plan.tenant_id, plan.run_id, plan.turn_id, change, new=True),
         )
         return emitted
@@ -413,11 +410,9 @@ class Aggregator:
         # The ledger says so too: a call that never started does not stay ``dispatched``.
         await asyncio.gather(*(self.ledger.settle(outcome) for outcome in withdrawn))
         results = []
-        for turn_id in await self.redis.smembers(
-            self.keys.turns(request.tenant_id, request.run_id)
-        ):
+        for turn_id in await self.runs.of_run(request.tenant_id, request.run_id):
 
-            def change(state: StoredTurn, turn_id: int = int(turn_id)) -> Emission | None:
+            def change(state: StoredTurn, turn_id: int = turn_id) -> Emission | None:
                 if state.turn is None:
                     return None
                 for outcome in withdrawn:
@@ -426,7 +421,7 @@ class Aggregator:
                 state.turn.cancelled = True
                 return _maybe_emit(state, state.turn, triggers)
 
-            results += await self._update(request.tenant_id, request.run_id, int(turn_id), change)
+            results += await self._update(request.tenant_id, request.run_id, turn_id, change)
         return results
 
     async def _update(
@@ -456,14 +451,13 @@ class Aggregator:
         if not attached:
             return []
         entries = await self.ledger.read(plan.tenant_id, plan.run_id, attached)
-        me = f"{plan.run_id}\x1f{plan.turn_id}"
         running_elsewhere = [
             e.call_id
             for e in entries.values()
             if e.outcome is None and (e.run_id, e.turn_id) != (plan.run_id, plan.turn_id)
         ]
         for call_id in running_elsewhere:
-            await self.redis.sadd(self.keys.attached(plan.tenant_id, plan.run_id, call_id), me)
+            await self.runs.attach(plan.tenant_id, call_id, (plan.run_id, plan.turn_id))
         if running_elsewhere:
             entries |= await self.ledger.read(plan.tenant_id, plan.run_id, running_elsewhere)
         return [
@@ -477,17 +471,11 @@ class Aggregator:
     ) -> list[tuple[CallOutcome, str]]:
         """Executed outcomes again for every other turn attached to their calls (one block of
         the burst, no task per lookup)."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for outcome in executed:
-                pipe.smembers(
-                    self.keys.attached(outcome.tenant_id, outcome.run_id, outcome.call_id)
-                )
-            members = await pipe.execute()
+        attached = await self.runs.attached([(o.tenant_id, o.run_id, o.call_id) for o in executed])
         copies = []
-        for outcome, waiting in zip(executed, members, strict=True):
-            for member in waiting:
-                run_id, _, turn_id = text(member).partition("\x1f")
-                copy = outcome.model_copy(update={"run_id": run_id, "turn_id": int(turn_id)})
+        for outcome, waiting in zip(executed, attached, strict=True):
+            for run_id, turn_id in waiting:
+                copy = outcome.model_copy(update={"run_id": run_id, "turn_id": turn_id})
                 copies.append((copy, f"attached:{run_id}:{turn_id}:{outcome.call_id}"))
         return copies
 

@@ -18,11 +18,8 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from redis.asyncio import Redis
-
 from kernel.rules.effects import counts_against_circuit
 from kernel.stores.circuit import CircuitBreaker
-from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
 from schemas import CallOutcome
 
@@ -33,13 +30,10 @@ _Entry = tuple[CallOutcome, bool | None, "asyncio.Future[list[str]]"]
 class AfterPublish:
     """Commits published outcomes and counts executed calls, a loop turn's worth at a time."""
 
-    def __init__(
-        self, redis: Redis, keys: Keys, circuits: CircuitBreaker, retention_s: int
-    ) -> None:
-        self.keys = keys
+    def __init__(self, ledger: Ledger, circuits: CircuitBreaker) -> None:
+        self.ledger = ledger
+        """Commits the outcomes, a plain run kept its retention after (``Ledger.commit``)."""
         self.circuits = circuits
-        self.retention_s = retention_s
-        self.ledger = Ledger(redis, keys, retention_s)
         self._pending: dict[str | None, list[_Entry]] = {}
         self._writes: set[asyncio.Task[None]] = set()
 

@@ -24,7 +24,6 @@ from typing import TypeVar
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from opentelemetry import trace
-from redis.asyncio import Redis
 
 from executors._after_publish import AfterPublish
 from kernel.adapters.backoff import STEP, nap
@@ -64,12 +63,9 @@ from kernel.rules.outcomes import WORKER_LOST, ended, identity, lost
 from kernel.rules.texts import CIRCUIT_OPEN, UNKNOWN_OUTCOME, unknown_outcome_text
 from kernel.rules.versions import version_ref
 from kernel.settings import Settings
-from kernel.stores.admission import Admission
-from kernel.stores.circuit import CircuitBreaker
-from kernel.stores.keys import Keys
-from kernel.stores.ledger import CallFailure, Ledger
-from kernel.stores.registry import publish_tools
-from kernel.stores.tasks import TaskStore, new_task_id
+from kernel.stores.door import Stores
+from kernel.stores.ledger import CallFailure
+from kernel.stores.tasks import new_task_id
 from kernel.tools import Tool, ToolFailure, ToolRegistry, run_call, run_compensate, run_probe
 from schemas import CallError, CallOutcome, CancelRequest, ExecutionCommand, HumanTask
 
@@ -109,7 +105,7 @@ class Worker:
         worker_id: str | None = None,
         *,
         bus: Bus,
-        redis: Redis,
+        stores: Stores,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -118,16 +114,14 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.service = f"worker-{pool}"
         self.bus = bus
-        self.redis = redis
-        self.keys = Keys.of(settings)
-        self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
-        self.admission = Admission(self.redis, self.keys)
-        self.circuits = CircuitBreaker(self.redis, settings)
-        self.tasks = TaskStore(self.redis, self.keys)
+        self.stores = stores
+        self.keys = stores.keys
+        self.ledger = stores.ledger()
+        self.admission = stores.admission()
+        self.circuits = stores.circuits()
+        self.tasks = stores.tasks()
         self.auth = DecisionAuth.of(settings)
-        self._after_publish = AfterPublish(
-            self.redis, self.keys, self.circuits, settings.ledger_retention_s
-        )
+        self._after_publish = AfterPublish(self.ledger, self.circuits)
         self._slots = asyncio.Semaphore(self.limits.per_worker)
         # A slot is given back when the tool ends; outcomes still being written and published
         # (Kafka refusing writes, say) are bounded too, so a worker stops taking commands.
@@ -166,7 +160,7 @@ class Worker:
             await self.registry.close()
 
     async def _serve(self) -> None:
-        await publish_tools(self.redis, self.keys, self.registry.specs(self.pool))
+        await self.stores.publish_tools(self.registry.specs(self.pool))
         await self.bus.start()
         commands = self.bus.consumer([], group=f"workers.{self.pool}", max_poll_records=200)
         commands.subscribe([self.bus.topic(command_topic(self.pool))], listener=_Ownership(self))

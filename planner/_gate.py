@@ -12,11 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
-
 from kernel.rules.effects import fails_turn
 from kernel.stores.gates import GateStore, JsonState
-from kernel.stores.keys import Keys
 from planner._planning import next_to_release
 from schemas import CallOutcome, PlannedCall, TurnPlan
 
@@ -30,11 +27,11 @@ class Released:
 
 
 class Gate:
-    """Releases the calls of capped turns; state per turn in Redis."""
+    """Releases the calls of capped turns; state per turn in ``store``."""
 
-    def __init__(self, redis: Redis, keys: Keys, *, ttl_s: int) -> None:
-        self.store = GateStore(redis, keys, ttl_s=ttl_s)
-        """Each turn's gate state, living as long as its ledger entries (``ttl_s``)."""
+    def __init__(self, store: GateStore) -> None:
+        self.store = store
+        """Each turn's gate state, living as long as its ledger entries."""
 
     async def open(self, plan: TurnPlan, dispatch: list[str]) -> list[str]:
         """Create the gate for a new plan (idempotent per epoch); the call_ids to send now."""

@@ -9,32 +9,24 @@ cancellations and outcomes.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-
-from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
 
 from kernel.adapters.backoff import TICK, nap
 from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, ConsumeLoop, Record
 from kernel.adapters.dependencies import DEPENDENCIES
 from kernel.adapters.logs import RecurringFailure, log_context
 from kernel.adapters.metrics import PLAN_LATENCY
-from kernel.adapters.redis import HashFields, text
 from kernel.adapters.tracing import consuming, phase, trace_id, traceparent, tracer
 from kernel.errors import InvalidMessageError
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.limits import json_depth_exceeds
 from kernel.rules.versions import choose_version, circuits_to_check
 from kernel.settings import Settings
-from kernel.stores.admission import Admission
 from kernel.stores.admitting import Admitter
-from kernel.stores.circuit import CircuitBreaker
-from kernel.stores.keys import Keys
-from kernel.stores.ledger import CallPolicy, Ledger, LedgerEntry, NewCall, command_for
-from kernel.stores.registry import ToolDirectory
+from kernel.stores.door import Stores
+from kernel.stores.ledger import CallPolicy, LedgerEntry, NewCall, RunDecision, command_for
 from planner._gate import Gate
 from planner._planning import (
     ApprovalView,
@@ -64,18 +56,17 @@ Issued = tuple[int, int] | None
 class Planner:
     """Consumes model-responses, approvals, cancellations and outcomes (for concurrency caps)."""
 
-    def __init__(self, settings: Settings, *, bus: Bus, redis: Redis) -> None:
+    def __init__(self, settings: Settings, *, bus: Bus, stores: Stores) -> None:
         self.settings = settings
         self.bus = bus
-        self.redis = redis
-        self.keys = Keys.of(settings)
-        self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
-        self.tools = ToolDirectory(self.redis, self.keys, max_age_s=settings.registry_cache_s)
-        self.circuits = CircuitBreaker(self.redis, settings)
+        self.keys = stores.keys
+        self.ledger = stores.ledger()
+        self.tools = stores.tool_directory(max_age_s=settings.registry_cache_s)
+        self.circuits = stores.circuits()
         self._routing: dict[str, str] = {}
         """Lookup key -> why its calls go where they go, as last logged (logged on change)."""
-        self.gate = Gate(self.redis, self.keys, ttl_s=settings.ledger_retention_s)
-        self.admitter = Admitter(Admission.of(self.redis, self.keys, settings), self.bus)
+        self.gate = Gate(stores.gates())
+        self.admitter = Admitter(stores.admission(), self.bus)
         self.auth = DecisionAuth.of(settings)
         self._tracer = tracer("planner")
         self._loop: ConsumeLoop | None = None
@@ -265,18 +256,17 @@ class Planner:
 
     async def on_approval(self, decision: ApprovalDecision) -> None:
         """Store a decision; the runtime resumes the turn with a ``resume: true`` response."""
-        value = json.dumps({"approve": decision.approve, "message": decision.message})
-        fields: HashFields = {f"call:{decision.call_id}": value}
+        sticky = None
         if decision.sticky is not None:
-            sticky = decision.sticky == "always_approve"
-            fields[f"sticky:{decision.tool_name}"] = json.dumps(
-                {"approve": sticky, "message": decision.message}
-            )
-        approvals = self.keys.approvals(decision.tenant_id, decision.run_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(approvals, mapping=fields)
-            self._retain(pipe, approvals)
-            await pipe.execute()
+            always = decision.sticky == "always_approve"
+            sticky = (decision.tool_name, RunDecision(always, decision.message))
+        await self.ledger.record_decision(
+            decision.tenant_id,
+            decision.run_id,
+            decision.call_id,
+            RunDecision(decision.approve, decision.message),
+            sticky=sticky,
+        )
         await self.ledger.append_audit(
             decision.tenant_id,
             decision.run_id,
@@ -290,30 +280,17 @@ class Planner:
     async def on_cancel(self, request: CancelRequest) -> None:
         """Parent cancellation: nothing of the run starts from now on."""
         if request.call_id is None:
-            cancelled = self.keys.cancelled(request.tenant_id, request.run_id)
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.set(cancelled, request.reason)
-                self._retain(pipe, cancelled)
-                await pipe.execute()
+            await self.ledger.cancel_run(request.tenant_id, request.run_id, request.reason)
             # Its calls waiting for admission are withdrawn by the aggregator, which reports
             # them skipped in the cancelled turn's result.
             await self.gate.cancel_run(request.tenant_id, request.run_id)
 
-    def _retain(self, pipe: Pipeline, key: str) -> None:
-        """A run's decisions last as long as its calls' ledger entries (0: forever)."""
-        if self.settings.ledger_retention_s > 0:
-            pipe.expire(key, self.settings.ledger_retention_s)
-
     async def _approvals(self, tenant_id: str, run_id: str) -> ApprovalView:
-        raw = await self.redis.hgetall(self.keys.approvals(tenant_id, run_id))
-        per_call: dict[str, Decision] = {}
-        sticky: dict[str, Decision] = {}
-        for key, value in raw.items():
-            kind, _, name = text(key).partition(":")
-            data = json.loads(value)
-            decision = Decision(bool(data["approve"]), data.get("message"))
-            (per_call if kind == "call" else sticky)[name] = decision
-        return ApprovalView(per_call=per_call, sticky=sticky)
+        stored = await self.ledger.decisions(tenant_id, run_id)
+        return ApprovalView(
+            per_call={c: Decision(d.approve, d.message) for c, d in stored.per_call.items()},
+            sticky={t: Decision(d.approve, d.message) for t, d in stored.sticky.items()},
+        )
 
     async def _routed(self, needed: list[str]) -> tuple[dict[str, ToolSpec], dict[str, str]]:
         """The spec each tool is planned with, and the versions dispatched calls must run.
@@ -373,7 +350,7 @@ class Planner:
                 event.tenant_id, event.run_id, (c.call_id for c in items if c.call_id)
             ),
             self._approvals(event.tenant_id, event.run_id),
-            self.redis.smembers(self.keys.held(event.tenant_id, event.run_id)),
+            self.ledger.held(event.tenant_id, event.run_id),
         )
         # A resumed turn gets a newer plan epoch; the offset keeps it stable on redelivery.
         epoch = record.offset + 1 if event.resume else 0
@@ -385,7 +362,7 @@ class Planner:
             now=time.time(),
             epoch=epoch,
             routes=routes,
-            held={text(m) for m in held},
+            held=held,
             unasked=unasked,
         )
         if result.failed:

@@ -16,8 +16,6 @@ import random
 import time
 from typing import Literal, get_args
 
-from redis.asyncio import Redis
-
 from kernel.adapters.backoff import TICK, Interrupted, nap
 from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, ConsumeLoop, Record
 from kernel.adapters.dependencies import DEPENDENCIES
@@ -38,14 +36,10 @@ from kernel.rules.effects import probe_answer
 from kernel.rules.outcomes import lost
 from kernel.rules.texts import COMPENSATED, DEFAULT_ERROR, unknown_outcome_text
 from kernel.settings import Settings
-from kernel.stores.admission import Admission
 from kernel.stores.admitting import Admitter
-from kernel.stores.keys import Keys
-from kernel.stores.ledger import Ledger, LedgerEntry, NewCall, command_for
-from kernel.stores.reconciling import ReconcileState
-from kernel.stores.registry import ToolDirectory
-from kernel.stores.tasks import TaskStore, new_task_id
-from kernel.stores.unknowns import UnknownEffects
+from kernel.stores.door import Stores
+from kernel.stores.ledger import LedgerEntry, NewCall, command_for
+from kernel.stores.tasks import new_task_id
 from reconciler._policy import (
     Action,
     AskCompensationApproval,
@@ -98,23 +92,22 @@ class Reconciler:
         settings: Settings,
         *,
         bus: Bus,
-        redis: Redis,
+        stores: Stores,
         policy: RecoveryPolicy | None = None,
         tick_s: float = 0.2,
     ) -> None:
         self.settings = settings
         self.policy = policy or RecoveryPolicy.of(settings)
         self.bus = bus
-        self.redis = redis
-        self.keys = Keys.of(settings)
-        self.ledger = Ledger(self.redis, self.keys, settings.ledger_retention_s)
-        self.admitter = Admitter(Admission.of(self.redis, self.keys, settings), self.bus)
-        self.tools = ToolDirectory(self.redis, self.keys)
-        self.tasks = TaskStore(self.redis, self.keys)
-        self.unknowns = UnknownEffects(self.redis, self.keys, self.ledger)
+        self.keys = stores.keys
+        self.ledger = stores.ledger()
+        self.admitter = Admitter(stores.admission(), self.bus)
+        self.tools = stores.tool_directory()
+        self.tasks = stores.tasks()
+        self.unknowns = stores.unknowns(self.ledger)
         self.auth = DecisionAuth.of(settings)
         self.tick_s = tick_s
-        self.recon = ReconcileState(self.redis, self.keys)
+        self.recon = stores.reconciling()
         self._loop: ConsumeLoop | None = None
         self._stopping = asyncio.Event()
 

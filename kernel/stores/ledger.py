@@ -184,6 +184,34 @@ class CallFailure:
 
 
 @dataclass(frozen=True)
+class RunDecision:
+    """A person's approval decision as its run keeps it, for one call or sticky for a tool:
+    approve or reject, with the message the model sees on a rejection."""
+
+    approve: bool
+    message: str | None = None
+
+    def encode(self) -> str:
+        """The value of its field in the run's decisions hash."""
+        return json.dumps({"approve": self.approve, "message": self.message})
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> RunDecision:
+        """The decision a field of the run's decisions hash holds."""
+        data = json.loads(raw)
+        return cls(bool(data["approve"]), data.get("message"))
+
+
+@dataclass(frozen=True)
+class RunDecisions:
+    """A run's approval decisions received so far: per call id, and sticky per tool."""
+
+    per_call: dict[str, RunDecision] = dataclasses.field(default_factory=dict)
+    sticky: dict[str, RunDecision] = dataclasses.field(default_factory=dict)
+    """Keyed by the tool's lookup key (namespace.name or name)."""
+
+
+@dataclass(frozen=True)
 class LedgerEntry:
     """A call's ledger entry as read from Redis."""
 
@@ -586,6 +614,52 @@ class Ledger:
         """Take the call out of its lease index (its expired lease has been dealt with)."""
         member = lease_member(tenant_id, run_id, call_id)
         await self.redis.zrem(self.lease_index(tenant_id, run_id), member)
+
+    async def record_decision(
+        self,
+        tenant_id: str,
+        run_id: str,
+        call_id: str,
+        decision: RunDecision,
+        *,
+        sticky: tuple[str, RunDecision] | None = None,
+    ) -> None:
+        """Keep a person's decision on ``call_id`` among the run's decisions (``decisions``),
+        with ``sticky`` (tool lookup key, decision) one for the tool's later calls of the run
+        too; they last as long as the run's ledger entries (``retention_s``; 0: forever)."""
+        fields: HashFields = {f"call:{call_id}": decision.encode()}
+        if sticky is not None:
+            tool, always = sticky
+            fields[f"sticky:{tool}"] = always.encode()
+        key = self.keys.approvals(tenant_id, run_id)
+        async with self.redis.pipeline(transaction=False) as pipe:  # one slot: the run's group
+            pipe.hset(key, mapping=fields)
+            if self.retention_s > 0:
+                pipe.expire(key, self.retention_s)
+            await pipe.execute()
+
+    async def decisions(self, tenant_id: str, run_id: str) -> RunDecisions:
+        """The run's approval decisions (``record_decision``) received so far."""
+        raw = await self.redis.hgetall(self.keys.approvals(tenant_id, run_id))
+        found = RunDecisions()
+        for field, value in raw.items():
+            kind, _, name = text(field).partition(":")
+            (found.per_call if kind == "call" else found.sticky)[name] = RunDecision.decode(value)
+        return found
+
+    async def cancel_run(self, tenant_id: str, run_id: str, reason: str) -> None:
+        """Parent cancellation: none of the run's calls starts from now on (``begin`` checks
+        it); the mark lasts as long as the run's ledger entries."""
+        key = self.keys.cancelled(tenant_id, run_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(key, reason)
+            if self.retention_s > 0:
+                pipe.expire(key, self.retention_s)
+            await pipe.execute()
+
+    async def held(self, tenant_id: str, run_id: str) -> set[str]:
+        """The run's calls with a wrong effect not yet compensated (``hold``)."""
+        return {text(m) for m in await self.redis.smembers(self.keys.held(tenant_id, run_id))}
 
     async def hold(self, tenant_id: str, run_id: str, call_id: str) -> None:
         """The call had a wrong effect: until it is compensated (``release_hold``), the run's

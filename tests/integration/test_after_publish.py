@@ -38,7 +38,7 @@ async def test_a_burst_of_outcomes_is_committed_and_counted_in_one_step(
     keys = Keys.of(settings)
     ledger = Ledger(redis, keys)
     circuits = CircuitBreaker(redis, settings)
-    after = AfterPublish(redis, keys, circuits, settings.ledger_retention_s)
+    after = AfterPublish(Ledger(redis, keys, settings.ledger_retention_s), circuits)
     ref = f"tool@{uuid.uuid4().hex[:8]}"
     counted = [await _finished(ledger) for _ in range(5)]
     uncounted = await _finished(ledger)  # e.g. a call that never started: committed only
@@ -61,7 +61,7 @@ async def test_failures_that_open_the_circuit_name_the_window_to_one_caller(
     ledger = Ledger(redis, keys)
     tight = settings.model_copy(update={"circuit_min_calls": 4, "circuit_error_rate": 0.5})
     circuits = CircuitBreaker(redis, tight)
-    after = AfterPublish(redis, keys, circuits, settings.ledger_retention_s)
+    after = AfterPublish(Ledger(redis, keys, settings.ledger_retention_s), circuits)
     ref = f"tool@{uuid.uuid4().hex[:8]}"
     ok = [await _finished(ledger) for _ in range(2)]
     failed = [await _finished(ledger, "failed") for _ in range(3)]
@@ -83,7 +83,7 @@ async def test_a_plain_run_expires_after_the_retention_and_a_call_with_history_i
 ) -> None:
     keys = Keys.of(settings)
     ledger = Ledger(redis, keys, retention_s=600)
-    after = AfterPublish(redis, keys, CircuitBreaker(redis, settings), retention_s=600)
+    after = AfterPublish(Ledger(redis, keys, 600), CircuitBreaker(redis, settings))
     plain, probed = await _finished(ledger), await _finished(ledger)
     await ledger.append_audit("t", "run", probed.call_id, "probe", state="applied")
     await asyncio.gather(after(plain, None), after(probed, None))
@@ -96,5 +96,5 @@ async def test_a_plain_run_expires_after_the_retention_and_a_call_with_history_i
     # Retention 0 keeps everything.
     forever = Ledger(redis, keys, retention_s=0)
     kept = await _finished(forever)
-    await AfterPublish(redis, keys, CircuitBreaker(redis, settings), retention_s=0)(kept, None)
+    await AfterPublish(Ledger(redis, keys, 0), CircuitBreaker(redis, settings))(kept, None)
     assert await _ttls(redis, keys, kept.call_id) == (-1, -2)

@@ -22,6 +22,7 @@ from aggregator.service import Aggregator
 from kernel.adapters.bus import KafkaBus
 from kernel.adapters.topics import ensure_topics
 from kernel.settings import Settings
+from kernel.stores.door import Stores
 from schemas import CallOutcome, DeadLetter, PlannedCall, TurnPlan, TurnResult
 from tests.conftest import aggregator_caught_up, wait_for
 from toolfleet.testing import InMemoryBus
@@ -52,7 +53,9 @@ def _outcome(run_id: str, i: int) -> CallOutcome:
 async def test_a_plan_with_its_outcomes_in_one_update_emits_what_one_by_one_would(
     redis: Redis, settings: Settings
 ) -> None:
-    aggregator = Aggregator(settings, bus=InMemoryBus(settings=settings), redis=redis)
+    aggregator = Aggregator(
+        settings, bus=InMemoryBus(settings=settings), stores=Stores(redis, settings)
+    )
     together, apart = f"run-{uuid.uuid4().hex}", f"run-{uuid.uuid4().hex}"
     # Outcomes finish out of model order; the result lists them in model order either way.
     emitted = await aggregator.on_outcomes(
@@ -167,7 +170,7 @@ async def test_a_failed_transaction_is_read_again_and_every_turn_is_emitted_once
         await _publish_plans(bus, runs, calls)
     await _publish_outcomes(bus, first, 2)
     ends = {"plans": await _ends(own, "plans"), "outcomes": await _ends(own, "outcomes")}
-    service = Aggregator(own, bus=KafkaBus(own, service="aggregator"), redis=redis)
+    service = Aggregator(own, bus=KafkaBus(own, service="aggregator"), stores=Stores(redis, own))
     failed: list[Any] = []
     done: dict[tuple[str, int], int] = {}
 
@@ -208,7 +211,7 @@ async def test_a_turn_whose_update_fails_for_good_is_dead_lettered_and_the_rest_
     every attempt. Crashing would meet the same records after every restart."""
     runs = [f"run-{uuid.uuid4().hex}" for _ in range(4)]
     poisoned = runs[1]
-    service = Aggregator(own, bus=KafkaBus(own, service="aggregator"), redis=redis)
+    service = Aggregator(own, bus=KafkaBus(own, service="aggregator"), stores=Stores(redis, own))
     await redis.rpush(service.keys.turn("t", poisoned, 0), "not a turn")
     bus = KafkaBus(own, service="test")
     await bus.start()

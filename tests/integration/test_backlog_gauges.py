@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from kernel.adapters.metrics import REGISTRY
 from kernel.rules.auth import DecisionAuth
 from kernel.settings import Settings
+from kernel.stores.door import Stores
 from kernel.stores.keys import SLOT_GROUPS, Keys
 from kernel.stores.ledger import Ledger, NewCall
 from kernel.stores.unknowns import SWEEP_PER_GROUP, UnknownEffects
@@ -55,7 +56,7 @@ async def _planned(ledger: Ledger, run: str, call_id: str) -> int:
 async def test_an_unknown_effect_is_counted_until_a_human_resolves_it(
     own: Settings, redis: Redis
 ) -> None:
-    reconciler = Reconciler(own, bus=InMemoryBus(settings=own), redis=redis)
+    reconciler = Reconciler(own, bus=InMemoryBus(settings=own), stores=Stores(redis, own))
     run, call_id = f"run-{uuid.uuid4().hex}", "call-1"
     token = await _planned(reconciler.ledger, run, call_id)
     await reconciler.report()

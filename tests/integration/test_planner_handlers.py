@@ -17,6 +17,7 @@ from executors import ToolRegistry
 from kernel.errors import InvalidMessageError
 from kernel.settings import Settings
 from kernel.stores.admission import Admission
+from kernel.stores.door import Stores
 from kernel.stores.keys import Keys
 from kernel.stores.registry import publish_tools
 from planner import REUSED_IN_FLIGHT
@@ -54,7 +55,7 @@ async def _serving(own: Settings, redis: Redis, *, slots: int = 100) -> Planner:
         await Admission(redis, Keys.of(own)).register_worker(
             "default", "worker-1", slots, ttl_s=300, now=time.time()
         )
-    return Planner(own, bus=InMemoryBus(settings=own), redis=redis)
+    return Planner(own, bus=InMemoryBus(settings=own), stores=Stores(redis, own))
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from kernel.adapters.redis import connect_redis
 from kernel.adapters.topics import command_topic
 from kernel.adapters.tracing import tracer
 from kernel.settings import Settings
+from kernel.stores.door import Stores
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
 from planner.service import Planner
@@ -70,14 +71,20 @@ async def fleet(settings: Settings, topics: list[str]) -> AsyncIterator[TracedFl
                 "default",
                 worker_id=f"traced-{n}",
                 bus=KafkaBus(settings, f"worker-{n}"),
-                redis=connections[n],
+                stores=Stores(connections[n], settings),
             )
             for n in range(2)
         ]
         services = [
-            Planner(settings, bus=KafkaBus(settings, "planner"), redis=connections[2]),
+            Planner(
+                settings, bus=KafkaBus(settings, "planner"), stores=Stores(connections[2], settings)
+            ),
             *workers,
-            Aggregator(settings, bus=KafkaBus(settings, "aggregator"), redis=connections[3]),
+            Aggregator(
+                settings,
+                bus=KafkaBus(settings, "aggregator"),
+                stores=Stores(connections[3], settings),
+            ),
         ]
         running = [asyncio.create_task(service.run()) for service in services]
 

@@ -10,6 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 from aggregator import StoredTurn, TurnState, TurnStore, accept_outcome
+from kernel.stores.turns import TurnHashes
 from schemas import CallOutcome, PlannedCall, TurnPlan
 
 pytestmark = pytest.mark.integration
@@ -35,7 +36,7 @@ def _outcome(i: int) -> CallOutcome:
 
 
 def _store(redis: Redis) -> TurnStore:
-    return TurnStore(redis, ttl_s=60, cached=100)
+    return TurnStore(TurnHashes(redis, ttl_s=60), cached=100)
 
 
 def _early(i: int) -> object:

@@ -18,6 +18,7 @@ from kernel.rules.versions import (
     version_order,
 )
 from kernel.settings import Settings
+from kernel.stores.door import Stores
 from kernel.stores.registry import ToolCatalog
 from planner import ApprovalView, plan_turn
 from planner.service import Planner
@@ -226,7 +227,7 @@ class _Circuits:
 def _planner(catalog: ToolCatalog, opened: set[str], **settings: Any) -> tuple[Planner, _Circuits]:
     own = Settings(**settings)
     # Never connects: nothing is sent.
-    planner = Planner(own, bus=InMemoryBus(settings=own), redis=Redis())
+    planner = Planner(own, bus=InMemoryBus(settings=own), stores=Stores(Redis(), own))
     circuits = _Circuits(opened)
     planner.tools = _Directory(catalog)  # type: ignore[assignment]
     planner.circuits = circuits  # type: ignore[assignment]

@@ -101,7 +101,7 @@ def planner() -> None:
     from planner.service import Planner
 
     settings = service_settings()
-    run_service("planner", settings, lambda bus, redis: Planner(settings, bus=bus, redis=redis))
+    run_service("planner", settings, lambda bus, stores: Planner(settings, bus=bus, stores=stores))
 
 
 @main.command()
@@ -111,7 +111,7 @@ def aggregator() -> None:
 
     settings = service_settings()
     run_service(
-        "aggregator", settings, lambda bus, redis: Aggregator(settings, bus=bus, redis=redis)
+        "aggregator", settings, lambda bus, stores: Aggregator(settings, bus=bus, stores=stores)
     )
 
 
@@ -122,7 +122,7 @@ def reconciler() -> None:
 
     settings = service_settings()
     run_service(
-        "reconciler", settings, lambda bus, redis: Reconciler(settings, bus=bus, redis=redis)
+        "reconciler", settings, lambda bus, stores: Reconciler(settings, bus=bus, stores=stores)
     )
 
 
@@ -187,7 +187,7 @@ def worker(
     run_service(
         f"worker-{pool}",
         settings,
-        lambda bus, redis: Worker(settings, registry, pool, limits, bus=bus, redis=redis),
+        lambda bus, stores: Worker(settings, registry, pool, limits, bus=bus, stores=stores),
         pools=(pool,),
     )
 

@@ -1,7 +1,8 @@
 """Running one service as a process: logging, /metrics, topics, and a clean stop on SIGTERM.
 
 The application builds each service's Kafka bus and Redis connection from ``Settings`` and
-hands them in (``make(bus, redis)``); a service never builds its own connections.
+hands them in (``make(bus, stores)``: the stores over that connection, ``kernel.stores.door``);
+a service never builds its own connections.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from collections.abc import Callable
 from typing import Protocol
 
 import uvloop
-from redis.asyncio import Redis
 
 from kernel.adapters.backoff import DEPENDENCY, Interrupted, nap
 from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, KafkaBus
@@ -38,6 +38,7 @@ from kernel.adapters.topics import TopicsMissingError, ensure_topics
 from kernel.adapters.tracing import configure_tracing
 from kernel.errors import ConfigurationError, CutOffError, InfrastructureError
 from kernel.settings import Settings
+from kernel.stores.door import Stores
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +61,13 @@ class Service(Protocol):
 def run_service(
     name: str,
     settings: Settings,
-    make: Callable[[Bus, Redis], Service],
+    make: Callable[[Bus, Stores], Service],
     *,
     pools: tuple[str, ...] = ("default",),
 ) -> None:
     """Run a service in this process until SIGTERM or SIGINT, serving ``/metrics``.
 
-    ``make(bus, redis)`` builds the service over connections made for it; after a cut-off or
+    ``make(bus, stores)`` builds the service over connections made for it; after a cut-off or
     an outage at start it is built again over fresh ones. Kafka and Redis are checked first:
     while one does not answer, the service says so once and waits (backoff); when one refuses
     it (credentials, a certificate, a cluster node named as one server) it says what to change
@@ -97,7 +98,7 @@ EXIT_CONFIG = 78
 
 
 async def _main(
-    name: str, settings: Settings, make: Callable[[Bus, Redis], Service], pools: tuple[str, ...]
+    name: str, settings: Settings, make: Callable[[Bus, Stores], Service], pools: tuple[str, ...]
 ) -> None:
     tune_gc(settings.gc_thresholds)
     stopping = asyncio.Event()
@@ -143,7 +144,7 @@ async def _main(
 async def _serve(
     name: str,
     settings: Settings,
-    make: Callable[[Bus, Redis], Service],
+    make: Callable[[Bus, Stores], Service],
     *,
     pools: tuple[str, ...],
     stopping: asyncio.Event,
@@ -167,7 +168,7 @@ async def _serve(
             redis = connect_redis(settings)
             began = time.monotonic()
             try:
-                current[:] = [make(KafkaBus(settings, service=name), redis)]
+                current[:] = [make(KafkaBus(settings, service=name), Stores(redis, settings))]
                 await current[0].run()
             finally:
                 await redis.aclose()

@@ -32,6 +32,7 @@ from kernel.adapters.security import kafka_options
 from kernel.adapters.topics import command_topic, ensure_topics
 from kernel.errors import UnavailableError, UsageError
 from kernel.settings import Settings
+from kernel.stores.door import Stores
 from kernel.stores.keys import Keys
 from kernel.stores.registry import replace_tool
 from kernel.tools import CallHooks, Tool, ToolRegistry
@@ -239,11 +240,11 @@ class InProcessFleet:
             self._redis = connect_redis(settings)
             for obj in self._initial:
                 await self._serve_one(obj, {})
-            self._planner = Planner(settings, bus=self._bus("planner"), redis=self._connect())
+            self._planner = Planner(settings, bus=self._bus("planner"), stores=self._stores())
             self._reconciler = Reconciler(
-                settings, bus=self._bus("reconciler"), redis=self._connect()
+                settings, bus=self._bus("reconciler"), stores=self._stores()
             )
-            aggregator = Aggregator(settings, bus=self._bus("aggregator"), redis=self._connect())
+            aggregator = Aggregator(settings, bus=self._bus("aggregator"), stores=self._stores())
             # Its transactional id names the instance: unique, as two processes' would be.
             aggregator.instance = f"inproc-{uuid.uuid4().hex[:8]}"
             self._workers = [
@@ -254,7 +255,7 @@ class InProcessFleet:
                     self._limits,
                     worker_id=f"inproc-{n}-{uuid.uuid4().hex[:8]}",
                     bus=self._bus(f"worker-{self.pool}"),
-                    redis=self._connect(),
+                    stores=self._stores(),
                 )
                 for n in range(self.workers)
             ]
@@ -291,11 +292,12 @@ class InProcessFleet:
     def _bus(self, service: str) -> KafkaBus:
         return KafkaBus(self.settings, service=service)
 
-    def _connect(self) -> Redis:
-        """A Redis client of one service's own, as each process would have."""
+    def _stores(self) -> Stores:
+        """The stores of one service, over a Redis client of its own, as each process would
+        have."""
         redis = connect_redis(self.settings)
         self._connections.append(redis)
-        return redis
+        return Stores(redis, self.settings)
 
     async def _first_turn(self) -> None:
         """An empty turn through the planner and the aggregator: both consume and publish."""
