@@ -276,7 +276,10 @@ def _annotated_output(tool: FunctionTool) -> TypeAdapter[Any] | None:
         function = tool.__wrapped__
     except AttributeError:  # not made by function_tool, or its invoker was replaced
         return None
-    return _adapter_for_return_of(function)
+    try:
+        return _adapter_for_return_of(function)
+    except TypeError:  # a callable object that cannot be hashed: read it without the cache
+        return _adapter_for_return_of.__wrapped__(function)
 
 
 @functools.lru_cache(maxsize=1024)
