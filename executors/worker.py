@@ -65,6 +65,7 @@ from kernel.rules.versions import version_ref
 from kernel.settings import Settings
 from kernel.stores.door import Stores
 from kernel.stores.ledger import CallFailure
+from kernel.stores.registry import announce_tools
 from kernel.stores.tasks import new_task_id
 from kernel.tools import Tool, ToolFailure, ToolRegistry, run_call, run_compensate, run_probe
 from schemas import CallError, CallOutcome, CancelRequest, ExecutionCommand, HumanTask
@@ -160,8 +161,10 @@ class Worker:
             await self.registry.close()
 
     async def _serve(self) -> None:
-        await self.stores.publish_tools(self.registry.specs(self.pool))
+        specs = self.registry.specs(self.pool)
+        await self.stores.publish_tools(specs)
         await self.bus.start()
+        await announce_tools(self.bus, specs)  # the clients' directory (release gates)
         commands = self.bus.consumer([], group=f"workers.{self.pool}", max_poll_records=200)
         commands.subscribe([self.bus.topic(command_topic(self.pool))], listener=_Ownership(self))
         # Every worker must see every cancellation: a group of its own, from now on.

@@ -11,13 +11,22 @@ from types import TracebackType
 from typing import Self
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from pydantic import ValidationError
 
 from kernel.adapters.bus import KafkaBus
 from kernel.adapters.security import kafka_options
 from kernel.errors import InvalidMessageError, UnavailableError
 from kernel.rules.auth import DecisionAuth
+from kernel.rules.versions import newest_version
 from kernel.settings import Settings
-from schemas import ApprovalDecision, CallOutcome, CancelRequest, ModelResponseEvent, TurnResult
+from schemas import (
+    ApprovalDecision,
+    CallOutcome,
+    CancelRequest,
+    ModelResponseEvent,
+    ToolSpec,
+    TurnResult,
+)
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +34,9 @@ log = logging.getLogger(__name__)
 class TurnTimeoutError(UnavailableError, TimeoutError):
     """No TurnResult arrived in time; check that the planner, workers and aggregator run."""
 
+
+TOOLS_TOPIC_RECHECK_S = 5.0
+"""How often a client looks again for a ``tools`` topic that does not exist yet."""
 
 TurnKey = tuple[str, int]
 """(run_id, turn_id)."""
@@ -63,6 +75,13 @@ class FleetClient:
         self._outcomes: AIOKafkaConsumer | None = None
         self._outcome_reader: asyncio.Task[None] | None = None
         self._outcomes_started = asyncio.Lock()
+        self._tools: AIOKafkaConsumer | None = None
+        self._tool_reader: asyncio.Task[None] | None = None
+        self._tools_started = asyncio.Lock()
+        self._tools_read = asyncio.Event()
+        """Set once the directory holds what ``tools`` held when it was first read."""
+        self._announced: dict[bytes, ToolSpec] = {}
+        """The directory: each tool version's spec by its record key (``NAME@VERSION``)."""
 
     def held(self) -> tuple[int, int]:
         """(turns waited for, results kept), each at most ``client_max_results``."""
@@ -104,12 +123,12 @@ class FleetClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for reader in (self._reader, self._outcome_reader):
+        for reader in (self._reader, self._outcome_reader, self._tool_reader):
             if reader is not None:
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await reader
-        for consumer in (self._consumer, self._outcomes):
+        for consumer in (self._consumer, self._outcomes, self._tools):
             if consumer is not None:
                 await consumer.stop()
         await self.bus.stop()
@@ -227,6 +246,80 @@ class FleetClient:
                     handler(outcome)
                 except Exception:  # one follower's bug must not stop the others' outcomes
                     log.exception("outcome handler failed", extra={"run_id": outcome.run_id})
+
+    async def tool_specs(self, *, within: float = 10.0) -> dict[str, ToolSpec]:
+        """The tools the fleet's workers serve: lookup key -> the spec of its newest version
+        (its pool, effect class, release gate), as the workers announce them on ``tools``.
+
+        The first call starts reading that compacted topic from its beginning and waits, up
+        to ``within`` seconds, until it has read what the topic held then; later calls return
+        at once the directory a background reader keeps current. A tool not read yet is
+        simply absent: if the fleet gates it, the planner holds its calls for a person (a
+        ``FleetRunner`` run fails with FleetApprovalRequired), it never runs unapproved.
+        """
+        await self._read_tools()
+        if not self._tools_read.is_set():
+            try:
+                async with asyncio.timeout(within):
+                    await self._tools_read.wait()
+            except TimeoutError:
+                log.warning(
+                    "the tool directory was not read to its end in time; tools not read yet "
+                    "count as unknown (their gated calls wait for a person)",
+                    extra={"within_s": within},
+                )
+        versions: dict[str, dict[str, ToolSpec]] = {}
+        for spec in self._announced.values():
+            versions.setdefault(spec.lookup_key, {})[spec.version] = spec
+        return {key: live[newest_version(live)] for key, live in versions.items()}
+
+    async def _read_tools(self) -> None:
+        """Start reading ``tools`` (once), from its beginning."""
+        async with self._tools_started:
+            if self._tools is not None:
+                return
+            consumer = AIOKafkaConsumer(**kafka_options(self.settings), enable_auto_commit=False)
+            await consumer.start()
+            self._tools = consumer
+            self._tool_reader = asyncio.create_task(self._read_announced(consumer))
+
+    async def _read_announced(self, consumer: AIOKafkaConsumer) -> None:
+        """Keep the directory current: ``tools`` from its beginning, then as it grows."""
+        topic = self.settings.topic("tools")
+        # The topic is looked for among all topics, not named: naming one that does not exist
+        # yet can have the broker create it, uncompacted (the services create it at start).
+        while topic not in await consumer.topics():
+            self._tools_read.set()  # nothing to read yet: every tool is unknown
+            await asyncio.sleep(TOOLS_TOPIC_RECHECK_S)  # wait-ok: polling for the topic
+        partitions = await self.bus.producer.partitions_for(topic)
+        assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(assigned)
+        await consumer.seek_to_beginning(*assigned)
+        ends = await consumer.end_offsets(assigned)
+        behind = {tp: end for tp, end in ends.items() if end}  # to read before tool_specs returns
+        while True:
+            if not behind:
+                self._tools_read.set()
+            batches = await consumer.getmany(timeout_ms=500, max_records=500)
+            for records in batches.values():
+                for record in records:
+                    self._take_announced(record.key or b"", record.value)
+            for tp in [tp for tp, end in behind.items() if await consumer.position(tp) >= end]:
+                del behind[tp]
+
+    def _take_announced(self, key: bytes, value: bytes | None) -> None:
+        if value is None:  # a tombstone: that version is no longer served
+            self._announced.pop(key, None)
+            return
+        try:
+            self._announced[key] = ToolSpec.model_validate_json(value)
+        except ValidationError as exc:
+            # A spec this client cannot read (a newer release's, say): the tool stays unknown
+            # to it, which is safe (see tool_specs).
+            log.warning(
+                "a tool announcement this client cannot read; the tool counts as unknown",
+                extra={"key": key[:200].decode(errors="replace"), "error": str(exc)[:300]},
+            )
 
     def _want(self, key: TurnKey, for_s: float) -> None:
         until = time.monotonic() + for_s

@@ -28,8 +28,13 @@ SHARED_TOPICS = (
     "human-tasks",
     "task-resolutions",
     "dead-letter",
+    "tools",
 )
 """Logical names of every topic that does not depend on a worker pool."""
+
+COMPACTED_TOPICS = frozenset({"tools"})
+"""Topics that keep the last record of each key (``cleanup.policy=compact``): ``tools``, the
+fleet's tool directory as the workers announce it, read from its beginning by clients."""
 
 _TOPIC_ALREADY_EXISTS = 36
 
@@ -61,6 +66,8 @@ def plan_topics(settings: Settings, pools: Iterable[str] = ("default",)) -> list
     for name in logical:
         replicas = settings.replication_of(name)
         configs = {"min.insync.replicas": str(replicas - 1)} if replicas >= 3 else {}
+        if name in COMPACTED_TOPICS:
+            configs["cleanup.policy"] = "compact"
         plan.append(
             PlannedTopic(
                 settings.topic(name), name, settings.partitions_of(name), replicas, configs

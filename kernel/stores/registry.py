@@ -4,10 +4,14 @@ Several versions of one tool can be live at once. ``keys.tools`` maps each looku
 spec of its newest live version (what readers that know nothing of versions use);
 ``keys.tool_versions(key)`` holds the spec of every live version, and ``keys.tool_pins`` the
 versions operators pinned new calls to (``toolfleet tools rollback|pin|unpin``).
+
+Clients read no Redis: the workers also announce each version they serve on the compacted
+``tools`` topic (``announce_tools``), from which a ``FleetClient`` keeps its own directory.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -15,8 +19,9 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
+from kernel.adapters.bus import Bus
 from kernel.adapters.redis import HashFields, text
-from kernel.rules.versions import newest_version
+from kernel.rules.versions import newest_version, version_ref
 from kernel.stores.keys import Keys
 from schemas import ToolSpec
 
@@ -47,6 +52,19 @@ async def publish_tools(redis: Redis, keys: Keys, specs: Iterable[ToolSpec]) -> 
         pipe.hset(keys.tools, mapping=newest)
 
     await redis.transaction(publish, *version_keys)
+
+
+async def announce_tools(bus: Bus, specs: Iterable[ToolSpec]) -> None:
+    """Tell clients which tools the fleet serves: each version's spec, as the registry keeps
+    it, on the compacted ``tools`` topic under ``NAME@VERSION`` (a version announced again
+    replaces its record); returns once the broker has them all."""
+    sent = [
+        await bus.publish(
+            "tools", version_ref(s.lookup_key, s.version), s.model_dump_json().encode()
+        )
+        for s in specs
+    ]
+    await asyncio.gather(*sent)
 
 
 async def replace_tool(redis: Redis, keys: Keys, spec: ToolSpec) -> None:

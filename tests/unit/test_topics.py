@@ -28,6 +28,10 @@ def test_the_plan_has_every_shared_topic_and_one_commands_topic_per_pool() -> No
     # acks=all survives one broker's loss: one replica fewer than the factor must be in sync.
     assert plan["outcomes"].configs == {"min.insync.replicas": "2"}
     assert plan_topics(Settings(), ["default"])[0].configs == {}  # one replica: nothing to say
+    # The tool directory keeps each tool version's last announcement, whatever its age.
+    assert plan["tools"].configs == {"min.insync.replicas": "2", "cleanup.policy": "compact"}
+    single = {t.logical: t for t in plan_topics(Settings(), ["default"])}
+    assert single["tools"].configs == {"cleanup.policy": "compact"}
 
 
 def test_strimzi_resources_name_the_exact_topic_under_a_valid_resource_name() -> None:
