@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kernel.rules.backoff import Backoff
 from kernel.rules.effects import REPLAY_SAFE, effect_for_class, fleet_retries, retry_delay
 from kernel.settings import Settings
 from schemas import EffectClass
@@ -197,8 +198,9 @@ def decide_probe(
     if answer == "wrong_effect":
         return _wrong_effect(case, f"the probe found a wrong effect upstream: {output}")
     if case.probes < policy.probe_budget:
-        delay = min(policy.max_backoff_s, policy.probe_backoff_s * 2 ** (case.probes - 1))
-        return Probe(delay)
+        # Exact steps, no jitter: an unknown call's probes keep their promised schedule.
+        steps = Backoff.capped(policy.probe_backoff_s, policy.max_backoff_s)
+        return Probe(steps.step(case.probes))
     why = f"; last answer: {detail}" if detail else ""
     return HandOver(f"effect still unknown after {case.probes} probes{why}")
 

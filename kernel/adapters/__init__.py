@@ -5,7 +5,7 @@
 - ``topics``: topic names and their creation;
 - ``offsets``: which offsets are safe to commit;
 - ``dependencies``: whether Kafka and Redis answer, said once when one goes and once when it
-  is back; ``backoff``: the one retry policy (capped exponential, with jitter);
+  is back; ``backoff``: waiting by the one retry policy (``kernel.rules.backoff``);
 - ``metrics``, ``logs``, ``spans``, ``health``: what an operator sees.
 """
 

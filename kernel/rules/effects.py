@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from kernel.errors import ToolfleetError
+from kernel.rules.backoff import Backoff
 from schemas import Effect, RetryHint
 
 ProbeAnswer = Literal["applied", "not_applied", "unknown", "wrong_effect"]
@@ -302,12 +303,12 @@ def fleet_retries(
 def retry_delay(
     attempt: int, retry_after_s: float | None, *, base_s: float, cap_s: float, jitter: float
 ) -> float:
-    """Seconds before attempt ``attempt + 1``: Retry-After when given, else exponential backoff
-    with "equal jitter" (``jitter`` in [0, 1): half the step fixed, half random)."""
+    """Seconds before attempt ``attempt + 1``: Retry-After when given, else the one backoff
+    policy (``kernel.rules.backoff``: half the step fixed, ``jitter`` in [0, 1) of the other
+    half)."""
     if retry_after_s is not None:
         return retry_after_s
-    step = min(cap_s, base_s * 2.0 ** max(0, attempt - 1))
-    return step / 2 + step / 2 * jitter
+    return Backoff.capped(base_s, cap_s).delay(attempt, jitter)
 
 
 class _Settling(Protocol):

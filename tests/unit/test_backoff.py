@@ -7,7 +7,17 @@ import time
 
 import pytest
 
-from kernel.adapters.backoff import DEPENDENCY, MESSAGE, STEP, TICK, Backoff, Interrupted, nap
+from kernel.adapters.backoff import (
+    DEPENDENCY,
+    MESSAGE,
+    STEP,
+    TICK,
+    Backoff,
+    Interrupted,
+    nap,
+    retrying,
+)
+from kernel.rules.effects import retry_delay
 
 
 @pytest.mark.parametrize("policy", [DEPENDENCY, MESSAGE, STEP, TICK], ids=repr)
@@ -41,14 +51,14 @@ async def test_retrying_retries_the_named_errors_by_the_policy_and_raises_others
         return "answered"
 
     began = time.monotonic()
-    async for attempt in Backoff(0.01, 0.02).retrying(ConnectionError):
+    async for attempt in retrying(Backoff(0.01, 0.02), ConnectionError):
         with attempt:
             result = await flaky()
     assert (result, attempts) == ("answered", 4)
     assert time.monotonic() - began >= 0.005 + 0.01 + 0.01  # three waits, each at least half
 
     with pytest.raises(KeyError):
-        async for attempt in Backoff(0.01, 0.02).retrying(ConnectionError):
+        async for attempt in retrying(Backoff(0.01, 0.02), ConnectionError):
             with attempt:
                 raise KeyError("not retried")
 
@@ -77,8 +87,25 @@ async def test_retrying_stops_with_interrupted_once_the_service_is_stopping() ->
     stopping.set()
     tries = 0
     with pytest.raises(Interrupted):
-        async for attempt in Backoff(10, 10).retrying(ConnectionError, until=stopping):
+        async for attempt in retrying(Backoff(10, 10), ConnectionError, until=stopping):
             with attempt:
                 tries += 1
                 raise ConnectionError("away")
     assert tries == 1
+
+
+def test_every_schedule_is_the_one_policy_exact_steps_and_jitter_handed_in() -> None:
+    """The fleet's retry of a call (``retry_delay``) and the reconciler's probe steps are
+    this policy's; so are the services' waits (``MESSAGE`` and the rest)."""
+    probes = Backoff(0.5, 10.0)
+    assert [probes.step(n) for n in range(1, 8)] == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert probes.step(10_000) == 10.0  # no overflow however long it keeps failing
+    retry = Backoff(0.2, 10.0)
+    assert retry.delay(3, jitter=0.0) == 0.4  # half the step fixed
+    assert retry.delay(3, jitter=0.5) == pytest.approx(0.6)  # and a part of the other half
+    assert all(
+        retry_delay(n, None, base_s=0.2, cap_s=10.0, jitter=j) == retry.delay(n, jitter=j)
+        for n in range(1, 12)
+        for j in (0.0, 0.3, 0.999)
+    )
+    assert Backoff.capped(20.0, 10.0) == Backoff(10.0, 10.0)

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import uvloop
 
-from kernel.adapters.backoff import DEPENDENCY, Interrupted, nap
+from kernel.adapters.backoff import DEPENDENCY, Interrupted, nap, retrying
 from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, KafkaBus
 from kernel.adapters.dependencies import (
     DEPENDENCIES,
@@ -224,9 +224,9 @@ async def wait_until_reachable(
 
     Raises ``StartRefused`` when one refuses this process (said once, in one line).
     """
-    retrying = DEPENDENCY.retrying(DependencyUnavailable, until=stopping, wake=DEPENDENCIES.back)
+    attempts = retrying(DEPENDENCY, DependencyUnavailable, until=stopping, wake=DEPENDENCIES.back)
     try:
-        async for attempt in retrying:
+        async for attempt in attempts:
             with attempt:
                 try:
                     await check_dependencies(settings, DEPENDENCIES)

@@ -41,6 +41,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kernel.adapters.backoff import RECONNECT
 from kernel.adapters.bus import TRANSIENT_ERRORS, KafkaBus
 from kernel.adapters.redis import connect_redis
 from kernel.errors import (
@@ -202,7 +203,7 @@ class Console:
             await self._redis.aclose()
 
     async def _start_bus(self) -> None:
-        backoff = 0.5
+        failures = 0
         while True:
             try:
                 await self.bus.start()
@@ -210,8 +211,8 @@ class Console:
                 log.warning("console: Kafka unavailable", extra={"error": repr(exc)})
                 with contextlib.suppress(*TRANSIENT_ERRORS):
                     await self.bus.stop()
-                await asyncio.sleep(backoff)  # wait-ok: reconnect backoff
-                backoff = min(backoff * 2, 10.0)
+                failures += 1
+                await asyncio.sleep(RECONNECT.delay(failures))  # wait-ok: reconnect backoff
             else:
                 self.bus_ready = True
                 return

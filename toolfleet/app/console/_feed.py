@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kernel.adapters.backoff import RECONNECT
 from kernel.adapters.bus import TRANSIENT_ERRORS, KafkaBus
 from kernel.errors import InvalidMessageError
 from kernel.rules.limits import cut_text
@@ -319,7 +320,7 @@ class LiveFeed:
             subscriber.offer(None)
 
     async def _run(self) -> None:
-        backoff = 0.5
+        failures = 0
         names = {self.settings.topic(t): t for t in TOPICS}
         bus = KafkaBus(self.settings, service="console")
         while not self._stopping.is_set():
@@ -336,7 +337,7 @@ class LiveFeed:
                         for tp in consumer.assignment():  # the latest offsets, resolved now
                             await consumer.position(tp)
                         self._set_state("live")
-                        backoff = 0.5
+                        failures = 0
             except TRANSIENT_ERRORS as exc:
                 self._set_state("down", f"Kafka unavailable: {exc!r}"[:300])
                 log.warning("console feed: Kafka unavailable", extra={"error": repr(exc)})
@@ -347,7 +348,7 @@ class LiveFeed:
                 with contextlib.suppress(*TRANSIENT_ERRORS):
                     await consumer.stop()
             if not self._stopping.is_set():
+                failures += 1
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), backoff)
-                backoff = min(backoff * 2, 10.0)
+                    await asyncio.wait_for(self._stopping.wait(), RECONNECT.delay(failures))
                 self._set_state("connecting", self.error)
