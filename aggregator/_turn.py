@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kernel.errors import ToolfleetError
-from kernel.rules.effects import fails_turn, settles_call
+from kernel.rules.effects import fails_turn, parent_cancellation, settles_call
 from kernel.rules.texts import RUN_ERROR
 from schemas import (
     CallOutcome,
@@ -226,17 +226,8 @@ def _severity(outcome: CallOutcome) -> str:
     return "cancellation" if outcome.status == "cancelled" else "error"
 
 
-def _parent_cancelled(state: TurnState, outcome: CallOutcome) -> bool:
-    # Parent cancellation is never a tool failure and never becomes tool output (lifecycle item 12).
-    return (
-        state.cancelled and outcome.status == "cancelled" and _severity(outcome) == "cancellation"
-    )
-
-
 def _fails_turn(state: TurnState, outcome: CallOutcome) -> bool:
-    if _parent_cancelled(state, outcome):
-        return False
-    return fails_turn(outcome, state.plan.config.failure_policy)
+    return fails_turn(outcome, state.plan.config.failure_policy, run_cancelled=state.cancelled)
 
 
 def _error_of(call: PlannedCall, outcome: CallOutcome) -> TurnError:
@@ -272,8 +263,8 @@ def _output(state: TurnState, call: PlannedCall, outcome: CallOutcome | None) ->
         return call.output  # None for interrupt
     if outcome is None or outcome.status in ("pending_approval", "skipped"):
         return None
-    if _parent_cancelled(state, outcome) or _fails_turn(state, outcome):
-        return None  # the failure is the turn's error, not an output
+    if parent_cancellation(outcome, state.cancelled) or _fails_turn(state, outcome):
+        return None  # the failure is the turn's error, not an output (nor the run's cancel)
     return outcome.output
 
 

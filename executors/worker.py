@@ -37,7 +37,7 @@ from kernel.adapters.bus import (
 )
 from kernel.adapters.dependencies import DEPENDENCIES
 from kernel.adapters.health import HEALTH
-from kernel.adapters.logs import RecurringFailure, log_context
+from kernel.adapters.logs import RecurringFailure, ids_of, log_context
 from kernel.adapters.metrics import (
     CALL_LATENCY,
     COMMANDS,
@@ -296,12 +296,7 @@ class Worker:
         command = ExecutionCommand.decode(record.value or b"")
         labelled(COMMANDS, self.service, self.pool, command.kind).inc()
         with (
-            log_context(
-                tenant_id=command.tenant_id,
-                run_id=command.run_id,
-                call_id=command.call_id,
-                tool=command.tool_name,
-            ),
+            log_context(**ids_of(command)),
             consuming(
                 self._tracer, f"toolfleet call {command.tool_name}", record, f"workers.{self.pool}"
             ) as span,

@@ -77,7 +77,9 @@ class Gate:
             redelivered = outcome.call_id in state["finished"]
             if not redelivered:
                 state["finished"].append(outcome.call_id)
-            newly_failed = fails_turn(outcome, state["policy"]) and not state["failed"]
+            # The aggregator's own question: a parent cancellation fails no turn.
+            fails = fails_turn(outcome, state["policy"], run_cancelled=state["cancelled"])
+            newly_failed = fails and not state["failed"]
             state["failed"] = state["failed"] or newly_failed
             if state["failed"] and (newly_failed or redelivered):
                 # Queued calls never start after a turn-failing failure; say so, so the

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kernel.errors import ToolfleetError
+from kernel.rules.approvals import approval_arguments
 from kernel.rules.texts import TOOL_DISABLED, TOOL_NOT_FOUND, TOOL_NOT_IN_AGENT
 from planner._identity import (
     EMPTY_CALL_ID,
@@ -23,7 +24,6 @@ from planner._identity import (
     fingerprint,
     idempotency_key,
     lookup_key,
-    parse_arguments,
 )
 from schemas import (
     CallStatus,
@@ -458,8 +458,8 @@ def _needs_approval(tool: ToolSpec, arguments: str) -> bool | None:
     if tool.needs_approval == "always":
         return True
     if tool.needs_approval == "callable":
-        # Fail closed: a callable checker cannot judge arguments it cannot parse.
-        return True if parse_arguments(arguments) is None else None
+        # Fail closed: a callable checker cannot judge arguments it cannot read for certain.
+        return True if approval_arguments(arguments) is None else None
     # "never" is explicit here: the registry already publishes irreversible tools as "always"
     # unless their author opted out (the release gate: irreversible needs approval by default).
     return False

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from kernel.adapters.backoff import TICK, nap
 from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, ConsumeLoop, Record
 from kernel.adapters.dependencies import DEPENDENCIES
-from kernel.adapters.logs import RecurringFailure, log_context
+from kernel.adapters.logs import RecurringFailure, ids_of, log_context
 from kernel.adapters.metrics import PLAN_LATENCY
 from kernel.adapters.tracing import consuming, phase, trace_id, traceparent, tracer
 from kernel.errors import InvalidMessageError
@@ -148,7 +148,7 @@ class Planner:
         if topic == "model-responses":
             event = ModelResponseEvent.decode(raw)
             with (
-                log_context(tenant_id=event.tenant_id, run_id=event.run_id),
+                log_context(**ids_of(event)),
                 # The turn's span: every call's execution and the aggregation are its children.
                 consuming(self._tracer, "toolfleet plan", record, "planner") as span,
             ):
@@ -165,16 +165,12 @@ class Planner:
                 await self.on_response(event, record)
         elif topic == "approvals":
             decision = ApprovalDecision.decode(raw)
-            with log_context(
-                tenant_id=decision.tenant_id, run_id=decision.run_id, call_id=decision.call_id
-            ):
+            with log_context(**ids_of(decision)):
                 self.auth.verify(decision)
                 await self.on_approval(decision)
         elif topic == "cancellations":
             request = CancelRequest.decode(raw)
-            with log_context(
-                tenant_id=request.tenant_id, run_id=request.run_id, call_id=request.call_id
-            ):
+            with log_context(**ids_of(request)):
                 self.auth.verify(request)
                 await self.on_cancel(request)
         elif topic == "outcomes":

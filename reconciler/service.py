@@ -19,7 +19,7 @@ from typing import Literal, get_args
 from kernel.adapters.backoff import TICK, Interrupted, nap
 from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, ConsumeLoop, Record
 from kernel.adapters.dependencies import DEPENDENCIES
-from kernel.adapters.logs import RecurringFailure, log_context
+from kernel.adapters.logs import RecurringFailure, ids_of, log_context
 from kernel.adapters.metrics import (
     COMMANDS,
     HUMAN_TASKS,
@@ -164,12 +164,7 @@ class Reconciler:
         else:
             outcome = CallOutcome.decode(raw)
             with (
-                log_context(
-                    tenant_id=outcome.tenant_id,
-                    run_id=outcome.run_id,
-                    call_id=outcome.call_id,
-                    tool=outcome.tool_name,
-                ),
+                log_context(**ids_of(outcome)),
                 continuing(record),  # probes and retries stay in the call's trace
             ):
                 await self.on_outcome(outcome)

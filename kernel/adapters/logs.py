@@ -1,7 +1,8 @@
 """Structured logging: one JSON object per line on stderr, with the ``extra`` fields merged in.
 
 Every record written while a call, a run or a tenant is being handled carries their ids
-(``log_context``: a context variable, so a task inherits the ids of the code that started it);
+(``log_context``: a context variable, so a task inherits the ids of the code that started it;
+which ids: ``ids_of``);
 argument values are never among them.
 """
 
@@ -24,6 +25,22 @@ from kernel.adapters.dependencies import DEPENDENCIES, LibraryLogFilter
 _BOUND: ContextVar[Mapping[str, str]] = ContextVar(
     "toolfleet_log_context", default=MappingProxyType({})
 )
+
+
+_IDS = (("tenant_id", "tenant_id"), ("run_id", "run_id"), ("call_id", "call_id"),
+        ("tool", "tool_name"))  # fmt: skip
+"""The ids a log line carries, and the field of a handled message each is read from."""
+
+
+def ids_of(handled: object) -> dict[str, str | None]:
+    """The ids of what a handler is handling (a command, an outcome, a response, a decision,
+    a cancellation): tenant, run, call and tool, as far as the message names them. Every
+    service binds them the same way: ``with log_context(**ids_of(message)):``."""
+    ids: dict[str, str | None] = {}
+    for name, field in _IDS:
+        value = getattr(handled, field, None)
+        ids[name] = value if isinstance(value, str) else None
+    return ids
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """Pure decisions: no I/O library is imported here (a ``make lint`` contract keeps it so).
 
 - ``effects``: what counts as having happened, and what recovery may do about it;
+- ``approvals``: the arguments an approval policy may judge (fail closed otherwise);
 - ``backoff``: the one backoff policy (capped exponential steps, equal jitter);
 - ``limits``: size and depth bounds of messages, outputs and dead letters;
 - ``versions``: tool version order and which version a call goes to;
@@ -9,4 +10,4 @@
 - ``auth``: signing and verifying decisions (approvals, cancellations, task resolutions).
 """
 
-__all__ = ["auth", "backoff", "effects", "limits", "outcomes", "texts", "versions"]
+__all__ = ["approvals", "auth", "backoff", "effects", "limits", "outcomes", "texts", "versions"]

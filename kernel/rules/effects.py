@@ -311,6 +311,13 @@ def retry_delay(
     return Backoff.capped(base_s, cap_s).delay(attempt, jitter)
 
 
+class _Severe(Protocol):
+    """The field of a CallError the turn rules read."""
+
+    @property
+    def severity(self) -> str: ...
+
+
 class _Settling(Protocol):
     """The fields of a CallOutcome the turn rules read."""
 
@@ -322,6 +329,8 @@ class _Settling(Protocol):
     def resolved(self) -> bool: ...
     @property
     def fails_turn(self) -> bool: ...
+    @property
+    def error(self) -> _Severe | None: ...
 
 
 def settles_call(outcome: _Settling, on_unknown: str) -> bool:
@@ -336,10 +345,24 @@ def settles_call(outcome: _Settling, on_unknown: str) -> bool:
     )
 
 
-def fails_turn(outcome: _Settling, failure_policy: str) -> bool:
+def parent_cancellation(outcome: _Settling, run_cancelled: bool) -> bool:
+    """Whether an outcome is its run's cancellation rather than a failure of the call: the run
+    was cancelled (a cancel request without a call id) and the call ended ``cancelled`` with a
+    cancellation's severity. Such an outcome is never output and never fails the turn
+    (lifecycle item 12); a call that raised something else meanwhile still failed."""
+    if not run_cancelled or outcome.status != "cancelled":
+        return False
+    return outcome.error is None or outcome.error.severity == "cancellation"
+
+
+def fails_turn(outcome: _Settling, failure_policy: str, *, run_cancelled: bool = False) -> bool:
     """Whether a settled outcome fails its turn: flagged by the executor (no failure handler,
     tripwires, BaseExceptions), or a definite failure under ``failure_policy="fail_turn"``.
-    Timeouts, unknown effects and cancellations fail a turn only when flagged."""
+    Timeouts, unknown effects and cancellations fail a turn only when flagged, and a parent
+    cancellation never does (``parent_cancellation``; ``run_cancelled``: the run was
+    cancelled). The aggregator and the planner's concurrency gate both ask this."""
+    if parent_cancellation(outcome, run_cancelled):
+        return False
     return outcome.fails_turn or (
         failure_policy == "fail_turn" and outcome.status == "failed" and outcome.resolved
     )

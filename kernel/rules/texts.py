@@ -33,13 +33,13 @@ OUTPUT_TOO_LARGE = (
 """A call whose output was over TOOLFLEET_MAX_OUTPUT_BYTES (its effect is what the body did)."""
 
 TIMEOUT = "Tool '{name}' timed out after {seconds:g} seconds."
+"""The SDK's timeout text, which report_now tools show for an unknown effect (``timeout_text``)."""
 
 NEVER_STARTED_DEADLINE = (
     "Tool '{name}' was not started: the turn's deadline passed while the call waited for "
     "capacity. It had no effect."
 )
 """A call still waiting for admission at its turn's deadline (toolfleet's own text)."""
-"""The SDK's timeout text, which report_now tools show for an unknown effect."""
 
 TOOL_NOT_FOUND = "Tool '{name}' not found."
 """The SDK's text for a call of a tool that is not there (``return_error_to_model``)."""
@@ -57,8 +57,14 @@ RUN_ERROR = "Error running tool {name}: {error}"
 """The SDK's error for a failure no failure handler words for the model: the turn fails."""
 
 
+def timeout_text(name: str, seconds: float) -> str:
+    """The SDK's text for a call of tool ``name`` that timed out after ``seconds``: the model
+    sees it, and it is the message of the ToolTimeoutError that fails a turn."""
+    return TIMEOUT.format(name=name, seconds=seconds)
+
+
 def unknown_outcome_text(spec: ToolSpec) -> str:
     """What the model sees for a call whose effect is unknown, per the tool's on_unknown."""
     if spec.on_unknown == "report_now" and spec.timeout_s is not None:
-        return TIMEOUT.format(name=spec.name, seconds=spec.timeout_s)
+        return timeout_text(spec.name, spec.timeout_s)
     return UNKNOWN_OUTCOME.format(name=spec.name)

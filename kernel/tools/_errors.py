@@ -7,12 +7,13 @@ operator reading an outcome sees the same words the SDK would have raised in-pro
 from __future__ import annotations
 
 from kernel.errors import ToolExecutionError
-from kernel.rules.texts import TIMEOUT
+from kernel.rules.texts import timeout_text
 
 
 def default_tool_timeout_error_message(*, tool_name: str, timeout_seconds: float) -> str:
-    """The SDK's model-visible text for a timed-out call (also ToolTimeoutError's message)."""
-    return TIMEOUT.format(name=tool_name, seconds=timeout_seconds)
+    """The SDK's model-visible text for a timed-out call (also ToolTimeoutError's message):
+    ``kernel.rules.texts.timeout_text``, under the SDK's name for it."""
+    return timeout_text(tool_name, timeout_seconds)
 
 
 class ToolTimeoutError(ToolExecutionError):

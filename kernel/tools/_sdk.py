@@ -182,11 +182,12 @@ class FunctionToolAdapter(Tool):
         needs_approval: bool | ApprovalFunction | None
         if callable(function_tool.needs_approval):
             needs_approval = self._needs_approval
-        elif function_tool.needs_approval or options.get("effect") is None:
-            # Undeclared effect: the SDK's behaviour, no new interruptions.
-            needs_approval = bool(function_tool.needs_approval)
+        elif function_tool.needs_approval:
+            needs_approval = True
         else:
-            needs_approval = None  # a declared effect class puts the tool under the gate
+            # The release gate decides (kernel.rules.effects.gated_by_default): an undeclared
+            # effect class keeps the SDK's behaviour, a declared one puts the tool under it.
+            needs_approval = None
         is_enabled = function_tool.is_enabled
         fleet_options = FleetOptions(on_unknown="report_now")
         fleet_options.update(options)

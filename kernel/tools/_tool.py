@@ -34,6 +34,7 @@ from typing import (
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from kernel.errors import ConfigurationError, ModelBehaviorError
+from kernel.rules.approvals import approval_arguments
 from kernel.rules.effects import ClassifyHook, EffectVerdict, classify_exception, gated_by_default
 from kernel.rules.limits import cut_text
 from kernel.rules.texts import DEFAULT_ERROR
@@ -359,17 +360,13 @@ class Tool:
     def parse_arguments_for_approval(self, arguments: str) -> dict[str, Any] | None:
         """Like ``parse_arguments`` but stricter, and None instead of an error.
 
-        An approval policy only ever sees arguments that are certain: empty text, non-standard
-        JSON constants (NaN, Infinity), non-objects and invalid values all give None, which the
+        An approval policy only ever sees arguments that are certain: what
+        ``kernel.rules.approvals.approval_arguments`` refuses (empty text, non-standard JSON
+        constants, non-objects) and values the tool's schema refuses all give None, which the
         runner treats as "approval required" (fail closed), as the SDK does.
         """
-        if not arguments.strip():
-            return None
-        try:
-            data = json.loads(arguments, parse_constant=_reject_constant)
-        except (ValueError, RecursionError):
-            return None
-        if not isinstance(data, dict):
+        data = approval_arguments(arguments)
+        if data is None:
             return None
         try:
             return dict(self.args_model.model_validate(data))
@@ -398,10 +395,6 @@ class Tool:
 
     def __repr__(self) -> str:
         return f"Tool({self.lookup_key!r}, effect={self.effect!r}, version={self.version!r})"
-
-
-def _reject_constant(value: str) -> Any:
-    raise ValueError(f"non-standard JSON constant {value}")
 
 
 def _check_name(what: str, value: object, tool: str) -> None:

@@ -22,7 +22,14 @@ from kernel.stores.keys import Keys
 from kernel.stores.registry import publish_tools
 from planner import REUSED_IN_FLIGHT
 from planner.service import Planner
-from schemas import ExecutionCommand, ModelResponseEvent, TurnPlan
+from schemas import (
+    CallError,
+    CallOutcome,
+    CancelRequest,
+    ExecutionCommand,
+    ModelResponseEvent,
+    TurnPlan,
+)
 from toolfleet.testing import ConsumedRecord, InMemoryBus
 
 pytestmark = pytest.mark.integration
@@ -184,3 +191,35 @@ async def test_with_tenant_identity_scope_a_second_run_reusing_call_0_is_refused
     assert isinstance(bus, InMemoryBus)
     commands = [ExecutionCommand.decode(raw) for raw in bus.on("commands.default")]
     assert [(c.run_id, c.call_id) for c in commands] == [(first, "call_0")]
+
+
+async def test_a_capped_turn_cancelled_with_its_run_reports_no_queued_call_skipped_as_failed(
+    planner: Planner,
+) -> None:
+    """The concurrency gate asks the aggregator's question (``kernel.rules.effects.fails_turn``):
+    a call that ends cancelled after its run was cancelled is the run's cancellation, not a
+    failure of the turn, so the gate does not declare the turn failed and report the calls it
+    holds back as skipped (they never start: the run is cancelled)."""
+    bus = planner.bus
+    assert isinstance(bus, InMemoryBus)
+    run = f"run-{uuid.uuid4().hex}"
+    event = _response(
+        run, *(("add", {"a": i, "b": i}) for i in range(3)),
+        max_concurrency=1, failure_policy="fail_turn",
+    )  # fmt: skip
+    await planner.handle(ConsumedRecord.of(planner.settings, "model-responses", event, key=run))
+    [first] = [ExecutionCommand.decode(raw) for raw in bus.on("commands.default")]
+    assert first.call_id == f"{run}-0" and first.capped
+
+    await planner.on_cancel(CancelRequest(tenant_id="t", run_id=run, reason="user stopped"))
+    cancelled = CallOutcome(
+        tenant_id="t", run_id=run, turn_id=0, call_id=first.call_id, tool_name="add", index=0,
+        attempt=first.attempt, fencing_token=first.fencing_token, capped=True, admitted=True,
+        status="cancelled", effect="unknown", fails_turn=True,
+        error=CallError(type="CancelledError", message="cancelled", severity="cancellation"),
+    )  # fmt: skip
+    await planner.on_outcome(cancelled)
+    assert bus.on("outcomes") == []  # no call reported skipped: the turn did not fail
+    assert [ExecutionCommand.decode(raw).call_id for raw in bus.on("commands.default")] == [
+        first.call_id
+    ]  # and nothing more starts: the run is cancelled
