@@ -12,7 +12,6 @@ first attempt's transaction never committed) while a late duplicate does not.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -25,15 +24,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from aggregator._store import StoredTurn, TurnStore
 from aggregator._turn import TurnState, accept_outcome, build_result, is_settled
-from kernel.adapters.backoff import MESSAGE, Interrupted, nap
-from kernel.adapters.bus import (
-    COMMIT_INTERVAL_S,
-    NEVER_FITS,
-    TRANSIENT_ERRORS,
-    Bus,
-    Record,
-    cut_off,
-)
+from kernel.adapters.bus import COMMIT_INTERVAL_S, TRANSIENT_ERRORS, Bus, ConsumeLoop, Record
 from kernel.adapters.dependencies import DEPENDENCIES
 from kernel.adapters.metrics import MESSAGES, TURN_LATENCY, labelled
 from kernel.adapters.tracing import context_from_traceparent, headers_of, tracer
@@ -77,9 +68,11 @@ class Aggregator:
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
         self.auth = DecisionAuth.of(settings)
         self._stopping = asyncio.Event()
-        self._unreachable_since: float | None = None
-        self._failures = 0
-        """Batches failed in a row on Kafka or Redis (their backoff)."""
+        self._loop: ConsumeLoop | None = None
+        """The consume loop, while serving (per batch: the batch's results and offsets are
+        committed in one Kafka transaction)."""
+        self._poll_began = time.monotonic()
+        """When the loop last began to poll (the pacing of transactions counts from there)."""
         # Runs handled at once: their Redis steps share round trips (auto-pipelining), so a
         # whole polled batch goes at once instead of in waves.
         self._slots = asyncio.Semaphore(512)
@@ -94,6 +87,8 @@ class Aggregator:
     def stop(self) -> None:
         """Finish the current batch and return from ``run``."""
         self._stopping.set()
+        if self._loop is not None:
+            self._loop.stop()
 
     async def run(self) -> None:
         """Serve until stopped."""
@@ -104,22 +99,40 @@ class Aggregator:
         await producer.start()
         await consumer.start()
         interval = self.settings.aggregator_transaction_interval_ms / 1000
+
+        async def batch(batches: dict[TopicPartition, list[Record]]) -> None:
+            began = self._poll_began
+            await self._process(consumer, producer, group, batches)
+            # A transaction costs the broker the same whatever its size: under load, let the
+            # next batch gather for the rest of the interval (a full batch does not wait;
+            # when idle or lightly loaded, the next record is handled at once, so a small
+            # turn beside a busy tenant is not held back by the pacing).
+            rest = interval - (time.monotonic() - began)
+            if rest > 0 and _PACE_FROM <= sum(map(len, batches.values())) < _MAX_BATCH:
+                await asyncio.sleep(rest)  # wait-ok: pacing, not waiting for a state
+            self._poll_began = time.monotonic()
+
+        async def idle() -> None:
+            if self._uncommitted:
+                await self._commit_quietly(consumer, producer, group)
+            self._poll_began = time.monotonic()
+
+        # The one consume loop, per batch: a batch failing on Kafka or Redis is read again
+        # (nothing of it was committed) with backoff, until the cut-off.
+        self._loop = ConsumeLoop(
+            self.bus,
+            consumer,
+            batches=batch,
+            idle=idle,
+            poll_ms=100,
+            max_records=_MAX_BATCH,
+            cut_off_after_s=self.settings.cut_off_after_s,
+        )
+        if self._stopping.is_set():
+            self._loop.stop()
+        self._poll_began = time.monotonic()
         try:
-            while not self._stopping.is_set():
-                began = time.monotonic()
-                batches = await consumer.getmany(timeout_ms=100, max_records=_MAX_BATCH)
-                if not batches:
-                    if self._uncommitted:
-                        await self._commit_quietly(consumer, producer, group)
-                    continue
-                await self._process(consumer, producer, group, batches)
-                # A transaction costs the broker the same whatever its size: under load, let
-                # the next batch gather for the rest of the interval (a full batch does not
-                # wait; when idle or lightly loaded, the next record is handled at once, so
-                # a small turn beside a busy tenant is not held back by the pacing).
-                rest = interval - (time.monotonic() - began)
-                if rest > 0 and _PACE_FROM <= sum(map(len, batches.values())) < _MAX_BATCH:
-                    await asyncio.sleep(rest)  # wait-ok: pacing, not waiting for a state
+            await self._loop.run()
         finally:
             if self._uncommitted:
                 await self._commit_quietly(consumer, producer, group)
@@ -134,40 +147,23 @@ class Aggregator:
         group: str,
         batches: dict[TopicPartition, list[Record]],
     ) -> None:
+        """Handle one polled batch and commit it (a Kafka or Redis error is raised: nothing of
+        the batch is committed, and the consume loop reads it again; recording is
+        idempotent)."""
         self._batch_began_ns = time.time_ns()
-        try:
-            # One run's records in order, different runs concurrently (all keyed by run_id).
-            by_key: dict[bytes | None, list[Record]] = {}
-            for records in batches.values():
-                for record in records:
-                    by_key.setdefault(record.key, []).append(record)
-            per_key = await asyncio.gather(*(self._handle_in_order(rs) for rs in by_key.values()))
-            emitted = [e for results in per_key for e in results]
-            handled = {tp: records[-1].offset + 1 for tp, records in batches.items()}
-            offsets = self._uncommitted | handled
-            if not emitted and time.monotonic() - self._committed_at < COMMIT_INTERVAL_S:
-                self._uncommitted = offsets  # recorded in Redis; re-read after a crash
-                return
-            await self._commit(consumer, producer, group, emitted, offsets)
-        except TRANSIENT_ERRORS as exc:
-            # Nothing of the batch is committed: read it again; recording is idempotent. The
-            # dependency monitor says once that Kafka or Redis is away, not every attempt.
-            DEPENDENCIES.failed(exc)
-            log.debug("batch failed; re-reading it", extra={"error": repr(exc)})
-            self._unreachable_since = self._unreachable_since or time.monotonic()
-            self._failures += 1
-            cut = cut_off(self._unreachable_since, self.settings.cut_off_after_s, exc)
-            if cut is not None:
-                raise cut from exc
-            for tp, records in batches.items():
-                consumer.seek(tp, records[0].offset)
-            with contextlib.suppress(Interrupted):
-                await nap(
-                    MESSAGE.delay(self._failures), until=self._stopping, wake=DEPENDENCIES.back
-                )
+        # One run's records in order, different runs concurrently (all keyed by run_id).
+        by_key: dict[bytes | None, list[Record]] = {}
+        for records in batches.values():
+            for record in records:
+                by_key.setdefault(record.key, []).append(record)
+        per_key = await asyncio.gather(*(self._handle_in_order(rs) for rs in by_key.values()))
+        emitted = [e for results in per_key for e in results]
+        handled = {tp: records[-1].offset + 1 for tp, records in batches.items()}
+        offsets = self._uncommitted | handled
+        if not emitted and time.monotonic() - self._committed_at < COMMIT_INTERVAL_S:
+            self._uncommitted = offsets  # recorded in Redis; re-read after a crash
             return
-        self._unreachable_since = None
-        self._failures = 0
+        await self._commit(consumer, producer, group, emitted, offsets)
         for emission in emitted:
             labelled(TURN_LATENCY, emission.result.status).observe(
                 time.time() - emission.planned_at
@@ -272,24 +268,10 @@ class Aggregator:
         self, records: list[Record], update: Coroutine[Any, Any, list[Emission]]
     ) -> list[Emission]:
         """Run one state update; if it fails for a reason other than Kafka or Redis being
-        away, dead-letter its records and go on: one bad turn must not stop every other
-        run's results (a crash here would meet the same records after every restart)."""
-        try:
-            return await update
-        except NEVER_FITS as exc:
-            reason = f"aggregator produced a record Kafka refuses: {type(exc).__name__}"
-            for record in records:
-                await self.bus.dead_letter(record, reason)
-            return []
-        except TRANSIENT_ERRORS:
-            raise  # the whole batch is read again
-        except Exception as exc:
-            log.exception("turn update failed", extra={"records": len(records)})
-            reason = f"aggregator failed: {type(exc).__name__}: {exc}"
-            for record in records:
-                await self.bus.dead_letter(record, reason)
-                MESSAGES.labels("aggregator", record.topic, "dead_lettered").inc()
-            return []
+        away, its records are dead-lettered and the batch goes on (``ConsumeLoop.isolated``:
+        one bad turn must not stop every other run's results)."""
+        assert self._loop is not None, "a batch is handled by the consume loop"
+        return await self._loop.isolated(records, update) or []
 
     async def _decode(self, record: Record) -> TurnPlan | CallOutcome | CancelRequest | None:
         """The record's message; invalid bytes are dead-lettered (None)."""

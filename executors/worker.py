@@ -22,18 +22,17 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError
 from opentelemetry import trace
 
 from executors._after_publish import AfterPublish
 from kernel.adapters.backoff import STEP, nap
 from kernel.adapters.bus import (
-    COMMIT_INTERVAL_S,
     NEVER_FITS,
     TRANSIENT_ERRORS,
     Bus,
+    ConsumeLoop,
     Record,
-    cut_off,
+    release_slot,
 )
 from kernel.adapters.dependencies import DEPENDENCIES
 from kernel.adapters.health import HEALTH
@@ -47,11 +46,9 @@ from kernel.adapters.metrics import (
     labelled,
     tool_label,
 )
-from kernel.adapters.offsets import OffsetTracker
 from kernel.adapters.topics import command_topic
 from kernel.adapters.tracing import consuming, phase, tracer
 from kernel.errors import (
-    CutOffError,
     InvalidMessageError,
     ToolfleetError,
     ToolNotFoundError,
@@ -123,15 +120,11 @@ class Worker:
         self.tasks = stores.tasks()
         self.auth = DecisionAuth.of(settings)
         self._after_publish = AfterPublish(self.ledger, self.circuits)
-        self._slots = asyncio.Semaphore(self.limits.per_worker)
-        # A slot is given back when the tool ends; outcomes still being written and published
-        # (Kafka refusing writes, say) are bounded too, so a worker stops taking commands.
-        self._unpublished = asyncio.Semaphore(4 * self.limits.per_worker)
-        self._offsets = OffsetTracker()
+        self._loop: ConsumeLoop | None = None
+        """The consume loop of the pool's commands, while serving."""
         self._owned: set[TopicPartition] = set()
         """Partitions of the pool's topic this worker owns: with none, it adds no capacity."""
         self._assignment_changed = asyncio.Event()
-        self._handlers: set[asyncio.Task[None]] = set()
         # Keyed by (tenant, run, call): two tenants may use the same run and call ids, and a
         # cancellation must never reach another tenant's call.
         self._running: dict[_CallKey, tuple[asyncio.Task[None], asyncio.Future[None]]] = {}
@@ -141,11 +134,12 @@ class Worker:
         self._cancelled_runs: set[tuple[str, str]] = set()
         """(tenant, run) of runs cancelled while this worker lives."""
         self._stopping = asyncio.Event()
-        self._cut_off: CutOffError | None = None
 
     def stop(self) -> None:
         """Stop taking commands; in-flight calls finish before ``run`` returns."""
         self._stopping.set()
+        if self._loop is not None:
+            self._loop.stop()
 
     @property
     def owned_partitions(self) -> frozenset[TopicPartition]:
@@ -166,6 +160,28 @@ class Worker:
         await self.bus.start()
         await announce_tools(self.bus, specs)  # the clients' directory (release gates)
         commands = self.bus.consumer([], group=f"workers.{self.pool}", max_poll_records=200)
+        # The one consume loop, with the worker's numbers: a slot per running tool (given
+        # back when the tool ends, ``release_slot``), outcomes still being written and
+        # published bounded too (Kafka refusing writes, say), so a worker stops taking
+        # commands; commands of one call are not held back behind each other (the ledger
+        # decides); a command that raises is a bug that repeats on every delivery: it is
+        # dead-lettered at once; a step is retried by the STEP backoff.
+        self._loop = ConsumeLoop(
+            self.bus,
+            commands,
+            self._process,
+            max_attempts=1,
+            backoff_s=STEP.first_s,
+            max_backoff_s=STEP.cap_s,
+            concurrency=self.limits.per_worker,
+            in_hand=4 * self.limits.per_worker,
+            ordered=False,
+            poll_ms=50,
+            max_records=200,
+            cut_off_after_s=self.settings.cut_off_after_s,
+        )
+        if self._stopping.is_set():
+            self._loop.stop()
         commands.subscribe([self.bus.topic(command_topic(self.pool))], listener=_Ownership(self))
         # Every worker must see every cancellation: a group of its own, from now on.
         cancels = self.bus.consumer(
@@ -178,22 +194,27 @@ class Worker:
         listener = asyncio.create_task(self._listen_for_cancellations(cancels))
         renewer = asyncio.create_task(self._renew_leases())
         registrar = asyncio.create_task(self._register_capacity())
+        leaving = asyncio.create_task(self._leave_pool_when_stopping(registrar))
         try:
-            await self._consume(commands)
+            # In-flight calls finish before it returns (or raises CutOffError: the commands
+            # go to a peer, and the ledger makes that safe).
+            await self._loop.run()
         finally:
-            registrar.cancel()
-            with contextlib.suppress(*TRANSIENT_ERRORS):
-                await self.admission.unregister_worker(self.pool, self.worker_id)
+            self._stopping.set()
+            await leaving
             listener.cancel()
-            if self._handlers:
-                await asyncio.gather(*self._handlers, return_exceptions=True)
             renewer.cancel()
-            await self._commit(commands)
             await commands.stop()
             await cancels.stop()
             await self.bus.stop()
-        if self._cut_off is not None:
-            raise self._cut_off
+
+    async def _leave_pool_when_stopping(self, registrar: asyncio.Task[None]) -> None:
+        """Once the worker stops taking commands, its slots leave the pool's capacity (before
+        its in-flight calls end), so admission sends it nothing more."""
+        await self._stopping.wait()
+        registrar.cancel()
+        with contextlib.suppress(*TRANSIENT_ERRORS):
+            await self.admission.unregister_worker(self.pool, self.worker_id)
 
     async def _register_capacity(self) -> None:
         """Keep this worker's slots in its pool's capacity (admission admits up to it), and
@@ -220,79 +241,7 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._assignment_changed.wait(), ttl / 3)
 
-    async def _consume(self, consumer: AIOKafkaConsumer) -> None:
-        last_commit = time.monotonic()
-        while not self._stopping.is_set():
-            batches = await consumer.getmany(timeout_ms=50, max_records=200)
-            for tp, records in batches.items():
-                for record in records:
-                    await self._unpublished.acquire()
-                    await self._slots.acquire()
-                    self._offsets.started(tp, record.offset)
-                    task = asyncio.create_task(self._handle(tp, record, _Slot(self._slots)))
-                    self._handlers.add(task)
-                    task.add_done_callback(self._handlers.discard)
-            if time.monotonic() - last_commit > COMMIT_INTERVAL_S:
-                await self._commit(consumer)
-                last_commit = time.monotonic()
-
-    async def _commit(self, consumer: AIOKafkaConsumer) -> None:
-        # Only partitions still ours: a revoked one's unfinished commands are redelivered to
-        # its new owner, and the ledger makes that safe.
-        assigned = consumer.assignment()
-        offsets = {tp: o for tp, o in self._offsets.committable().items() if tp in assigned}
-        if not offsets:
-            return
-        try:
-            await consumer.commit(offsets)
-        except (CommitFailedError, IllegalStateError) as exc:
-            log.warning("offset commit refused (rebalance)", extra={"error": repr(exc)})
-
-    async def _handle(self, tp: TopicPartition, record: Record, slot: _Slot) -> None:
-        attempt = 0
-        unreachable_since: float | None = None
-        try:
-            while True:
-                try:
-                    await self._process(record, slot)
-                    return
-                except InvalidMessageError as exc:
-                    await self.bus.dead_letter(record, exc.reason)
-                    return
-                except NEVER_FITS as exc:
-                    log.error("an outcome can never fit", extra={"offset": record.offset})
-                    await self.bus.dead_letter(
-                        record, f"its outcome is a record Kafka refuses: {type(exc).__name__}"
-                    )
-                    return
-                except TRANSIENT_ERRORS as exc:
-                    # Kafka or Redis is away: retry the same command; the ledger makes it safe.
-                    # The dependency monitor says so once, not every attempt.
-                    DEPENDENCIES.failed(exc)
-                    log.debug("dependency unavailable", extra={"error": repr(exc)})
-                    unreachable_since = unreachable_since or time.monotonic()
-                    cut = cut_off(unreachable_since, self.settings.cut_off_after_s, exc)
-                    if cut is not None:
-                        # Leave the group (after in-flight calls end): the command is
-                        # redelivered to a peer, and the ledger makes that safe.
-                        self._cut_off = cut
-                        self.stop()
-                        return
-                    attempt += 1
-                    await nap(STEP.delay(attempt), wake=DEPENDENCIES.back)
-                except Exception as exc:
-                    # A bug that would repeat on every delivery: keep the bytes and the reason.
-                    log.exception("command failed", extra={"offset": record.offset})
-                    await self.bus.dead_letter(
-                        record, f"worker failed: {type(exc).__name__}: {exc}"
-                    )
-                    return
-        finally:
-            self._offsets.done(tp, record.offset)
-            slot.release()
-            self._unpublished.release()
-
-    async def _process(self, record: Record, slot: _Slot) -> None:
+    async def _process(self, record: Record) -> None:
         command = ExecutionCommand.decode(record.value or b"")
         labelled(COMMANDS, self.service, self.pool, command.kind).inc()
         with (
@@ -315,9 +264,9 @@ class Worker:
                         "toolfleet.worker_id": self.worker_id,
                     }
                 )
-            await self._process_command(command, slot)
+            await self._process_command(command)
 
-    async def _process_command(self, command: ExecutionCommand, slot: _Slot) -> None:
+    async def _process_command(self, command: ExecutionCommand) -> None:
         try:
             # No version: the newest this worker serves (older planners, the reconciler).
             tool = self.registry.get(command.tool_name, command.tool_version)
@@ -344,7 +293,7 @@ class Worker:
             return
         # Tenant and tool quotas were applied by admission before the command reached
         # Kafka: a slot here is only ever taken by a call that can run now.
-        outcome = await self._execute(tool, command, slot)
+        outcome = await self._execute(tool, command)
         if outcome is None:
             return
         _describe_span(outcome)
@@ -382,9 +331,7 @@ class Worker:
         HUMAN_TASKS.labels("circuit_open").inc()
         log.error("circuit opened", extra={"tool_version": ref, "calls": len(ran_while_failing)})
 
-    async def _execute(
-        self, tool: Tool, command: ExecutionCommand, slot: _Slot
-    ) -> CallOutcome | None:
+    async def _execute(self, tool: Tool, command: ExecutionCommand) -> CallOutcome | None:
         key = (command.tenant_id, command.run_id, command.call_id)
         task = asyncio.current_task()
         assert task is not None
@@ -427,7 +374,7 @@ class Worker:
         finally:
             # The tool is done: its slot runs the next call while this one's outcome is
             # written and published (the limit is on running tools, not on bookkeeping).
-            slot.release()
+            release_slot()
             self._leases.pop(key, None)
             labelled(IN_FLIGHT, self.pool).dec()
             self._running.pop(key, None)
@@ -639,19 +586,6 @@ class Worker:
                     task.cancel()
 
 
-class _Slot:
-    """One of the worker's concurrency slots, held by one command; released exactly once."""
-
-    def __init__(self, slots: asyncio.Semaphore) -> None:
-        self._slots: asyncio.Semaphore | None = slots
-
-    def release(self) -> None:
-        """Give the slot back (again is a no-op)."""
-        if self._slots is not None:
-            self._slots.release()
-            self._slots = None
-
-
 class _Ownership(ConsumerRebalanceListener):  # type: ignore[misc]
     """Keeps what the worker owns current: revoked partitions' offsets are forgotten, and
     capacity is registered again whenever the assignment changes."""
@@ -661,7 +595,8 @@ class _Ownership(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         """Their unfinished commands will be redelivered to the new owner."""
-        self.worker._offsets.forget(set(revoked))
+        if self.worker._loop is not None:
+            self.worker._loop.forget(set(revoked))
         self.worker._owned -= revoked
         self.worker._assignment_changed.set()
 

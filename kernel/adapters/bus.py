@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import (
@@ -66,6 +68,8 @@ class Record(Protocol):
 
 
 Handler = Callable[[Record], Awaitable[None]]
+
+T = TypeVar("T")
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     KafkaError,
@@ -315,22 +319,37 @@ def _tenant_of(raw: bytes | None) -> str | None:
 
 
 class ConsumeLoop:
-    """Feeds records to a handler and commits each partition's offset after the handler is done.
+    """The one consume loop of every service: polls, hands records over, commits offsets only
+    for what is done, and applies the one failure policy.
 
-    Records with the same key (a run_id everywhere in toolfleet) are handled one after the
-    other, in offset order; records with different keys concurrently, up to ``concurrency``
-    at once: a service waits on Kafka and Redis round trips, not on its CPU. Polling goes on
-    while handlers run, so a record is handled as soon as it is fetched, not after the
-    slowest record of the batch before it (a new turn never waits for another tenant's
-    outcomes to be done); a partition's commit stops below its oldest unfinished record.
+    Per record (the planner, the reconciler, the workers: ``handler``): records with the same
+    key (a run_id; a command's call_id) are handled one after the other, in offset order, when
+    ``ordered``; records with different keys concurrently, up to ``concurrency`` at once: a
+    service waits on Kafka and Redis round trips, not on its CPU. Polling goes on while
+    handlers run, so a record is handled as soon as it is fetched, not after the slowest
+    record of the batch before it (a new turn never waits for another tenant's outcomes to be
+    done); a partition's commit stops below its oldest unfinished record. A handler may give
+    its concurrency slot back before it is done (``release_slot``: a worker's tool ended, its
+    outcome is being published); ``in_hand`` then bounds the records not yet done.
+
+    Per batch (the aggregator: ``batches``): each polled batch is handed over whole; the
+    handler commits it itself (in the Kafka transaction of its results), and ``idle`` runs when
+    a poll brings nothing. A batch that fails on a dependency is read again, from its first
+    offsets, with backoff, until the cut-off.
+
+    The failure policy, the same for every service:
 
     - ``InvalidMessageError`` from the handler dead-letters the record and moves on;
+    - a record Kafka refuses for good (``NEVER_FITS``) is dead-lettered with the reason;
     - a transient error (Kafka, Redis, connection) retries the same record with backoff
-      (``kernel.adapters.backoff.MESSAGE``: capped, with jitter; at once when the dependency
-      monitor sees it back), until the cut-off: an outage must not turn good messages into
-      dead letters;
+      (``kernel.adapters.backoff.MESSAGE`` unless told otherwise: capped, with jitter; at once
+      when the dependency monitor sees it back), until the cut-off: an outage must not turn
+      good messages into dead letters. Past ``cut_off_after_s`` the loop raises
+      ``CutOffError`` once in-flight records are done or left to the partitions' next owner;
     - any other exception retries up to ``max_attempts`` times, then dead-letters the record
-      with the error as the reason, so one poison message never becomes a crash loop.
+      with the error as the reason, so one poison message never becomes a crash loop;
+    - stopping ends a retry's wait: the record is left uncommitted, to the partition's next
+      owner (every handler is idempotent).
 
     ``wanted`` picks the records the handler gets; the others (a service reading a busy topic
     for a few of its records) are only committed past, at no cost per record.
@@ -340,21 +359,35 @@ class ConsumeLoop:
         self,
         bus: Bus,
         consumer: AIOKafkaConsumer,
-        handler: Handler,
+        handler: Handler | None = None,
         *,
+        batches: BatchHandler | None = None,
+        idle: Callable[[], Awaitable[None]] | None = None,
         max_attempts: int = 5,
         backoff_s: float = MESSAGE.first_s,
         max_backoff_s: float = MESSAGE.cap_s,
         concurrency: int = 512,
+        in_hand: int | None = None,
+        ordered: bool = True,
+        poll_ms: int = 100,
+        max_records: int = 500,
         wanted: Callable[[Record], bool] | None = None,
         cut_off_after_s: float = Settings.model_fields["cut_off_after_s"].default,
     ) -> None:
+        if (handler is None) == (batches is None):
+            raise ValueError("a consume loop takes a handler per record or per batch, not both")
         self.bus = bus
         self.cut_off_after_s = cut_off_after_s
         self.wanted = wanted
         self.consumer = consumer
         self.handler = handler
+        self.batches = batches
+        self.idle = idle
+        self.ordered = ordered
+        self.poll_ms = poll_ms
+        self.max_records = max_records
         self._slots = asyncio.Semaphore(concurrency)
+        self._in_hand = asyncio.Semaphore(in_hand) if in_hand is not None else None
         self.max_attempts = max_attempts
         self.backoff = Backoff(backoff_s, max(backoff_s, max_backoff_s))
         """Between attempts at one record (the project's policy, ``kernel.adapters.backoff``)."""
@@ -367,10 +400,24 @@ class ConsumeLoop:
         """Partitions with records started or done since the last commit (only those are
         committed: a partition handed to a peer and back must not go back to our offset)."""
         self._failure: BaseException | None = None
+        self._batch_failures = 0
+        self._unreachable_since: float | None = None
+        """Since when batches have failed on a dependency (monotonic; None: they do not)."""
+
+    @property
+    def stopping(self) -> bool:
+        """Whether ``stop`` was called (or a cut-off stopped the loop)."""
+        return self._stopping.is_set()
 
     def stop(self) -> None:
         """Finish the records in hand, commit, and return from ``run``."""
         self._stopping.set()
+
+    def forget(self, partitions: set[TopicPartition]) -> None:
+        """Partitions revoked from this consumer (a rebalance listener calls it): their
+        unfinished records are redelivered to the new owner, and never committed here."""
+        self._offsets.forget(partitions)
+        self._touched -= partitions
 
     async def run(self) -> None:
         """Consume until ``stop`` is called (or a CutOffError, raised once in-flight records
@@ -378,7 +425,12 @@ class ConsumeLoop:
         last_commit = time.monotonic()
         try:
             while not self._stopping.is_set():
-                batches = await self.consumer.getmany(timeout_ms=100, max_records=500)
+                batches = await self.consumer.getmany(
+                    timeout_ms=self.poll_ms, max_records=self.max_records
+                )
+                if self.batches is not None:
+                    await self._hand_over(batches)
+                    continue
                 for tp, records in batches.items():
                     for record in records:
                         await self._start(tp, record)
@@ -389,9 +441,58 @@ class ConsumeLoop:
             self._stopping.set()  # records retrying give up; the next owner has them
             if self._running:
                 await asyncio.wait(set(self._running))
-            await self._commit()
+            if self.batches is None:
+                await self._commit()
         if self._failure is not None:
             raise self._failure  # CutOffError: uncommitted records go to this group's peers
+
+    async def _hand_over(self, batches: dict[TopicPartition, list[Record]]) -> None:
+        """Hand a polled batch to the batch handler; on a dependency error, read it again."""
+        if not batches:
+            if self.idle is not None:
+                await self.idle()
+            return
+        assert self.batches is not None
+        try:
+            await self.batches(batches)
+        except TRANSIENT_ERRORS as exc:
+            # Nothing of the batch is committed: read it again (handling is idempotent). The
+            # dependency monitor says once that Kafka or Redis is away, not every attempt.
+            DEPENDENCIES.failed(exc)
+            log.debug("batch failed; re-reading it", extra={"error": repr(exc)})
+            self._unreachable_since = self._unreachable_since or time.monotonic()
+            self._batch_failures += 1
+            cut = cut_off(self._unreachable_since, self.cut_off_after_s, exc)
+            if cut is not None:
+                raise cut from exc
+            for tp, records in batches.items():
+                self.consumer.seek(tp, records[0].offset)
+            with contextlib.suppress(Interrupted):
+                await nap(
+                    self.backoff.delay(self._batch_failures),
+                    until=self._stopping,
+                    wake=DEPENDENCIES.back,
+                )
+            return
+        self._unreachable_since = None
+        self._batch_failures = 0
+
+    async def isolated(self, records: Sequence[Record], update: Awaitable[T]) -> T | None:
+        """Run one piece of a batch (``update``, made from ``records``); if it fails for a
+        reason other than Kafka or Redis being away, dead-letter its records (None) and go on:
+        one bad turn must not stop every other run's results (a crash here would meet the
+        same records after every restart). A dependency error is raised: the batch is read
+        again."""
+        try:
+            return await update
+        except NEVER_FITS as exc:
+            await self._dead_letter(records, _never_fits(exc))
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception as exc:
+            log.exception("handling failed", extra={"records": len(records)})
+            await self._dead_letter(records, self._failed(exc, 1))
+        return None
 
     async def _start(self, tp: TopicPartition, record: Record) -> None:
         """Hand ``record`` to a task, behind the unfinished record of its key (if any)."""
@@ -400,15 +501,22 @@ class ConsumeLoop:
         if self.wanted is not None and not self.wanted(record):
             self._offsets.done(tp, record.offset)
             return
+        if self._in_hand is not None:
+            await self._in_hand.acquire()
         await self._slots.acquire()
-        key = (tp, record.key)
-        task = asyncio.create_task(self._after(self._last.get(key), tp, record))
-        self._last[key] = task
+        slot = _Slot(self._slots)
+        key = (tp, record.key if self.ordered else None)
+        previous = self._last.get(key) if self.ordered else None
+        task = asyncio.create_task(self._after(previous, tp, record, slot))
+        if self.ordered:
+            self._last[key] = task
         self._running.add(task)
 
         def finished(done: asyncio.Task[bool]) -> None:
             self._running.discard(done)
-            self._slots.release()
+            slot.release()
+            if self._in_hand is not None:
+                self._in_hand.release()
             if self._last.get(key) is done:
                 del self._last[key]
             error = None if done.cancelled() else done.exception()
@@ -419,7 +527,7 @@ class ConsumeLoop:
         task.add_done_callback(finished)
 
     async def _after(
-        self, previous: asyncio.Task[bool] | None, tp: TopicPartition, record: Record
+        self, previous: asyncio.Task[bool] | None, tp: TopicPartition, record: Record, slot: _Slot
     ) -> bool:
         """Handle ``record`` once the record of its key before it is done; whether it was
         handled (a record left unhandled keeps its partition's commit below it)."""
@@ -427,6 +535,7 @@ class ConsumeLoop:
             await asyncio.wait([previous])
             if previous.cancelled() or previous.exception() is not None or not previous.result():
                 return False  # left to the next owner, and so is everything after it
+        _SLOT.set(slot)
         handled = await self._handle(record)
         if handled:
             self._offsets.done(tp, record.offset)
@@ -439,7 +548,7 @@ class ConsumeLoop:
         assigned = self.consumer.assignment()
         touched, self._touched = self._touched, set()
         committable = self._offsets.committable()
-        offsets = {tp: committable[tp] for tp in touched if tp in assigned}
+        offsets = {tp: committable[tp] for tp in touched if tp in assigned and tp in committable}
         if not offsets:
             return
         try:
@@ -453,6 +562,7 @@ class ConsumeLoop:
         Raises CutOffError when Kafka or Redis stayed unreachable for longer than
         ``cut_off_after_s``: this instance must let its partitions go to its peers.
         """
+        assert self.handler is not None
         attempt = 0
         unreachable_since: float | None = None
         while True:
@@ -460,15 +570,14 @@ class ConsumeLoop:
             try:
                 await self.handler(record)
             except InvalidMessageError as exc:
-                await self.bus.dead_letter(record, exc.reason)
-                MESSAGES.labels(self.bus.service, record.topic, "dead_lettered").inc()
+                await self._dead_letter([record], exc.reason)
                 return True
             except NEVER_FITS as exc:
-                reason = f"handling it produced a record Kafka refuses: {type(exc).__name__}"
                 log.error("a produced record can never fit", extra={"topic": record.topic})
-                await self.bus.dead_letter(record, reason)
-                MESSAGES.labels(self.bus.service, record.topic, "dead_lettered").inc()
+                await self._dead_letter([record], _never_fits(exc))
                 return True
+            except Interrupted:
+                return False  # the handler saw the loop stopping before it began
             except TRANSIENT_ERRORS as exc:
                 # Not a line per attempt: the dependency monitor says once that Kafka or
                 # Redis is away (it checks at once), and once that it is back.
@@ -484,10 +593,8 @@ class ConsumeLoop:
                     raise cut from exc
             except Exception as exc:
                 if attempt >= self.max_attempts:
-                    reason = f"handler failed {attempt} times: {type(exc).__name__}: {exc}"
                     log.exception("giving up on a message", extra={"topic": record.topic})
-                    await self.bus.dead_letter(record, reason)
-                    MESSAGES.labels(self.bus.service, record.topic, "dead_lettered").inc()
+                    await self._dead_letter([record], self._failed(exc, attempt))
                     return True
                 log.warning(
                     "handler failed; retrying",
@@ -501,6 +608,52 @@ class ConsumeLoop:
                 await nap(self.backoff.delay(attempt), until=self._stopping, wake=DEPENDENCIES.back)
             except Interrupted:
                 return False  # stopping mid-retry: the next owner of the partition retries it
+
+    def _failed(self, exc: BaseException, attempts: int) -> str:
+        """The dead letter's reason for a record whose handling raised ``exc``."""
+        if attempts > 1:
+            return f"handler failed {attempts} times: {type(exc).__name__}: {exc}"
+        return f"{self.bus.service} failed: {type(exc).__name__}: {exc}"
+
+    async def _dead_letter(self, records: Sequence[Record], reason: str) -> None:
+        for record in records:
+            await self.bus.dead_letter(record, reason)
+            MESSAGES.labels(self.bus.service, record.topic, "dead_lettered").inc()
+
+
+BatchHandler = Callable[[dict[TopicPartition, list[Record]]], Awaitable[None]]
+"""Handles one polled batch whole (``ConsumeLoop(batches=...)``), committing it itself."""
+
+
+class _Slot:
+    """One record's concurrency slot in its consume loop; given back exactly once."""
+
+    def __init__(self, slots: asyncio.Semaphore) -> None:
+        self._slots: asyncio.Semaphore | None = slots
+
+    def release(self) -> None:
+        """Give the slot back (again is a no-op)."""
+        if self._slots is not None:
+            self._slots.release()
+            self._slots = None
+
+
+_SLOT: ContextVar[_Slot | None] = ContextVar("toolfleet_consume_slot", default=None)
+"""The slot of the record the current task handles (each record's task has its own)."""
+
+
+def release_slot() -> None:
+    """Give the current record's concurrency slot back before its handler is done: the next
+    record may start while this one finishes (a worker's tool ended; its outcome is still
+    being written and published, bounded by the loop's ``in_hand``). Outside a consume loop's
+    handler it does nothing."""
+    slot = _SLOT.get()
+    if slot is not None:
+        slot.release()
+
+
+def _never_fits(exc: BaseException) -> str:
+    return f"handling it produced a record Kafka refuses: {type(exc).__name__}"
 
 
 def cut_off(since: float, bound_s: float, exc: BaseException) -> CutOffError | None:
@@ -517,9 +670,11 @@ def cut_off(since: float, bound_s: float, exc: BaseException) -> CutOffError | N
 __all__ = [
     "NEVER_FITS",
     "TRANSIENT_ERRORS",
+    "BatchHandler",
     "Bus",
     "ConsumeLoop",
     "KafkaBus",
     "Record",
     "TopicPartition",
+    "release_slot",
 ]

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from aiokafka import TopicPartition
 
-from kernel.adapters.bus import ConsumeLoop, KafkaBus, Record
+from kernel.adapters.bus import ConsumeLoop, KafkaBus, Record, release_slot
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
@@ -68,5 +68,97 @@ async def test_a_slow_record_holds_back_its_key_only_and_the_commit_stays_below_
     finally:
         loop.stop()
         let_slow_finish.set()
+        await running
+        await consumer.stop()
+
+
+async def test_unordered_records_of_one_key_run_side_by_side_once_a_slot_is_given_back(
+    bus: KafkaBus,
+) -> None:
+    """The workers' numbers: one slot, given back when the tool ends (``release_slot``), and
+    two records in hand; a command's call id does not hold the next command back."""
+    tag = uuid.uuid4().hex[:8]
+    key = f"call-{tag}".encode()
+    topic = bus.topic("human-tasks")
+    tp = TopicPartition(topic, 0)
+    first_released, second_started, finish_first = (
+        asyncio.Event(), asyncio.Event(), asyncio.Event()
+    )  # fmt: skip
+
+    async def handle(record: Record) -> None:
+        if record.key != key:
+            return
+        if record.value == b"first":
+            release_slot()  # the tool ended; its outcome is still being published
+            first_released.set()
+            await finish_first.wait()
+        else:
+            second_started.set()
+
+    consumer = bus.consumer(["human-tasks"], group=f"loop-test-{tag}")
+    await consumer.start()
+    loop = ConsumeLoop(bus, consumer, handle, concurrency=1, in_hand=2, ordered=False)
+    running = asyncio.create_task(loop.run())
+    try:
+        first = await (await bus.producer.send(topic, b"first", key=key, partition=0))
+        await asyncio.wait_for(first_released.wait(), timeout=30)
+        await bus.producer.send(topic, b"second", key=key, partition=0)
+        await asyncio.wait_for(second_started.wait(), timeout=30)
+        assert not finish_first.is_set()  # the first is still in hand: its commit waits
+
+        async def committed_at_the_first() -> bool:
+            return bool(await consumer.committed(tp) == first.offset)
+
+        await wait_for(committed_at_the_first, within=30)
+        finish_first.set()
+
+        async def committed_past_both() -> bool:
+            return (await consumer.committed(tp) or 0) > first.offset + 1
+
+        await wait_for(committed_past_both, within=30)
+    finally:
+        loop.stop()
+        finish_first.set()
+        await running
+        await consumer.stop()
+
+
+async def test_a_batch_failing_on_a_dependency_is_read_again_from_its_first_offsets(
+    bus: KafkaBus,
+) -> None:
+    """The aggregator's way (per batch): nothing of a failed batch was committed, so the
+    loop reads it again, after a backoff, and the handler sees the same records."""
+    tag = uuid.uuid4().hex[:8]
+    key = f"run-{tag}".encode()
+    topic = bus.topic("human-tasks")
+    seen: list[list[int]] = []
+    again = asyncio.Event()
+
+    async def batch(batches: dict[TopicPartition, list[Record]]) -> None:
+        mine = [r.offset for records in batches.values() for r in records if r.key == key]
+        if not mine:
+            return
+        seen.append(mine)
+        if len(seen) == 1:
+            raise ConnectionError("injected: Redis went away mid-batch")
+        again.set()
+
+    consumer = bus.consumer(["human-tasks"], group=f"loop-test-{tag}", auto_offset_reset="latest")
+    await consumer.start()
+    await wait_for(lambda: asyncio.sleep(0, bool(consumer.assignment())), within=30)
+    for tp in consumer.assignment():
+        await consumer.position(tp)  # from now on: this test's records only
+    sent = [await bus.producer.send(topic, b"x", key=key, partition=0) for _ in range(3)]
+    offsets = [int((await future).offset) for future in sent]
+    loop = ConsumeLoop(bus, consumer, batches=batch, backoff_s=0.01)
+    running = asyncio.create_task(loop.run())
+    try:
+        await asyncio.wait_for(again.wait(), timeout=30)
+        # The failed batch's records again, from its first offset on (a batch may be cut
+        # where the fetch ended: the same records, and perhaps more behind them).
+        assert seen[0][0] == offsets[0]
+        assert seen[1][: len(seen[0])] == seen[0]
+    finally:
+        loop.stop()
         await running
         await consumer.stop()
