@@ -7,16 +7,21 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+from agents import Agent, function_tool
+from agents.testing import ScriptedModel, assistant_message, function_call
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from redis.asyncio import Redis
 
 from kernel.adapters.bus import KafkaBus
 from kernel.adapters.topics import ensure_topics
 from kernel.settings import Settings
-from kernel.stores.registry import announce_tools
+from kernel.stores.registry import announce_tools, publish_tools
 from schemas import ToolSpec
 from tests.conftest import wait_for
+from toolfleet.agents import FleetApprovalRequired, FleetRunner
 from toolfleet.client import FleetClient
+from toolfleet.testing import InProcessFleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
 
@@ -122,3 +127,44 @@ async def test_before_the_topic_exists_every_tool_is_unknown_and_the_client_crea
 
 async def _absent(admin: AIOKafkaAdminClient, topic: str) -> bool:
     return topic not in await admin.list_topics()
+
+
+@pytest.mark.agent_runtime
+async def test_a_gated_tool_the_client_has_not_read_is_held_and_the_run_fails_closed(
+    settings: Settings, redis: Redis
+) -> None:
+    """A tool the registry gates but no worker announced (a worker of an earlier release
+    serves it): FleetRunner does not know its gate, sends the call, and the planner holds it;
+    the run fails with FleetApprovalRequired and the tool never runs. A tool a test fleet
+    serves later reaches the client's directory."""
+    name = f"transfer_{uuid.uuid4().hex[:8]}"
+    ran: list[str] = []
+
+    @function_tool(name_override=name)
+    def transfer() -> str:
+        """Moves money."""
+        ran.append("transfer")
+        return "sent"
+
+    async with InProcessFleet(settings) as fleet:
+        gated = _spec(name, "1", needs_approval="always", parameters={"type": "object"})
+        await publish_tools(redis, fleet.keys, [gated.model_copy(update={"pool": fleet.pool})])
+        assert name not in await fleet.client.tool_specs()
+        model = ScriptedModel([[function_call(name, {}, call_id="c1")], [assistant_message("ok")]])
+        runner = FleetRunner(fleet.client, tenant_id="acme", turn_timeout=30)
+        with pytest.raises(FleetApprovalRequired):
+            await runner.run(Agent(name="payer", model=model, tools=[transfer]), "pay")
+        assert ran == []
+
+        @function_tool(name_override=f"{name}_later", needs_approval=True)
+        def later() -> str:
+            """Served once the fleet runs."""
+            return "later"
+
+        await fleet.serve(later)
+
+        async def announced_gated() -> bool:
+            spec = (await fleet.client.tool_specs()).get(f"{name}_later")
+            return spec is not None and spec.needs_approval == "always"
+
+        assert await wait_for(announced_gated, within=30)

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agents import Agent, RunConfig, RunHooks, RunResult, RunResultStreaming
 from agents.exceptions import (
@@ -39,9 +39,6 @@ from toolfleet.agents._calls import Binding, bound
 from toolfleet.agents._sdk import binding_of, identity_of, install, remember
 from toolfleet.client import FleetClient
 from toolfleet.serving import GatingToolServer, current_tool_server
-
-if TYPE_CHECKING:
-    from kernel.stores.registry import ToolDirectory
 
 __all__ = ["DEFAULT_MAX_TURNS", "FleetRunner", "RunInput"]
 
@@ -81,7 +78,6 @@ class FleetRunner:
         self.decided_by = decided_by
         """Who the decisions this runner signs for its runs name as their author."""
         self._gated: frozenset[str] = frozenset()
-        self._directory: ToolDirectory | None = None
 
     def fleet_agent(self, agent: Agent[Any]) -> Agent[Any]:
         """``agent`` itself: FleetRunner runs the application's own agents (kept for code
@@ -238,17 +234,9 @@ class FleetRunner:
         return asyncio.run(main())
 
     async def _read_gates(self) -> None:
-        """Read which tools the fleet gates (at most every few seconds: the directory caches)."""
-        from kernel.adapters.redis import connect_redis
-        from kernel.stores.keys import Keys
-        from kernel.stores.registry import ToolDirectory
-
-        if self._directory is None:
-            settings = self.client.settings
-            self._directory = ToolDirectory(connect_redis(settings), Keys.of(settings))
-        elif current_tool_server() is not None:
-            self._directory.forget()  # a tool server serves objects at run time: read afresh
-        specs = await self._directory.specs()
+        """Which tools the fleet gates, from the tool directory the client keeps (the workers
+        announce their tools on Kafka; a gated tool not read yet is held by the planner)."""
+        specs = await self.client.tool_specs()
         self._gated = frozenset(
             key for key, spec in specs.items() if spec.needs_approval == "always"
         )

@@ -34,7 +34,7 @@ from kernel.errors import UnavailableError, UsageError
 from kernel.settings import Settings
 from kernel.stores.door import Stores
 from kernel.stores.keys import Keys
-from kernel.stores.registry import replace_tool
+from kernel.stores.registry import announce_tools, replace_tool
 from kernel.tools import CallHooks, Tool, ToolRegistry
 from planner.service import Planner
 from reconciler.service import Reconciler
@@ -178,9 +178,13 @@ class InProcessFleet:
 
     async def _publish(self, tool: Tool) -> None:
         """The registry in Redis names the new object's spec as the tool's only live version,
-        and the services that cache it read it again on their next turn."""
+        and the services that cache it read it again on their next turn; clients learn it from
+        the tools topic (its version is newer than any before it)."""
         assert self._redis is not None
-        await replace_tool(self._redis, self.keys, tool.spec(self.pool))
+        spec = tool.spec(self.pool)
+        await replace_tool(self._redis, self.keys, spec)
+        if self._client is not None:  # before it, the starting workers announce what is served
+            await announce_tools(self._client.bus, [spec])
         for service in (self._planner, self._reconciler):
             if service is not None:
                 service.tools.forget()
