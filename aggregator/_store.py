@@ -133,7 +133,9 @@ class TurnStore:
 
 def _encode(value: object) -> bytes:
     if isinstance(value, TurnPlan | CallOutcome):
-        return value.model_dump_json().encode()
+        # As on the wire: a field left unset is absent, so an aggregator of the previous
+        # release (a rolling upgrade) reads what this one wrote unless a new field is set.
+        return value.model_dump_json(exclude_none=True).encode()
     if isinstance(value, frozenset):
         return orjson.dumps(sorted(value))
     return orjson.dumps(value)

@@ -6,6 +6,8 @@ Catch the branch that says what you can do about it::
     ├── UsageError                       used wrongly: fix the call, flag or declaration
     │   ├── ConfigurationError           a setting, flag or tool declaration is invalid
     │   │   ├── TopicsMissingError       (kernel.adapters.topics) topics to create on purpose
+    │   │   ├── StateVersionError        (kernel.stores.schema) the state is of a version this
+    │   │   │                            release does not read: run the release it names
     │   │   └── StartRefused             (kernel.adapters.dependencies) Kafka or Redis refused
     │   │                                this process (credentials, TLS, a cluster node URL)
     │   ├── MissingExtraError            an optional part is not installed (also an ImportError):

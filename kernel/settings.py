@@ -346,6 +346,12 @@ class Settings(BaseSettings):
         "versions and operators' pins (toolfleet tools rollback|pin|unpin) take effect "
         "within this long",
     )
+    state_version_refresh_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long a service trusts the state version in force it read: the "
+        "version `toolfleet migrate --finish` raises takes effect within this long",
+    )
 
     # The live console (toolfleet console).
     trace_url_template: str | None = Field(

@@ -22,6 +22,7 @@ from kernel.adapters.tracing import consuming, phase, trace_id, traceparent, tra
 from kernel.errors import InvalidMessageError
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.limits import json_depth_exceeds
+from kernel.rules.state_versions import for_readers
 from kernel.rules.versions import choose_version, circuits_to_check
 from kernel.settings import Settings
 from kernel.stores.admitting import Admitter
@@ -67,6 +68,7 @@ class Planner:
         """Lookup key -> why its calls go where they go, as last logged (logged on change)."""
         self.gate = Gate(stores.gates())
         self.admitter = Admitter(stores.admission(), self.bus)
+        self.schema = stores.schema()
         self.auth = DecisionAuth.of(settings)
         self._tracer = tracer("planner")
         self._loop: ConsumeLoop | None = None
@@ -445,8 +447,11 @@ class Planner:
         await self._publish_commands(_commands_for(event, [(d, i) for d, i in pairs if i]))
 
     async def _publish_commands(self, commands: list[ExecutionCommand]) -> None:
-        """Every command goes through admission: it reaches Kafka when it can run."""
-        await self.admitter.submit(commands)
+        """Every command goes through admission: it reaches Kafka when it can run. It
+        carries what the workers of the state version in force read (an earlier release's
+        may still run)."""
+        in_force = await self.schema.in_force()
+        await self.admitter.submit([for_readers(c, in_force) for c in commands])
 
 
 _CAPPED = b'"capped":true'

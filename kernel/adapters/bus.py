@@ -34,6 +34,7 @@ from kernel.adapters.tracing import Headers
 from kernel.adapters.tracing import headers as trace_headers
 from kernel.errors import CutOffError, InfrastructureError, InvalidMessageError
 from kernel.rules.limits import cut_text, digest
+from kernel.rules.state_versions import client_id as state_client_id
 from kernel.settings import Settings
 from schemas import DeadLetter, Message
 
@@ -264,7 +265,9 @@ class KafkaBus:
         config: dict[str, Any] = {
             **kafka_options(self.settings),
             "group_id": f"{self.settings.topic_prefix}{group}",
-            "client_id": f"toolfleet-{self.service}",
+            # Names the state version of this release: `toolfleet migrate --finish` waits
+            # until no member of a service's group is of an earlier one.
+            "client_id": state_client_id(self.service),
             "enable_auto_commit": False,
             "auto_offset_reset": "earliest",
             "isolation_level": "read_committed",

@@ -12,7 +12,8 @@
 - ``turns``: the aggregator's turn state, each run's turns and the turns attached to a call;
 - ``reconciling``: the reconciler's state per call and its schedule;
 - ``tasks``: the human task queue;
-- ``registry``: published tools, their versions, pins and rollbacks.
+- ``registry``: published tools, their versions, pins and rollbacks;
+- ``schema``: the deployment's state version marker (``toolfleet migrate``).
 """
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "ledger",
     "reconciling",
     "registry",
+    "schema",
     "scripts",
     "tasks",
     "turns",

@@ -21,6 +21,7 @@ from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
 from kernel.stores.reconciling import ReconcileState
 from kernel.stores.registry import ToolDirectory, publish_tools
+from kernel.stores.schema import StateSchema
 from kernel.stores.tasks import TaskStore
 from kernel.stores.turns import RunTurns, TurnHashes
 from kernel.stores.unknowns import UnknownEffects
@@ -80,6 +81,11 @@ class Stores:
     def reconciling(self) -> ReconcileState:
         """The reconciler's state per call and its schedule."""
         return ReconcileState(self._redis, self.keys)
+
+    def schema(self) -> StateSchema:
+        """The deployment's state version marker, the version in force re-read every
+        ``state_version_refresh_s``."""
+        return StateSchema(self._redis, self.keys, refresh_s=self.settings.state_version_refresh_s)
 
     def unknowns(self, ledger: Ledger) -> UnknownEffects:
         """The index of calls whose effect is unknown (entries read through ``ledger``)."""

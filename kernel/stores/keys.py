@@ -154,6 +154,11 @@ class Keys:
         """Hash: the human tasks of one slot group, by id."""
         return f"{self.namespace}:{{{GROUP_TAGS[group]}}}:tasks"
 
+    @property
+    def schema(self) -> str:
+        """Hash: the deployment's state version marker (``kernel/stores/schema.py``)."""
+        return f"{self.namespace}:schema"
+
     # fleet-wide: the registry is one hash slot (publishing updates its keys in one
     # transaction), and so is admission (one script decides over all of its structures)
     @property

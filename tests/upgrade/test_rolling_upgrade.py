@@ -1,21 +1,26 @@
 """A rolling upgrade from the baseline release with calls in flight: nothing lost, nothing twice.
 
 The baseline's services (``kernel/stores/baseline.toml`` names its commit) run from a git
-worktree against the real Kafka and Redis: a planner, an aggregator, a reconciler, two workers
-of pool ``default`` and one of pool ``narrow`` with a single slot. With calls in flight — calls
-waiting for approval, an unknown effect under probe (the probe answers "unknown" until the
-test lets the upstream answer), an open human task, a backlog queued in admission behind the
-narrow pool's only slot, calls running — each process is replaced by the current release's,
-one at a time (SIGTERM, then the new one started and ready, as a Deployment rolls), and a turn
-goes through the mixed fleet after every step. Then, on the current release alone: the
-approvals and the task resolution decided now apply, the probe's late answer resolves its call,
-a model response replayed as a later turn finds its calls (same call ids: the outputs reused,
-nothing re-run), and the held calls finish. Every submitted turn has exactly one TurnResult,
-and every call's body ran exactly once.
+worktree against the real Kafka and Redis, as the chart deploys them: two planners, two
+aggregators, a reconciler, two workers of pool ``default`` and one of pool ``narrow`` with a
+single slot. With calls in flight — calls waiting for approval, an unknown effect under probe
+(the probe answers "unknown" until the test lets the upstream answer), an open human task, a
+backlog queued in admission behind the narrow pool's only slot, calls running — the
+pre-upgrade ``toolfleet migrate`` records the baseline's state version, and the Deployments
+are rolled one by one as the chart rolls them (maxSurge 1, maxUnavailable 0: a current replica
+started and ready, then a baseline one stopped with SIGTERM). After every replacement a turn
+goes through the mixed fleet, with items as the Responses API writes them and, once every
+planner is current, the run's context (as FleetRunner sends it). Then, on the current release
+alone: the approvals and the task resolution decided now apply, the probe's late answer
+resolves its call, a model response replayed as a later turn finds its calls (same call ids:
+the outputs reused, nothing re-run), ``toolfleet migrate --finish`` raises the state version
+(refused while a baseline service ran) and the run context's changes come back, and the held
+calls finish. Every submitted turn has exactly one TurnResult, and every call's body ran
+exactly once.
 
-Orders: ``chart`` replaces the Deployments in the order the chart lists them (planner,
-aggregator, reconciler, then the worker pools); ``workers-first`` the other way round. Each
-runs on a single Redis and on the 3-master Redis Cluster (``make upgrade-check``).
+Orders (``ORDERS``): ``chart``, the order the chart lists its Deployments, on a single Redis
+and on the 3-master Redis Cluster; ``planner-first`` and ``workers-first`` on a single Redis
+(``make upgrade-check``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -60,7 +67,6 @@ pytestmark = pytest.mark.integration
 
 TENANT = "acme"
 TOOLS = "upgrade_tools:tools"
-DEFAULT_WORKERS = 2
 BACKLOG = 5
 """Calls of the narrow pool submitted at once: one runs, the others wait in admission."""
 ENV = {
@@ -68,15 +74,22 @@ ENV = {
     "TOOLFLEET_RECOVERY_PROBE_BUDGET": "1000",  # probed until the upstream answers
     "TOOLFLEET_RECOVERY_REPORT_AFTER_S": "600",  # turns wait for the verdicts
     "TOOLFLEET_CIRCUIT_MIN_CALLS": str(10**9),  # lost responses must not open a circuit
+    "TOOLFLEET_STATE_VERSION_REFRESH_S": "0.5",  # `migrate --finish` takes effect at once
 }
-WORKERS = ("worker-default-0", "worker-default-1", "worker-narrow")
-ROLES = ("planner", "aggregator", "reconciler", *WORKERS)
+DEPLOYMENTS = {"planner": 2, "aggregator": 2, "reconciler": 1, "worker-default": 2,
+               "worker-narrow": 1}  # fmt: skip
+"""The chart's Deployments and their replicas (its values.yaml: a pool of 2 workers here)."""
+ROLES = [f"{d}-{n}" for d, replicas in DEPLOYMENTS.items() for n in range(replicas)]
 ORDERS = {
-    "chart": ["planner", "aggregator", "reconciler", "worker-default-0", "worker-default-1",
-              "worker-narrow"],
-    "workers-first": ["worker-default-0", "worker-default-1", "worker-narrow", "planner",
-                      "aggregator", "reconciler"],
-}  # fmt: skip
+    "chart": ["planner", "aggregator", "reconciler", "worker-default", "worker-narrow"],
+    "planner-first": ["planner", "worker-default", "worker-narrow", "aggregator", "reconciler"],
+    "workers-first": ["worker-default", "worker-narrow", "planner", "aggregator", "reconciler"],
+}
+"""Deployment by Deployment, each rolled as the chart rolls it (maxSurge 1, maxUnavailable 0:
+a new replica ready, then an old one stopped). ``chart``: the order the chart lists them;
+``planner-first``: the current planners' commands (with run contexts) reach the baseline's
+workers, then the current workers' outcomes the baseline's aggregators and reconciler;
+``workers-first``: the current workers serve the baseline's planners."""
 
 
 def _args(role: str) -> list[str]:
@@ -84,9 +97,9 @@ def _args(role: str) -> list[str]:
         # Room for every call the test holds even on one worker: a worker whose slots are all
         # taken stops reading its partitions, and a held call only ends when the test says.
         return ["worker", "--tools", TOOLS, "--pool", "default", "--concurrency", "32"]
-    if role == "worker-narrow":
+    if role.startswith("worker-narrow"):
         return ["worker", "--tools", TOOLS, "--pool", "narrow", "--concurrency", "1"]
-    return [role]
+    return [role.rsplit("-", 1)[0]]
 
 
 @pytest.fixture(scope="module")
@@ -115,11 +128,13 @@ CURRENT = Release("current", REPO)
 def response(
     run_id: str, turn_id: int, *calls: tuple[str, str, dict[str, Any]], **extra: Any
 ) -> ModelResponseEvent:
-    """A model response of tenant acme with one function call per (call id, tool, args)."""
+    """A model response of tenant acme with one function call per (call id, tool, args),
+    each item as the Responses API writes it (with its id and status)."""
     items = [
-        {"type": "function_call", "call_id": cid, "name": name, "arguments": json.dumps(args)}
+        {"type": "function_call", "id": f"fc_{cid}", "status": "completed", "call_id": cid,
+         "name": name, "arguments": json.dumps(args)}
         for cid, name, args in calls
-    ]
+    ]  # fmt: skip
     return ModelResponseEvent.model_validate(
         {
             "tenant_id": TENANT, "run_id": run_id, "turn_id": turn_id,
@@ -133,8 +148,11 @@ def _new_run(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.mark.parametrize("order", list(ORDERS))
-@pytest.mark.parametrize("state", ["single", "cluster"])
+@pytest.mark.parametrize(
+    ("state", "order"),
+    [("single", "chart"), ("cluster", "chart"), ("single", "planner-first"),
+     ("single", "workers-first")],
+)  # fmt: skip
 async def test_a_rolling_upgrade_with_calls_in_flight_loses_and_repeats_nothing(
     state: str,
     order: str,
@@ -225,8 +243,12 @@ class Scenario:
             flight = await self.put_in_flight(client)
             self.timings["in flight"] = time.monotonic() - clock
             clock = time.monotonic()
-            for role in order:
-                await self.replace(client, role)
+            await self.migrate_before()
+            self.timings["migrate"] = time.monotonic() - clock
+            clock = time.monotonic()
+            for deployment in order:
+                for n in range(DEPLOYMENTS[deployment]):
+                    await self.replace(client, f"{deployment}-{n}")
             self.timings["rolled"] = time.monotonic() - clock
             clock = time.monotonic()
             await self.settle(client, flight)
@@ -258,7 +280,7 @@ class Scenario:
         return {k.decode(): int(v) for k, v in raw.items()}
 
     def worker_id(self, name: str) -> str:
-        return f"{socket.gethostname()}-{self.fleet.pid(name)}"
+        return f"{socket.gethostname()}-{self.pids[name]}"
 
     async def held(self, client: FleetClient, label: str) -> ModelResponseEvent:
         """A turn whose call runs, held, on a worker of pool default; returns once it runs."""
@@ -290,6 +312,31 @@ class Scenario:
 
     def everything_held(self) -> list[ModelResponseEvent]:
         return [*self.running, *self.backlog]
+
+    async def migrate(self, *args: str, ok: bool = True) -> str:
+        """``toolfleet migrate ARGS`` of the current release, as the chart's Jobs run it."""
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "toolfleet", "migrate", *args],
+            env={**self.fleet.env(), **CURRENT.env()},
+            cwd=CURRENT.root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert (done.returncode == 0) == ok, (done.stdout, done.stderr)
+        return done.stdout + done.stderr
+
+    async def migrate_before(self) -> None:
+        """The pre-upgrade Job: the baseline's state recorded as version 1; raising it now
+        is refused, since the baseline's services run."""
+        said = await self.migrate()
+        assert "no version marker (the baseline release's state, version 1)" in said, said
+        assert "done: state version 1 in force" in said, said
+        assert "done: nothing to write" in await self.migrate()  # idempotent
+        refused = await self.migrate("--finish", ok=False)
+        assert "services of an earlier release still run" in refused, refused
+        assert "still running: planner: toolfleet-planner" in refused, refused
 
     # --- phases -----------------------------------------------------------------------------
     async def put_in_flight(self, client: FleetClient) -> InFlight:
@@ -375,33 +422,58 @@ class Scenario:
         return InFlight(first, asking, paying, notifying, task_id)
 
     async def replace(self, client: FleetClient, role: str) -> None:
-        """Replace one baseline process by the current release's, then send a turn through
-        the mixed fleet and leave a call running."""
+        """Replace one baseline replica by the current release's as a Deployment rolls (the
+        new one ready first, then the old one stopped), then send turns through the mixed
+        fleet and leave a call running."""
         clock = time.monotonic()
         old = self.procs[role]
         queued = await self.queued()
-        if role == "planner":
-            assert queued, "the narrow pool's backlog drained before the planner was replaced"
+        self.observed[f"queued at {role}"] = len(queued)
+        if role.startswith("planner"):
+            assert queued, "the narrow pool's backlog drained before a planner was replaced"
         if role.startswith("worker-default"):
             await self.running_on(client, old)
-        if role == "worker-narrow":
+        if role.startswith("worker-narrow"):
             assert await self.running_calls(old), "no narrow call runs on the narrow worker"
+        await self.fleet.until_ready(self.start(CURRENT, role))
         if role.startswith("worker"):
-            # Its held calls finish; the pool's other calls stay held on the other workers.
             self.observed[f"running on {role}"] = len(await self.running_calls(old))
+        if role.startswith("worker-narrow"):
+            # Its held call finishes; the backlog stays queued, then held on the new worker.
             await self.effects.set(ut.open_key(self.worker_id(old)), 1)
-        self.observed[f"queued at {role}"] = len(queued)
+        if role.startswith("worker-default"):
+            # The pool's held calls finish, on every worker: a worker that stops first waits
+            # for the commands it holds, and one redelivered to it by a rebalance waits for
+            # the call's holder (another worker) to finish it.
+            await self.effects.delete(ut.gate_key("default"))
         status = await asyncio.to_thread(self.fleet.stop_one, old)
         assert status == 0, f"{old} exited with {status}"
-        await self.fleet.until_ready(self.start(CURRENT, role))
-        run = _new_run("step")
-        step = response(run, 0, (f"{run}-s", "echo", {"text": role}))
-        await self.submit(client, step)
-        self.ran_once.add(f"{run}-s")
-        result = await self.result(client, step)
-        assert [o.output for o in result.outputs] == [role], result
+        await self.effects.set(ut.gate_key("default"), 1)
+        await self.step(client, role)
         self.running.append(await self.held(client, f"after-{role}"))
         self.timings[f"replace {role}"] = time.monotonic() - clock
+
+    async def step(self, client: FleetClient, label: str) -> TurnResult:
+        """A turn through the fleet as it is now. Once every planner is the current
+        release's, the turn carries its run's context (as FleetRunner sends it), and a tool
+        changes it."""
+        run = _new_run("step")
+        calls = [(f"{run}-s", "echo", {"text": label})]
+        extra: dict[str, Any] = {}
+        if all(self.fleet.releases[self.procs[r]] == CURRENT for r in self.roles("planner")):
+            calls.append((f"{run}-m", "remember", {"note": label}))
+            extra["run_context"] = {"agent": "assistant", "value": json.dumps({"notes": []})}
+        step = response(run, 0, *calls, **extra)
+        await self.submit(client, step)
+        self.ran_once |= {cid for cid, _, _ in calls}
+        result = await self.result(client, step)
+        expected = [label, f"remembered {label}"][: len(calls)]
+        assert [o.output for o in result.outputs] == expected, result
+        return result
+
+    @staticmethod
+    def roles(deployment: str) -> list[str]:
+        return [f"{deployment}-{n}" for n in range(DEPLOYMENTS[deployment])]
 
     async def settle(self, client: FleetClient, flight: InFlight) -> None:
         """On the current release alone: decide, answer, resolve, replay, release."""
@@ -452,6 +524,17 @@ class Scenario:
         self.ran_once.add(f"{first.run_id}-r2")
         replayed = await self.result(client, replay)
         assert [o.output for o in replayed.outputs] == ["alpha", "beta", "gamma"], replayed
+
+        # Every service runs the current release: the post-upgrade Job raises the state
+        # version, and the run context's change comes back (within the services' refresh).
+        finished = await self.migrate("--finish")
+        assert "done: state version 2 in force" in finished, finished
+
+        async def context_comes_back() -> bool:
+            upgraded = await self.step(client, "upgraded")
+            return "upgraded" in (upgraded.calls[1].run_context or "")
+
+        await wait_for(context_comes_back, within=20, interval=0.1)
 
         # The held calls and the narrow backlog finish.
         await self.effects.delete(ut.gate_key("default"), ut.gate_key("narrow"))

@@ -14,6 +14,7 @@ from kernel.errors import ConfigurationError, MissingExtraError
 from kernel.settings import Settings
 from toolfleet.app.console import console
 from toolfleet.app.infra.cli import infra
+from toolfleet.app.migrate import migrate
 from toolfleet.app.ops_cli import approvals, inspect, smoke, tasks, tenants, tools, topics
 from toolfleet.app.service import run_service
 
@@ -65,6 +66,7 @@ main.add_command(topics)
 main.add_command(smoke)
 main.add_command(approvals)
 main.add_command(console)
+main.add_command(migrate)
 
 
 def service_settings() -> Settings:

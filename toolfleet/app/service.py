@@ -168,7 +168,10 @@ async def _serve(
             redis = connect_redis(settings)
             began = time.monotonic()
             try:
-                current[:] = [make(KafkaBus(settings, service=name), Stores(redis, settings))]
+                stores = Stores(redis, settings)
+                # State of a version this release does not read stops it before it reads any.
+                await stores.schema().check_start(name)
+                current[:] = [make(KafkaBus(settings, service=name), stores)]
                 await current[0].run()
             finally:
                 await redis.aclose()

@@ -21,6 +21,8 @@ import time
 from functools import cache
 
 import redis.asyncio
+from agents import function_tool
+from agents.tool_context import ToolContext as SdkToolContext
 
 import executors
 from executors import ProbeResult, ToolContext, ToolRegistry
@@ -183,3 +185,22 @@ def _where_executors_is() -> None:
 
 if "UPGRADE_EFFECTS_URL" in os.environ:
     _where_executors_is()
+
+
+def _remember_tool() -> None:
+    """An Agents SDK function tool that writes to its run's context copy: the current
+    release sends the change back with the call's outcome (``CallOutcome.run_context``)."""
+
+    @function_tool
+    async def remember(ctx: SdkToolContext[object], note: str) -> str:
+        """Adds ``note`` to the run context's notes."""
+        await _effects().hincrby(started_key(ctx.tool_call_id), "sdk", 1)
+        if isinstance(ctx.context, dict):  # a copy travelled (the baseline gives none)
+            ctx.context.setdefault("notes", []).append(note)
+        await _effects().incr(ran_key(ctx.tool_call_id))
+        return f"remembered {note}"
+
+    tools.add_function_tool(remember, effect="idempotent", pool="default")
+
+
+_remember_tool()
