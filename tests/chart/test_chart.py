@@ -225,7 +225,11 @@ def test_worker_flags_autoscaling_and_topics_come_from_values() -> None:
     assert scaled["spec"]["maxReplicaCount"] == 24  # the topic's partitions
     assert trigger["consumerGroup"] == "toolfleet.workers.default"
     assert trigger["topic"] == "toolfleet.commands.default"
-    (job,) = [o for o in _objects(rendered) if o["kind"] == "Job"]
+    (job,) = [
+        o
+        for o in _objects(rendered)
+        if o["kind"] == "Job" and o["metadata"]["name"] == "fleet-toolfleet-topics"
+    ]
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args == ["topics", "apply", "--pool", "default", "--pool", "payments-eu"]
 

@@ -89,7 +89,12 @@ CASES = {
     "full": ((FULL,), ()),
     "own-service-account": ((FULL,), ("serviceAccount.create=false", "serviceAccount.name=ops")),
     "no-topics-job": ((), ("topics.applyJob=false",)),
+    "no-jobs": ((), ("topics.applyJob=false", "migrations.job=false")),
 }
+
+
+def _account(job: dict[str, Any]) -> str:
+    return str(job["spec"]["template"]["spec"]["serviceAccountName"])
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
@@ -97,12 +102,26 @@ def test_every_hook_finds_what_it_uses(case: str) -> None:
     values, sets = CASES[case]
     objects = _objects(_render(*values, sets=sets))
     assert hook_dependency_problems(objects) == []
-    jobs = [o for o in objects if o["kind"] == "Job"]
+    jobs = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Job"}
+    if case == "no-jobs":
+        assert not jobs
+        assert [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"] == [
+            "fleet-toolfleet"
+        ]
+        return
+    migrate, finish = (
+        jobs.pop("fleet-toolfleet-migrate"),
+        jobs.pop("fleet-toolfleet-migrate-finish"),
+    )
+    # Before the release: the hooks' own account; after it: the release's, which exists then.
+    assert _account(migrate) == _account(jobs.get("fleet-toolfleet-topics", migrate))
+    assert _account(finish) == _account(next(o for o in objects if o["kind"] == "Deployment"))
     if case == "no-topics-job":
         assert not jobs
         return
-    (job,) = jobs
-    account = job["spec"]["template"]["spec"]["serviceAccountName"]
+    job = jobs.pop("fleet-toolfleet-topics")
+    assert not jobs
+    account = _account(job)
     services = {
         d["spec"]["template"]["spec"]["serviceAccountName"]
         for d in objects
@@ -131,15 +150,16 @@ def test_the_check_finds_a_service_account_created_after_its_hook() -> None:
         if obj["kind"] == "ServiceAccount":
             obj["metadata"].pop("annotations", None)
     assert hook_dependency_problems(objects) == [
-        f"Job fleet-toolfleet-topics ({event}) uses ServiceAccount fleet-toolfleet-topics, "
+        f"Job fleet-toolfleet-{job} ({event}) uses ServiceAccount fleet-toolfleet-topics, "
         f"which is not a {event} hook: it is created after the hook runs"
+        for job in ("migrate", "topics")
         for event in ("pre-install", "pre-upgrade")
     ]
 
 
 def test_a_secret_the_hook_reads_must_be_an_earlier_hook(tmp_path: Path) -> None:
     """A Secret of extraObjects that every container reads (envFrom): an ordinary object is
-    created too late for the topics Job; a hook of an earlier weight is in time."""
+    created too late for the topics and migrate Jobs; a hook of an earlier weight is in time."""
     secret: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -153,7 +173,10 @@ def test_a_secret_the_hook_reads_must_be_an_earlier_hook(tmp_path: Path) -> None
         )
     )
     late = hook_dependency_problems(_objects(_render(values)))
-    assert [p.split(" (")[1].split(")")[0] for p in late] == ["pre-install", "pre-upgrade"]
+    assert [p.split(" (")[0] for p in late] == [
+        f"Job fleet-toolfleet-{job}" for job in ("migrate", "migrate", "topics", "topics")
+    ]
+    assert [p.split(" (")[1].split(")")[0] for p in late] == ["pre-install", "pre-upgrade"] * 2
     assert all("uses Secret fleet-extra" in p for p in late)
     secret["metadata"]["annotations"] = {
         "helm.sh/hook": "pre-install,pre-upgrade",
@@ -165,3 +188,20 @@ def test_a_secret_the_hook_reads_must_be_an_earlier_hook(tmp_path: Path) -> None
         )
     )
     assert hook_dependency_problems(_objects(_render(values))) == []
+
+
+def test_migrate_runs_before_the_services_change_and_finish_after_them() -> None:
+    """``toolfleet migrate`` is a pre-install/pre-upgrade hook after the topics Job; ``--finish``
+    a post-install/post-upgrade hook, waiting for the rollout at most finishWaitSeconds. Both
+    are one-shot commands: no probe restarts them while they wait."""
+    objects = _objects(_render(sets=("migrations.finishWaitSeconds=120",)))
+    jobs = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Job"}
+    migrate, finish = jobs["fleet-toolfleet-migrate"], jobs["fleet-toolfleet-migrate-finish"]
+    topics = _hook(jobs["fleet-toolfleet-topics"])
+    assert _hook(migrate) == ({"pre-install", "pre-upgrade"}, 5)
+    assert topics is not None and topics[1] < 5
+    assert _hook(finish) == ({"post-install", "post-upgrade"}, 0)
+    for job, args in ((migrate, ["migrate"]), (finish, ["migrate", "--finish", "--wait", "120"])):
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        assert container["args"] == args
+        assert not {"startupProbe", "livenessProbe", "readinessProbe", "ports"} & set(container)

@@ -125,18 +125,20 @@ def _install_and_upgrade(api: ApiServer, namespace: str, values: tuple[Path, ...
     printed = ""
     for verb in ("install", "upgrade"):
         done, runner = _helm_with_hooks(api, namespace, verb, "fleet", str(CHART), *files)
-        event = f"pre-{verb}"
         ran = [(run.job, run.pod_answer, run.missing) for run in runner.runs]
-        assert ran == [("fleet-toolfleet-topics", "created", [])], (
-            f"{event}: the topics Job's pod could not run when its hook ran: {ran}\n" + done.stderr
-        )
+        # pre-<verb>: the topics Job, then migrate; post-<verb>: migrate --finish.
+        assert ran == [
+            (f"fleet-toolfleet-{job}", "created", [])
+            for job in ("topics", "migrate", "migrate-finish")
+        ], f"{verb}: a hook Job's pod could not run when its hook ran: {ran}\n" + done.stderr
         assert done.returncode == 0, f"helm {verb}: {done.stdout}{done.stderr}"
         printed = printed or done.stdout
         # The API server warns of a field a CRD's (or a built-in kind's) schema lacks.
         assert "unknown field" not in done.stderr, done.stderr
         # The hooks cleaned up after themselves (hook-succeeded): the Job and its account.
         ns = namespace
-        assert api.get(f"/apis/batch/v1/namespaces/{ns}/jobs/fleet-toolfleet-topics") is None
+        for job in ("topics", "migrate", "migrate-finish"):
+            assert api.get(f"/apis/batch/v1/namespaces/{ns}/jobs/fleet-toolfleet-{job}") is None
         assert api.get(f"/api/v1/namespaces/{ns}/serviceaccounts/fleet-toolfleet-topics") is None
     objects = _released_objects(_manifest(api, namespace))
     assert objects

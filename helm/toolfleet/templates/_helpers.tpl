@@ -182,8 +182,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/* The pod spec of one component: call with dict "root" $ "component" name "args" list
-     "resources" map "image" map, and "serviceAccount" name to run as another than the
-     release's. */}}
+     "resources" map "image" map, "serviceAccount" name to run as another than the
+     release's, and "oneShot" true for a command that serves no /livez (a Job that may run
+     for minutes: no probes to restart it). */}}
 {{- define "toolfleet.podSpec" -}}
 {{- $root := .root -}}
 serviceAccountName: {{ .serviceAccount | default (include "toolfleet.serviceAccountName" $root) }}
@@ -235,6 +236,7 @@ containers:
     envFrom:
       {{- $envFrom | nindent 6 }}
     {{- end }}
+    {{- if not .oneShot }}
     ports:
       - name: metrics
         containerPort: {{ $root.Values.metrics.port }}
@@ -252,6 +254,7 @@ containers:
       periodSeconds: 5
       timeoutSeconds: 3
       failureThreshold: 2
+    {{- end }}
     resources:
       {{- toYaml (.resources | default dict) | nindent 6 }}
     securityContext:
