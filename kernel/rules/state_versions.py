@@ -74,6 +74,28 @@ def for_readers(command: ExecutionCommand, in_force: int) -> ExecutionCommand:
     return command.model_copy(update={"run_context": None, "tool_call": None})
 
 
+def record_version(raw: str | int | None) -> int:
+    """The state version of one stored record: its version field (``v`` in a hash or a JSON
+    object), 1 when it has none (every record of the baseline's format). A field that holds
+    no positive integer is read as a version newer than any: refused, not guessed."""
+    if raw is None or raw == "":
+        return 1
+    text = str(raw)
+    return int(text) if text.isdigit() and int(text) >= 1 else 10**9
+
+
+def newer_record(kind: str, version: int) -> str | None:
+    """Why a record of ``version`` must not be read by this release; None when it may."""
+    if version <= STATE_VERSION:
+        return None
+    shown = version if version < 10**9 else "unreadable"
+    return (
+        f"a {kind} of state version {shown} was written by a newer toolfleet; this release "
+        f"reads versions {OLDEST_READ} to {STATE_VERSION}: run the release the deployment's "
+        "state version marker names (`toolfleet migrate --dry-run` shows it)"
+    )
+
+
 @dataclass(frozen=True)
 class Marker:
     """A deployment's version marker, as Redis holds it."""

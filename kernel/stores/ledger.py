@@ -38,6 +38,7 @@ from kernel.adapters.redis import (
 )
 from kernel.settings import LEDGER_RETENTION_S
 from kernel.stores.keys import SLOT_GROUPS, Keys
+from kernel.stores.schema import check_record
 from kernel.stores.scripts import script
 from schemas import CallOutcome, ExecutionCommand, TurnConfig
 
@@ -253,6 +254,7 @@ class LedgerEntry:
     def from_hash(cls, tenant_id: str, call_id: str, raw: Mapping[bytes, bytes]) -> LedgerEntry:
         """Decode an HGETALL reply."""
         h = {k.decode(): v.decode() for k, v in raw.items()}
+        check_record("ledger entry", h.get("v"))
         approval = h.get("approval") or None
         return cls(
             tenant_id=tenant_id,

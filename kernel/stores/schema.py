@@ -13,13 +13,22 @@ from redis.asyncio import Redis
 
 from kernel.adapters.redis import HashFields, text
 from kernel.errors import ConfigurationError
-from kernel.rules.state_versions import Marker, on_start
+from kernel.rules.state_versions import Marker, newer_record, on_start, record_version, refusal
 from kernel.stores.keys import Keys
 
 
 class StateVersionError(ConfigurationError):
     """The deployment's state is of a version this release does not read: the message says
     which release to run, or what to run first."""
+
+
+def check_record(kind: str, raw_version: str | int | None) -> None:
+    """Raise StateVersionError when a stored record's version field (None: it has none)
+    says a newer release wrote it: a last guard behind the marker, for a process that did
+    not check it (an operator's command of an earlier release, say)."""
+    why = newer_record(kind, record_version(raw_version))
+    if why is not None:
+        raise StateVersionError(why)
 
 
 class StateSchema:
@@ -68,6 +77,14 @@ class StateSchema:
             return await self.in_force(fresh_read=True)
         self._in_force, self._read_at = decision.in_force, time.monotonic()
         return decision.in_force
+
+    async def check_readable(self) -> None:
+        """Raise StateVersionError when the marker says this release must not read the state
+        (for an operator's command: it writes no marker)."""
+        marker = await self.marker()
+        why = None if marker is None else refusal(marker.version)
+        if why is not None:
+            raise StateVersionError(why)
 
     async def in_force(self, *, fresh_read: bool = False) -> int:
         """The version in force, as read within ``refresh_s``."""

@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 
 from kernel.adapters.redis import text
 from kernel.stores.keys import SLOT_GROUPS, Keys
+from kernel.stores.schema import check_record
 from schemas import HumanTask, TaskResolution
 
 
@@ -91,6 +92,7 @@ class TaskStore:
 
 def _decode(raw: bytes | str) -> StoredTask:
     record = json.loads(text(raw))
+    check_record("human task", record.get("v"))
     return StoredTask(
         task=HumanTask.model_validate(record["task"]),
         status=record["status"],

@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from kernel.rules.state_versions import STATE_VERSION, Marker
 from kernel.settings import Settings
 from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger
 from kernel.stores.schema import StateSchema, StateVersionError
 from toolfleet.testing import LocalFleet
 
@@ -113,3 +114,25 @@ async def test_migrate_refuses_state_of_a_newer_release(fresh: Settings, redis: 
     refused = _toolfleet(fresh, "migrate")
     assert refused.returncode == 1
     assert "written by a newer toolfleet" in refused.stderr
+
+
+async def test_a_record_of_a_newer_release_is_refused_as_it_is_read(
+    fresh: Settings, redis: Redis
+) -> None:
+    keys = Keys.of(fresh)
+    entry = keys.call("acme", "run-1", "call-1")
+    await redis.hset(entry, mapping={"state": "planned", "run_id": "run-1", "v": "99"})
+    try:
+        with pytest.raises(StateVersionError, match="a ledger entry of state version 99"):
+            await Ledger(redis, keys).read("acme", "run-1", ["call-1"])
+    finally:
+        await redis.delete(entry)
+
+
+async def test_an_operators_command_refuses_state_of_a_newer_release(
+    fresh: Settings, redis: Redis
+) -> None:
+    await StateSchema(redis, Keys.of(fresh)).write(Marker(STATE_VERSION + 1))
+    listed = _toolfleet(fresh, "tasks", "list")
+    assert listed.returncode == 1
+    assert "written by a newer toolfleet" in listed.stderr

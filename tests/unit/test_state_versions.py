@@ -17,8 +17,10 @@ from kernel.rules.state_versions import (
     carries,
     client_id,
     for_readers,
+    newer_record,
     on_start,
     plan,
+    record_version,
     refusal,
     version_of_client,
 )
@@ -54,6 +56,25 @@ def test_no_version_field_is_no_marker() -> None:
 def test_a_marker_that_holds_no_version_is_refused_with_what_to_do(raw: str) -> None:
     with pytest.raises(ValueError, match="no state version: fix it by hand"):
         Marker.decode({"version": raw})
+
+
+# --- one record ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("raw", "version"),
+    [(None, 1), ("", 1), ("1", 1), ("2", 2), (3, 3), ("x", 10**9), ("0", 10**9), ("-2", 10**9)],
+)
+def test_a_records_version_field_absent_is_the_baselines_and_garbage_is_never_read(
+    raw: str | int | None, version: int
+) -> None:
+    assert record_version(raw) == version
+
+
+def test_a_record_newer_than_this_release_is_refused_naming_what_to_run() -> None:
+    assert newer_record("ledger entry", STATE_VERSION) is None
+    why = newer_record("ledger entry", STATE_VERSION + 1)
+    assert why is not None
+    assert why.startswith(f"a ledger entry of state version {STATE_VERSION + 1} was written")
+    assert "unreadable" in (newer_record("human task", 10**9) or "")
 
 
 # --- a service starting ---------------------------------------------------------------------

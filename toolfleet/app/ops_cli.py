@@ -22,6 +22,7 @@ from kernel.settings import Settings
 from kernel.stores.admission import Admission, Limits
 from kernel.stores.keys import Keys
 from kernel.stores.registry import ToolDirectory
+from kernel.stores.schema import StateSchema
 from schemas import AgentRef, ModelResponseEvent, ToolfleetError, ToolSpec
 from toolfleet.app import operations
 
@@ -36,6 +37,8 @@ def _with_redis(work: Callable[[Redis, Settings], Awaitable[T]]) -> T:
         settings = Settings()
         redis = connect_redis(settings)
         try:
+            # State a newer release wrote is refused before it is read (or misread).
+            await StateSchema(redis, Keys.of(settings)).check_readable()
             return await work(redis, settings)
         finally:
             await redis.aclose()

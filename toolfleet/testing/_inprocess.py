@@ -242,6 +242,9 @@ class InProcessFleet:
         try:
             await ensure_topics(settings, pools=(self.pool,))
             self._redis = connect_redis(settings)
+            # As each service process does at start: on fresh state, this release's version
+            # is recorded (so its services write all it has); newer state is refused.
+            await Stores(self._redis, settings).schema().check_start("in-process fleet")
             for obj in self._initial:
                 await self._serve_one(obj, {})
             self._planner = Planner(settings, bus=self._bus("planner"), stores=self._stores())
