@@ -530,11 +530,14 @@ def register_durable_script(redis: Redis, source: str) -> Callable[..., Awaitabl
 
 
 async def add_to_set(redis: Redis, key: str, member: str | int, ttl_s: int) -> None:
-    """Add ``member`` to the set ``key`` and keep the set ``ttl_s`` from now (a run's list of
-    its turns, say, lasting as long as what it lists), in one round trip."""
+    """Add ``member`` to the set ``key`` and keep the set ``ttl_s`` from now (0: forever; a
+    run's list of its turns, say, lasting as long as what it lists), in one round trip."""
     async with redis.pipeline(transaction=False) as pipe:
         pipe.sadd(key, member)
-        pipe.expire(key, ttl_s)
+        if ttl_s > 0:
+            pipe.expire(key, ttl_s)
+        else:
+            pipe.persist(key)
         await pipe.execute()
 
 

@@ -10,7 +10,8 @@ import pytest
 from redis.asyncio import Redis
 
 from aggregator import StoredTurn, TurnState, TurnStore, accept_outcome
-from kernel.stores.turns import TurnHashes
+from kernel.stores.keys import Keys
+from kernel.stores.turns import RunTurns, TurnHashes
 from schemas import CallOutcome, PlannedCall, TurnPlan
 
 pytestmark = pytest.mark.integration
@@ -115,3 +116,17 @@ async def test_a_turn_of_thousands_of_calls_is_written_and_cleared_in_one_update
     assert await redis.hlen(key) == 5_001  # and the version
     await _store(redis).update(key, lambda s: s.early.clear())
     assert await redis.hkeys(key) == [b"v"]
+
+
+async def test_a_run_kept_forever_keeps_its_turns_and_their_list(redis: Redis) -> None:
+    """``ledger_retention_s=0`` means forever: nothing of the run may expire, at once or later."""
+    key = f"test:turn:{uuid.uuid4().hex}"
+    store = TurnStore(TurnHashes(redis, ttl_s=0), cached=100)
+    await store.update(key, _early(1))
+    assert sorted((await store.read(key)).early) == ["c1"]
+    assert await redis.ttl(key) == -1
+    keys = Keys(f"test:{uuid.uuid4().hex[:8]}")
+    turns = RunTurns(redis, keys, ttl_s=0)
+    await turns.add("t", "r", 0)
+    assert await turns.of_run("t", "r") == [0]
+    assert await redis.ttl(keys.turns("t", "r")) == -1

@@ -76,6 +76,14 @@ def test_a_turn_write_applies_only_at_the_version_read(lua: Lua, r: redis.Redis)
     assert r.hgetall("turn") == {b"v": b"2", b"plan": b"p", b"o:c1": b"o1"}
 
 
+def test_a_turn_kept_forever_has_no_expiry(lua: Lua, r: redis.Redis) -> None:
+    # ledger_retention_s=0 means forever: the turn must not expire at once (EXPIRE 0 deletes).
+    assert int(lua("turns/write", ["turn"], ["", 0, 0, "plan", "p"])) == 1
+    assert r.hgetall("turn") == {b"v": b"1", b"plan": b"p"} and r.ttl("turn") == -1
+    assert write(lua, "1", [], ["o:c1", "o1"]) == 2 and 0 < r.ttl("turn") <= 60
+    assert int(lua("turns/write", ["turn"], ["2", 0, 0])) == 3 and r.ttl("turn") == -1
+
+
 def test_a_turn_write_of_thousands_of_fields_goes_through(lua: Lua, r: redis.Redis) -> None:
     sets = [x for i in range(1500) for x in (f"o:c{i}", f"out-{i}")]
     assert write(lua, "", [], sets) == 1
@@ -106,6 +114,12 @@ def test_a_gate_changes_only_if_it_still_holds_what_was_read(lua: Lua, r: redis.
     read = hashlib.sha1(b'{"n": 1}').hexdigest()
     assert lua("gates/cas", ["gate"], [read, '{"n": 2}', 60]) == 1
     assert r.get("gate") == b'{"n": 2}'
+
+
+def test_a_gate_kept_forever_has_no_expiry(lua: Lua, r: redis.Redis) -> None:
+    absent = hashlib.sha1(b"").hexdigest()  # ledger_retention_s=0: SET ... EX 0 is an error
+    assert lua("gates/cas", ["gate"], [absent, '{"n": 1}', 0]) == 1
+    assert r.get("gate") == b'{"n": 1}' and r.ttl("gate") == -1
 
 
 # -- reconciling/ -----------------------------------------------------------------------------

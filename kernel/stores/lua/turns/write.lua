@@ -22,5 +22,9 @@ redis.call('HSET', KEYS[1], 'v', version, unpack(ARGV, first, math.min(first + 9
 for i = first + 1000, #ARGV, 1000 do
   redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
-redis.call('EXPIRE', KEYS[1], ARGV[2])
+if tonumber(ARGV[2]) > 0 then
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
+else
+  redis.call('PERSIST', KEYS[1])
+end
 return version
