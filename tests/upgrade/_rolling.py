@@ -52,6 +52,7 @@ def add_worktree(commit: str, where: Path) -> Path:
         if _git("rev-parse", "--is-shallow-repository") != "true":
             raise
         _git("fetch", "--depth=1", "origin", commit)
+    _git("worktree", "prune")  # what a run that was killed left behind
     _git("worktree", "add", "--detach", str(where), commit)
     return where
 

@@ -103,7 +103,7 @@ def _args(role: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def infra_env() -> dict[str, str]:
+def both_redis() -> dict[str, str]:
     """Kafka, the single Redis and the 3-master cluster (started when not running)."""
     base = Settings()
     if not base.redis_cluster_masters:
@@ -158,23 +158,23 @@ async def test_a_rolling_upgrade_with_calls_in_flight_loses_and_repeats_nothing(
     order: str,
     *,
     baseline: Release,
-    infra_env: dict[str, str],
+    both_redis: dict[str, str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     began = time.monotonic()
     tag = uuid.uuid4().hex[:8]
     settings = Settings(
-        kafka_bootstrap_servers=infra_env["KAFKA_BOOTSTRAP_SERVERS"],
-        redis_url=infra_env["REDIS_URL" if state == "single" else "TOOLFLEET_REDIS_CLUSTER_URL"],
+        kafka_bootstrap_servers=both_redis["KAFKA_BOOTSTRAP_SERVERS"],
+        redis_url=both_redis["REDIS_URL" if state == "single" else "TOOLFLEET_REDIS_CLUSTER_URL"],
         topic_prefix=f"upg-{tag}.",
         partitions=4,
         decision_auth="hmac",
         decision_keys={"*": f"upgrade-{tag}"},
     )
     monkeypatch.setenv("UPGRADE_TAG", tag)  # the tool module's keys, in this process too
-    env = {**ENV, "UPGRADE_TAG": tag, "UPGRADE_EFFECTS_URL": infra_env["REDIS_URL"]}
-    effects = redis.asyncio.Redis.from_url(infra_env["REDIS_URL"])
+    env = {**ENV, "UPGRADE_TAG": tag, "UPGRADE_EFFECTS_URL": both_redis["REDIS_URL"]}
+    effects = redis.asyncio.Redis.from_url(both_redis["REDIS_URL"])
     await ensure_topics(settings, pools=("default", "narrow"))
     fleet = RollingFleet(settings, tools=TOOLS, extra_env=env, log_dir=tmp_path)
     scenario = Scenario(fleet, settings, effects, baseline)
