@@ -488,8 +488,10 @@ class Worker:
             if verdict != "busy":
                 return verdict
             # A redelivery (rebalance) while the holder still runs: its outcome or its lease
-            # expiry will settle the call; poll well within one lease period.
-            await asyncio.sleep(self.limits.lease_s / 10)
+            # expiry will settle the call; poll well within one lease period. A stopping
+            # worker does not wait for another's call (it may run for hours): the command
+            # stays uncommitted for the partition's next owner (``Interrupted``).
+            await nap(self.limits.lease_s / 10, until=self._stopping)
 
     async def _refused(self, command: ExecutionCommand, verdict: str) -> CallOutcome | None:
         if verdict == "done":

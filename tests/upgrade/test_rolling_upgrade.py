@@ -442,9 +442,9 @@ class Scenario:
             # Its held call finishes; the backlog stays queued, then held on the new worker.
             await self.effects.set(ut.open_key(self.worker_id(old)), 1)
         if role.startswith("worker-default"):
-            # The pool's held calls finish, on every worker: a worker that stops first waits
-            # for the commands it holds, and one redelivered to it by a rebalance waits for
-            # the call's holder (another worker) to finish it.
+            # The pool's held calls finish, on every worker: a worker stopping gracefully lets
+            # the calls it runs finish (a command redelivered to it by a rebalance while
+            # another worker runs the call is left to the next owner, test_worker_stop.py).
             await self.effects.delete(ut.gate_key("default"))
         status = await asyncio.to_thread(self.fleet.stop_one, old)
         assert status == 0, f"{old} exited with {status}"
