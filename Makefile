@@ -103,6 +103,15 @@ bench: setup
 	sh scripts/install-postgres.sh
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
+## bench-kafka: aiokafka as configured, aiokafka tuned and confluent-kafka (librdkafka, its
+## asyncio API) on toolfleet's record shape against the local broker; prints the tables
+## (bench/results/kafka-clients.md; BENCH_ARGS=--reps 5, not part of make test or make bench)
+.PHONY: bench-kafka
+bench-kafka: setup
+	test $(VENV)/.bench-installed -nt pyproject.toml || \
+	  { $(BIN)/python -m pip install -q -e '.[dev,bench]' && touch $(VENV)/.bench-installed; }
+	$(BIN)/python -m bench.kafka_clients $(BENCH_ARGS)
+
 ## fuzz: 5,000 hostile messages on every inbound topic; prints the figures
 fuzz: setup
 	TOOLFLEET_FUZZ_MESSAGES=5000 $(BIN)/pytest -q -s tests/integration/test_fuzz.py
