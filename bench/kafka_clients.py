@@ -15,7 +15,8 @@ that commit by hand after handling. This measures that shape, against the real b
   delivery reports onto the event loop (the older documented asyncio pattern), and
   ``AIOConsumer``.
 
-Every variant keeps toolfleet's guarantees: acks=all, an idempotent producer, read_committed,
+Every process runs as toolfleet's services do (uvloop, their garbage-collector tuning), and
+every variant keeps toolfleet's guarantees: acks=all, an idempotent producer, read_committed,
 no auto-commit (offsets committed every 0.2 s after handling, as ``ConsumeLoop`` does).
 Measured for each, in the same run, in alternating order, several times:
 
@@ -39,7 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import contextlib
 import dataclasses
 import datetime as dt
 import functools
@@ -58,17 +58,21 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import psutil
+import uvloop
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench.procs import REPO, cpu_seconds, infra_pids, progress
 from kernel.settings import Settings
 from schemas import CallOutcome, ExecutionCommand
+from toolfleet.app.service import tune_gc
+
+T = TypeVar("T")
 
 PARTITIONS = 6
 """As toolfleet's topics (``Settings.partitions``)."""
@@ -723,8 +727,7 @@ class Pinger:
     async def close(self) -> None:
         """Stop reading."""
         self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+        await asyncio.wait({self._reader})  # a cancellation of the caller still goes through
 
 
 def _spawn_echo(env: Env, variant_name: str, group: str, log: Path) -> subprocess.Popen[bytes]:
@@ -830,8 +833,9 @@ async def echo_main(variant_name: str, group: str, topics: dict[str, str]) -> No
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
     inflight: deque[tuple[asyncio.Task[None], list[Rec]]] = deque()
+    parent = os.getppid()
     try:
-        while not stopping.is_set():
+        while not stopping.is_set() and os.getppid() == parent:  # not outliving the bench
             batch = await consumer.poll()
             if batch:
                 replies = []
@@ -869,14 +873,15 @@ async def _topics(servers: str, names: list[str], create: bool) -> None:
         await admin.close()
 
 
-Phase = Callable[[], Awaitable[dict[str, float]]]
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every repetition, every variant in alternating order; the raw numbers."""
     settings = Settings()
     servers = settings.kafka_servers()
     prefix = f"bench-kafka-clients.{os.getpid()}."
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    for signum in (signal.SIGTERM, signal.SIGINT):  # stop cleanly: echo stopped, topics deleted
+        asyncio.get_running_loop().add_signal_handler(signum, main_task.cancel)
     topics = {name: prefix + name for name in ("produce", "consume", "requests", "replies")}
     names: list[str] = args.variants
     broker = infra_pids(settings).get("kafka")
@@ -992,6 +997,14 @@ def _versions() -> str:
     return ", ".join(parts)
 
 
+def _run(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` as toolfleet's services run: on uvloop, with their garbage-collector
+    tuning (``toolfleet.app.service``)."""
+    tune_gc(Settings().gc_thresholds)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
+
+
 def main() -> None:
     """Parse the arguments; run the bench or, with ``--echo``, be its echo process."""
     parser = argparse.ArgumentParser(prog="python -m bench.kafka_clients", description=__doc__)
@@ -1017,13 +1030,13 @@ def main() -> None:
     if args.variants is None:
         args.variants = [*BUILT_IN, *defined]
     if args.echo is not None:
-        asyncio.run(echo_main(args.echo, args.echo_group, json.loads(args.echo_topics)))
+        _run(echo_main(args.echo, args.echo_group, json.loads(args.echo_topics)))
         return
     unknown = [n for n in args.variants if n not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
     began = dt.datetime.now(dt.UTC)
-    raw = asyncio.run(run(args))
+    raw = _run(run(args))
     if args.json is not None:
         args.json.write_text(json.dumps(raw, indent=1))
     workload = Workload.build()
