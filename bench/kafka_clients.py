@@ -861,6 +861,16 @@ async def echo_main(variant_name: str, group: str, topics: dict[str, str]) -> No
 # The run.
 
 
+async def _background(env: Env) -> dict[str, float]:
+    """The broker's CPU (share of one core) over 2 s with none of our clients running: what
+    other work on a shared broker adds to every per-record figure of the phases after."""
+    meter = Meter(env.broker)
+    meter.start()
+    await asyncio.sleep(2.0)
+    meter.stop()
+    return {"broker_idle": meter.broker_cpu / meter.wall, "idle_others": meter.others}
+
+
 async def _topics(servers: str, names: list[str], create: bool) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=servers)
     await admin.start()
@@ -907,7 +917,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 variant = VARIANTS[name]
                 tag = f"{prefix}{rep}.{name}"
                 progress(f"rep {rep + 1}/{args.reps} {name}; load {os.getloadavg()[0]:.2f}")
-                row = await produce_phase(env, variant)
+                row = await _background(env)
+                row |= await produce_phase(env, variant)
                 row |= await consume_phase(env, variant, args.records, f"{tag}.consume")
                 row |= await pingpong_phase(env, name, half, tag, logs)
                 results[name] = row
@@ -967,14 +978,23 @@ def render(raw: dict[str, Any], names: list[str]) -> str:
                 cell += f" x{statistics.median(ratios):.2f}" if ratios else ""
             cells.append(cell)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", "**Noise** (the machine's busy CPU not ours, % of 2 cores; 1-min load)", ""]
+    lines += [
+        "",
+        "**Noise**: the machine's busy CPU not ours (% of 2 cores, the most of any phase), the "
+        "1-min load, and the broker's CPU with none of our clients running (% of a core, 2 s "
+        "before the variant's phases: other users of a shared broker)",
+        "",
+    ]
     lines.append("| repetition | " + " | ".join(names) + " |")
     lines.append("|---" * (len(names) + 1) + "|")
     for i, r in enumerate(reps):
         cells = []
         for name in names:
             others = [r[name][k] for k in r[name] if k.endswith("_others")]
-            cells.append(f"{max(others) * 100:.0f}% max, load {r[name]['sat_load']:.2f}")
+            cells.append(
+                f"{max(others) * 100:.0f}%, load {r[name]['sat_load']:.2f}, "
+                f"broker {r[name]['broker_idle'] * 100:.0f}%"
+            )
         lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -990,7 +1010,7 @@ def _versions() -> str:
     try:
         import confluent_kafka
 
-        parts.append(f"confluent-kafka {confluent_kafka.version()[0]}")
+        parts.append(f"confluent-kafka {confluent_kafka.__version__}")
         parts.append(f"librdkafka {confluent_kafka.libversion()[0]}")
     except ImportError:
         parts.append("confluent-kafka not installed (pip install -e '.[bench]')")
