@@ -31,6 +31,10 @@ class Cause:
     reason: str = ""
     inexpressible: bool = False
     """The test could not be run on the fleet at all (a tool the fleet cannot serve)."""
+    race: bool = False
+    """The documented deviation is a matter of timing (which body starts first, a result
+    that arrives after the test looks): its tests may pass when run again, and such a test
+    still counts under this cause, not as intermittent."""
     patterns: tuple[re.Pattern[str], ...] = ()
     tests: frozenset[str] = field(default_factory=frozenset)
     at: frozenset[str] = field(default_factory=frozenset)
@@ -99,6 +103,7 @@ def parse(data: dict[str, Any]) -> Expectations:
                 documented=raw.get("documented", ""),
                 reason=raw.get("reason", ""),
                 inexpressible=bool(raw.get("inexpressible", False)),
+                race=bool(raw.get("race", False)),
                 patterns=tuple(re.compile(p) for p in raw.get("patterns", ())),
                 tests=frozenset(raw.get("tests", ())),
                 at=frozenset(raw.get("at", ())),

@@ -97,7 +97,9 @@ def compare(
         else:
             again = (rerun or {}).get(nodeid)
             passed_again = again is not None and again["outcome"] == "passed"
-            figures.failed[nodeid] = INTERMITTENT if passed_again else expectations.classify(theirs)
+            cause = expectations.classify(theirs)
+            intermittent = passed_again and not (cause.race and cause.documented)
+            figures.failed[nodeid] = INTERMITTENT if intermittent else cause
             figures.failures[nodeid] = theirs
     return figures
 

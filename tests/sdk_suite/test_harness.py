@@ -30,6 +30,13 @@ EXPECTATIONS = _causes.parse(
             },
             {"id": "hang", "title": "Timed out", "patterns": [r"^Failed: Timeout"]},
             {
+                "id": "first",
+                "title": "Calls begin in the order workers take them",
+                "documented": "agents-sdk.md#where-it-differs-deliberately",
+                "race": True,
+                "patterns": [r"^AssertionError: started"],
+            },
+            {
                 "id": "results",
                 "title": "Guardrail results stay on the worker",
                 "at": ["tests/g.py:12"],
@@ -79,6 +86,15 @@ def test_a_failure_that_passes_when_run_again_is_intermittent_and_still_a_failur
     figures = _report.compare(list(in_process), in_process, fleet, EXPECTATIONS, rerun=rerun)
     assert figures.failed == {"t.py::a": _causes.INTERMITTENT, "t.py::b": EXPECTATIONS.causes[1]}
     assert figures.passed == []
+
+
+def test_a_documented_race_that_passes_when_run_again_stays_under_its_cause() -> None:
+    in_process = records(line("t.py::order"))
+    fleet = records(line("t.py::order", "failed", exc_type="AssertionError", exc_message="started"))
+    figures = _report.compare(
+        list(in_process), in_process, fleet, EXPECTATIONS, rerun=records(line("t.py::order"))
+    )
+    assert figures.failed == {"t.py::order": EXPECTATIONS.causes[2]}
 
 
 def test_the_share_counts_only_tests_that_called_the_runner_and_passed_in_process() -> None:
