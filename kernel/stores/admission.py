@@ -23,12 +23,16 @@ Every decision is one Lua script (``kernel/stores/lua/admission/``) over keys of
 slot (``{adm}``), so several planners admit concurrently without exceeding a quota or
 admitting a call twice. An admitted call holds its slot until its outcome is released
 (``admit(release=...)``), or until its lease (``lease_s``) runs out (a safety net: a lost
-outcome cannot leak a slot forever). An admitted command is *pending* until the planner
-confirms it is on Kafka; a planner that dies in between leaves it pending, and the next
-planner's tick publishes it again (commands are idempotent: the ledger gates every attempt).
-A call that the pass queueing it admits at once never enters the queue: only what must wait
-is written there (the usual case with free capacity costs Redis no queue entry, no deadline
-entry, and no read-back of the payload).
+outcome cannot leak a slot forever). Each call attempt is released once, whoever releases it
+first; a pass handed attempt N of a call (``admit(enqueue=...)``) also releases the attempts
+before N (a retry is made only once they are over). A pass with ``scan=False`` (one that
+frees calls it knows ended) leaves the sweeps of expired leases, stopped workers and
+unconfirmed commands to the scanning passes, and ends after the release when nothing waits.
+An admitted command is *pending* until the planner confirms it is on Kafka; a planner that
+dies in between leaves it pending, and the next planner's tick publishes it again (commands
+are idempotent: the ledger gates every attempt). A call that the pass queueing it admits at
+once never enters the queue: only what must wait is written there (the usual case with free
+capacity costs Redis no queue entry, no deadline entry, and no read-back of the payload).
 """
 
 from __future__ import annotations
@@ -244,19 +248,24 @@ class Admission:
         published: Sequence[str] = (),
         enqueue: Sequence[Waiting] = (),
         max_calls: int = 1000,
+        scan: bool = True,
     ) -> Admitted:
         """Free the slots of ``release``d calls, confirm ``published`` ones, queue
         ``enqueue``d ones, then admit what can run: (member, payload) of each command to
         publish now, fairest first (also those a planner admitted and did not confirm within
-        the publish lease), and when a rate limit that held a call back has a token again."""
+        the publish lease), and when a rate limit that held a call back has a token again.
+
+        ``scan`` also frees the slots of expired leases and stopped workers and hands out the
+        unconfirmed commands; without it the pass only frees, queues and admits, and returns
+        at once when nothing waits (a release by whoever saw the calls end)."""
         names = (
             "active", "clock", "waiting", "info", "payloads", "deadlines", "running",
             "admitted", "pending", "tenants", "tools", "buckets", "workers", "slots", "seq",
         )  # fmt: skip
         args: list[Any] = [
             now, max_calls, self.lease_s, self.publish_lease_s, self.default_tenant.json(),
-            RATE_SAFETY, RECOVERY_S, len(release), *release, len(published), *published,
-            len(enqueue), *_entries(enqueue),
+            RATE_SAFETY, RECOVERY_S, int(scan), len(release), *release, len(published),
+            *published, len(enqueue), *_entries(enqueue),
         ]  # fmt: skip
         flat = await self._admit(keys=[self._key(n) for n in names], args=args)
         retry = text(flat[0])

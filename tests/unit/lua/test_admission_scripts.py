@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 import redis
@@ -53,11 +54,12 @@ def admit(
     default: Limits = NO_LIMITS,
     lease_s: float = 900.0,
     max_calls: int = 1000,
+    scan: bool = True,
 ) -> tuple[list[str], float | None]:
     """One pass, as Admission.admit runs it: the members handed out (in order), and the
     seconds until a bucket that held a call back has a token."""
     args = [
-        now, max_calls, lease_s, 10.0, default.json(), RATE_SAFETY, RECOVERY_S,
+        now, max_calls, lease_s, 10.0, default.json(), RATE_SAFETY, RECOVERY_S, int(scan),
         len(release), *(c.member for c in release),
         len(published), *(c.member for c in published),
         len(enqueue), *_entries(enqueue),
@@ -74,6 +76,11 @@ def workers(r: redis.Redis, slots: int, *, until: float = NOW + 60, name: str = 
     Admission.register_worker writes it)."""
     r.zadd("adm:workers", {f"default{SEP}{name}": until})
     r.hset("adm:slots", f"default{SEP}{name}", slots)
+
+
+def running(r: redis.Redis) -> dict[str, int]:
+    """The counts of running calls (tenant, tool, pool, admitted total)."""
+    return {k.decode(): int(v) for k, v in r.hgetall("adm:running").items()}
 
 
 def limits(r: redis.Redis, kind: str, name: str, value: Limits) -> None:
@@ -145,6 +152,69 @@ def test_an_admission_no_planner_confirmed_is_handed_out_again(lua: Lua, r: redi
     assert ids(admit(lua, NOW + 11, published=[a1])[0]) == ["a2"]
     assert r.zscore("adm:pending", a2.member) == math.ceil(NOW + 11 + 10)  # a new lease
     assert ids(admit(lua, NOW + 12, published=[a2])[0]) == []
+
+
+def test_a_release_pass_with_nothing_waiting_frees_slots_and_leaves_the_sweeps_to_a_scan(
+    lua: Lua, r: redis.Redis
+) -> None:
+    workers(r, 3, until=NOW + 5)
+    a1, a2, a3 = (call("acme", f"a{i}") for i in (1, 2, 3))
+    assert ids(admit(lua, enqueue=[a1, a2, a3], lease_s=4.2)[0]) == ["a1", "a2", "a3"]
+    # At NOW + 11: a2's lease has run out, a3 was never confirmed, and the worker is gone.
+    assert admit(lua, NOW + 11, release=[a1], published=[a2], scan=False) == ([], None)
+    assert running(r) == {"t:acme": 2, "o:add": 2, "p:default": 2, "admitted:acme": 3}
+    assert r.zscore("adm:admitted", a1.member) is None and r.hget("adm:info", a1.member) is None
+    assert r.zscore("adm:admitted", a2.member) is not None  # its lease is a scan's to end
+    assert r.zscore("adm:pending", a3.member) is not None
+    assert r.zcard("adm:workers") == 1
+    # The scanning pass ends the expired leases (a3's too: its release takes its pending).
+    assert admit(lua, NOW + 11) == ([], None)
+    assert running(r) == {"admitted:acme": 3}
+    assert r.zcard("adm:admitted") == 0 and r.zcard("adm:pending") == 0
+    assert r.zcard("adm:workers") == 0
+
+
+def test_a_release_pass_gives_the_freed_slot_to_the_fairest_waiting_tenant(
+    lua: Lua, r: redis.Redis
+) -> None:
+    workers(r, 1)
+    backlog = [call("a", f"a{i}") for i in range(3)]
+    assert ids(admit(lua, enqueue=backlog)[0]) == ["a0"]
+    b0 = call("b", "b0")
+    assert ids(admit(lua, NOW + 1, enqueue=[b0])[0]) == []  # the pool is full
+    # b arrived at the fleet's clock, below a's virtual time: the freed slot is b's.
+    assert ids(admit(lua, NOW + 2, release=[backlog[0]], scan=False)[0]) == ["b0"]
+    assert r.zscore("adm:pending", b0.member) == math.ceil(NOW + 2 + 10)
+    assert waiting_ids(r) == ["a1", "a2"]
+    assert ids(admit(lua, NOW + 3, release=[b0], scan=False)[0]) == ["a1"]
+
+
+def test_admitting_attempt_2_of_a_call_frees_the_slot_of_attempt_1(
+    lua: Lua, r: redis.Redis
+) -> None:
+    workers(r, 1)
+    first = call("acme", "a1")
+    assert admit(lua, enqueue=[first]) == ([first.member], None)
+    # Attempt 1's release never came (its reconciler retried it): attempt 2 takes its slot.
+    second = replace(first, attempt=2)
+    assert admit(lua, NOW + 1, enqueue=[second]) == ([second.member], None)
+    assert running(r) == {"t:acme": 1, "o:add": 1, "p:default": 1, "admitted:acme": 2}
+    for key in ("adm:admitted", "adm:pending"):
+        assert r.zrange(key, 0, -1) == [second.member.encode()]
+    assert r.hkeys("adm:info") == [second.member.encode()]
+    assert r.hkeys("adm:payloads") == [second.member.encode()]
+
+
+def test_the_same_member_released_by_two_passes_frees_one_slot(lua: Lua, r: redis.Redis) -> None:
+    workers(r, 2)
+    a1, a2 = call("acme", "a1"), call("acme", "a2")
+    assert ids(admit(lua, enqueue=[a1, a2])[0]) == ["a1", "a2"]
+    # Its worker frees it, and a planner reading its outcome frees it again.
+    assert admit(lua, NOW + 1, release=[a1], scan=False) == ([], None)
+    assert admit(lua, NOW + 2, release=[a1]) == ([], None)
+    assert admit(lua, NOW + 3, release=[a1], scan=False) == ([], None)
+    assert running(r) == {"t:acme": 1, "o:add": 1, "p:default": 1, "admitted:acme": 2}
+    assert r.zrange("adm:admitted", 0, -1) == [a2.member.encode()]
 
 
 def test_workers_that_stopped_registering_take_their_slots_away(lua: Lua, r: redis.Redis) -> None:

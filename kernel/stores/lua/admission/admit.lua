@@ -2,11 +2,16 @@
 -- ones, queue new ones, then admit what can run, fairest tenant first.
 -- KEYS: active, clock, waiting, info, payloads, deadlines, running, admitted, pending,
 -- tenants, tools, buckets, workers, slots, seq. ARGV: now, max_n, lease_s, publish_lease_s,
--- default tenant json, safety, recovery_s, n_release, members..., n_published, members...,
--- n_enqueue, entries (six each, as lib/enqueue.lua reads them)...
+-- default tenant json, safety, recovery_s, scan, n_release, members..., n_published,
+-- members..., n_enqueue, entries (six each, as lib/enqueue.lua reads them)...
 -- Returns a flat list: the seconds until a rate bucket that held a call back refills ('' if
 -- none did), then member, payload of each call to publish now (admitted, or pending past its
 -- publish lease).
+--
+-- ``scan`` 1 (a planner's pass) also sweeps what nobody released: expired leases, workers that
+-- stopped registering, admitted calls no planner confirmed. A pass with 0 (a worker freeing
+-- its own calls) leaves those sweeps to the scanning passes, and when nothing waits it stops
+-- once the slots are free: a release then costs no read of capacity, order or queue.
 --
 -- Lua's calls into Redis cost more than the work they do here: the pass reads what it needs
 -- in a few multi-key calls, decides in Lua, and writes each structure once at the end.
@@ -31,12 +36,13 @@ local lease_until = math.ceil(now + lease_s)
 local publish_until = math.ceil(now + publish_lease_s)
 local default_tenant = cjson.decode(ARGV[5])
 local safety, recovery_s = tonumber(ARGV[6]), tonumber(ARGV[7])
+local scan = ARGV[8] == '1'
 local active, clock, waiting, info, payloads, deadlines = KEYS[1], KEYS[2], KEYS[3],
   KEYS[4], KEYS[5], KEYS[6]
 local running, admitted, pending, tenants, tools, buckets, workers, slots = KEYS[7],
   KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 
--- Counters of running calls: read once, changed here, written back once.
+-- Counters of running calls: read once, changed here, written back once (write_counts).
 local counts, deltas = {}, {}
 local function running_of(field)
   local n = counts[field]
@@ -49,6 +55,13 @@ end
 local function bump(field, by)
   counts[field] = running_of(field) + by
   deltas[field] = (deltas[field] or 0) + by
+end
+local function write_counts()
+  for field, by in pairs(deltas) do
+    if by ~= 0 and redis.call('HINCRBY', running, field, by) <= 0 then
+      redis.call('HDEL', running, field)
+    end
+  end
 end
 
 -- Free the slots of calls whose outcome came (each once: a repeated release is a no-op).
@@ -81,7 +94,7 @@ local function release(list)
   each('ZREM', pending, held)
 end
 
-local at = 8
+local at = 9
 local released = {}
 for i = at + 1, at + tonumber(ARGV[at]) do released[#released + 1] = ARGV[i] end
 at = at + tonumber(ARGV[at]) + 1
@@ -92,18 +105,35 @@ at = at + tonumber(ARGV[at]) + 1
 -- Calls queued by this pass are kept here, not written to the queue: those admitted now
 -- never touch it (the usual case with free capacity), the rest are written at the end.
 local incoming = {}
-enqueue(KEYS[15], at + 1, at + 6 * tonumber(ARGV[at]), incoming)
--- The safety net: an admitted call whose outcome never came frees its slot at its lease.
-for _, m in ipairs(redis.call('ZRANGEBYSCORE', admitted, '-inf', now, 'LIMIT', 0, 100)) do
-  released[#released + 1] = m
+local last = at + 6 * tonumber(ARGV[at])
+enqueue(KEYS[15], at + 1, last, incoming)
+-- Attempt N of a call exists only once the attempts before it are over (a retry, judged
+-- lost): their slots are freed now if nobody released them (a retry's earlier admission
+-- would otherwise hold its slot until its lease).
+for i = at + 1, last, 6 do
+  local call, n = string.match(ARGV[i], '^(.*\31)(%d+)$')
+  for k = 1, (tonumber(n) or 1) - 1 do released[#released + 1] = call .. k end
+end
+if scan then
+  -- The safety net: an admitted call whose outcome never came frees its slot at its lease.
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', admitted, '-inf', now, 'LIMIT', 0, 100)) do
+    released[#released + 1] = m
+  end
 end
 release(released)
+-- A release with nothing waiting has nothing to admit: the usual worker pass ends here.
+if not scan and next(incoming) == nil and redis.call('ZCARD', waiting) == 0 then
+  write_counts()
+  return {''}
+end
 
 -- Each pool's capacity: the slots of its live workers.
 local capacity = {}
-local gone = redis.call('ZRANGEBYSCORE', workers, '-inf', now)
-each('ZREM', workers, gone)
-each('HDEL', slots, gone)
+if scan then
+  local gone = redis.call('ZRANGEBYSCORE', workers, '-inf', now)
+  each('ZREM', workers, gone)
+  each('HDEL', slots, gone)
+end
 local live = redis.call('ZRANGEBYSCORE', workers, now, '+inf')
 if #live > 0 then
   for i, n in ipairs(redis.call('HMGET', slots, unpack(live))) do
@@ -300,11 +330,7 @@ while free and #chosen < max_n and any_free() do
 end
 
 -- Write back what the pass changed.
-for field, by in pairs(deltas) do
-  if by ~= 0 and redis.call('HINCRBY', running, field, by) <= 0 then
-    redis.call('HDEL', running, field)
-  end
-end
+write_counts()
 each('ZREM', waiting, drop_waiting)
 each('ZREM', deadlines, drop_due)
 -- What this pass queued and did not admit waits in the queue now.
@@ -357,7 +383,7 @@ for _, e in ipairs(chosen) do
   end
 end
 -- Admitted but not confirmed on Kafka within the publish lease: its planner is gone.
-local stale = redis.call('ZRANGEBYSCORE', pending, '-inf', now, 'LIMIT', 0, 100)
+local stale = scan and redis.call('ZRANGEBYSCORE', pending, '-inf', now, 'LIMIT', 0, 100) or {}
 if #stale > 0 then
   local again = {}
   for _, member in ipairs(stale) do
