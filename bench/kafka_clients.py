@@ -251,6 +251,9 @@ class Producer(Protocol):
     async def stop(self) -> None:
         """Flush and disconnect."""
 
+    async def produce_requests(self) -> int:
+        """Produce requests sent to the broker so far."""
+
 
 class Consumer(Protocol):
     """A group member that only its caller commits for."""
@@ -268,6 +271,18 @@ class Consumer(Protocol):
 class _Aiokafka:
     def __init__(self, producer: AIOKafkaProducer) -> None:
         self._p = producer
+        self._requests = 0
+        send = producer.client.send
+
+        async def counted(node_id: int, request: Any, **kwargs: Any) -> Any:
+            if type(request).__name__.startswith("ProduceRequest"):
+                self._requests += 1
+            return await send(node_id, request, **kwargs)
+
+        producer.client.send = counted
+
+    async def produce_requests(self) -> int:
+        return self._requests
 
     async def burst(self, records: Sequence[tuple[str, bytes, bytes]]) -> None:
         futures = [await self._p.send(t, v, key=k) for t, k, v in records]
@@ -298,11 +313,40 @@ class _AiokafkaConsumer:
         await self._c.stop()
 
 
+class _Stats:
+    """librdkafka's statistics (``stats_cb``): produce requests sent, read from a report
+    made after the caller asked."""
+
+    def __init__(self) -> None:
+        self.latest: tuple[float, int] = (0.0, 0)
+        self._loop = asyncio.get_running_loop()
+        self._fresh = asyncio.Event()
+
+    def report(self, stats: str) -> None:  # on librdkafka's polling thread, or the loop
+        brokers = json.loads(stats)["brokers"].values()
+        self.latest = (time.monotonic(), sum(b["req"].get("Produce", 0) for b in brokers))
+        self._loop.call_soon_threadsafe(self._fresh.set)
+
+    async def areport(self, stats: str) -> None:
+        self.report(stats)
+
+    async def produce_requests(self) -> int:
+        asked = time.monotonic()
+        while self.latest[0] <= asked:
+            self._fresh.clear()
+            await asyncio.wait_for(self._fresh.wait(), 5)
+        return self.latest[1]
+
+
+STATS_INTERVAL_MS = 100
+
+
 class _ConfluentAio:
     """``AIOProducer`` as documented: produce, flush the local buffer, await deliveries."""
 
-    def __init__(self, producer: Any) -> None:
+    def __init__(self, producer: Any, stats: _Stats) -> None:
         self._p = producer
+        self.produce_requests = stats.produce_requests
 
     async def burst(self, records: Sequence[tuple[str, bytes, bytes]]) -> None:
         futures = [await self._p.produce(t, value=v, key=k) for t, k, v in records]
@@ -319,10 +363,11 @@ class _ConfluentThread:
     """librdkafka's ``Producer``: ``produce`` does not block (it queues in librdkafka); one
     thread serves delivery reports and settles their futures on the loop, once per poll."""
 
-    def __init__(self, conf: dict[str, Any]) -> None:
+    def __init__(self, conf: dict[str, Any], stats: _Stats) -> None:
         from confluent_kafka import Producer as RdProducer
 
-        self._p = RdProducer(conf)
+        self._p = RdProducer(conf | {"stats_cb": stats.report})
+        self.produce_requests = stats.produce_requests
         self._loop = asyncio.get_running_loop()
         self._done: list[tuple[asyncio.Future[None], Any]] = []
         self._stopping = threading.Event()
@@ -437,12 +482,17 @@ async def make_producer(variant: Variant, servers: str) -> Producer:
         producer = AIOKafkaProducer(bootstrap_servers=servers, **variant.producer)
         await producer.start()
         return _Aiokafka(producer)
-    conf = {"bootstrap.servers": servers, **variant.producer}
+    conf = {
+        "bootstrap.servers": servers,
+        "statistics.interval.ms": STATS_INTERVAL_MS,  # produce requests counted
+        **variant.producer,
+    }
+    stats = _Stats()
     if variant.client == "confluent-aio":
         from confluent_kafka.aio import AIOProducer
 
-        return _ConfluentAio(AIOProducer(conf))
-    return _ConfluentThread(conf)
+        return _ConfluentAio(AIOProducer(conf | {"stats_cb": stats.areport}), stats)
+    return _ConfluentThread(conf, stats)
 
 
 async def make_consumer(
@@ -600,14 +650,17 @@ async def produce_phase(env: Env, variant: Variant) -> dict[str, float]:
         warm = time.perf_counter() + 1.0
         await asyncio.gather(*(publisher(s, warm) for s in range(PRODUCERS)))
         sent = 0
+        requests = await producer.produce_requests()
         meter = Meter(env.broker)
         meter.start()
         until = time.perf_counter() + env.seconds
         await asyncio.gather(*(publisher(100 + s, until) for s in range(PRODUCERS)))
         meter.stop()
+        requests = await producer.produce_requests() - requests
     finally:
         await producer.stop()
     return {
+        "produce_per_request": sent / max(1, requests),
         "produce_per_s": sent / meter.wall,
         "produce_cpu_us": meter.own / sent * 1e6,
         "produce_broker_us": meter.broker_cpu / sent * 1e6,
@@ -770,10 +823,13 @@ async def pingpong_phase(
                 await pinger.burst(n)
                 trips += n
 
+        requests = await producer.produce_requests()
         meter.start()
         until = time.perf_counter() + env.seconds
         await asyncio.gather(*(closed(s, until) for s in range(PRODUCERS)))
         meter.stop()
+        requests = await producer.produce_requests() - requests
+        out["sat_per_request"] = trips / max(1, requests)
         out["sat_per_s"] = trips / meter.wall
         out["sat_cpu_us"] = meter.own / trips * 1e6
         out["sat_echo_us"] = meter.echo_cpu / trips * 1e6
@@ -933,6 +989,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("(a) produce", "produce_per_s", "records/s"),
     ("(a) produce", "produce_cpu_us", "client CPU µs/record"),
     ("(a) produce", "produce_broker_us", "broker CPU µs/record"),
+    ("(a) produce", "produce_per_request", "records per produce request"),
     ("(b) ping-pong", "idle_p50_ms", "idle p50 ms"),
     ("(b) ping-pong", "idle_p99_ms", "idle p99 ms"),
     ("(b) ping-pong", "half_p50_ms", "half-load p50 ms"),
@@ -943,6 +1000,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("(b) ping-pong", "sat_echo_us", "saturated: echo CPU µs/round trip"),
     ("(b) ping-pong", "sat_broker_us", "saturated: broker CPU µs/round trip"),
     ("(b) ping-pong", "sat_total_us", "saturated: all 3 processes CPU µs/round trip"),
+    ("(b) ping-pong", "sat_per_request", "saturated: records per produce request (requester)"),
     ("(c) consume-process-commit", "consume_per_s", "records/s"),
     ("(c) consume-process-commit", "consume_cpu_us", "client CPU µs/record"),
     ("(c) consume-process-commit", "consume_broker_us", "broker CPU µs/record"),
