@@ -59,7 +59,7 @@ def _wait_until(ready: Any, what: str, log: Path, within: float = STARTUP_S) -> 
                 return
         except httpx.HTTPError as exc:
             last = exc
-        time.sleep(0.2)
+        time.sleep(0.2)  # wait-ok: polling interval of a deadline-bounded wait
     tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
     pytest.fail(f"{what} did not become ready within {within:.0f} s ({last}); its log:\n{tail}")
 
