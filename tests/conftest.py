@@ -74,12 +74,8 @@ def keys(settings: Settings) -> Keys:
     return Keys.of(settings)
 
 
-@pytest.fixture(scope="session")
-async def topics(settings: Settings) -> AsyncIterator[list[str]]:
-    """Every shared topic and the command topics of the test pools, created once; deleted
-    with every other topic and Redis key of this session's namespace when the session ends
-    (a developer's broker would otherwise gather a dozen topics per run)."""
-    yield await ensure_topics(settings, pools=("default", "slow"))
+async def purge_namespace(settings: Settings) -> None:
+    """Delete every topic of ``settings``' prefix and every Redis key of its namespace."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_servers())
     await admin.start()
     try:
@@ -96,6 +92,15 @@ async def topics(settings: Settings) -> AsyncIterator[list[str]]:
             await asyncio.gather(*(client.unlink(k) for k in leftovers[start : start + 1000]))
     finally:
         await client.aclose()
+
+
+@pytest.fixture(scope="session")
+async def topics(settings: Settings) -> AsyncIterator[list[str]]:
+    """Every shared topic and the command topics of the test pools, created once; deleted
+    with every other topic and Redis key of this session's namespace when the session ends
+    (a developer's broker would otherwise gather a dozen topics per run)."""
+    yield await ensure_topics(settings, pools=("default", "slow"))
+    await purge_namespace(settings)
 
 
 @pytest.fixture

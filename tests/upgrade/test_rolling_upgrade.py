@@ -41,14 +41,11 @@ from typing import Any
 import pytest
 import redis.asyncio
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
-from kernel.adapters.redis import connect_redis
 from kernel.adapters.topics import ensure_topics
 from kernel.settings import Settings
-from kernel.stores.keys import Keys
 from schemas import ApprovalDecision, ModelResponseEvent, TurnResult
-from tests.conftest import aggregator_caught_up, wait_for
+from tests.conftest import aggregator_caught_up, purge_namespace, wait_for
 from tests.upgrade._rolling import (
     PACKAGES,
     REPO,
@@ -589,21 +586,7 @@ class InFlight:
 
 async def _purge(settings: Settings, effects: redis.asyncio.Redis, tag: str) -> None:
     """Delete the run's topics, its state and its counters."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_servers())
-    await admin.start()
-    try:
-        mine = [t for t in await admin.list_topics() if t.startswith(settings.topic_prefix)]
-        if mine:
-            await admin.delete_topics(mine)
-    finally:
-        await admin.close()
-    client = connect_redis(settings)
-    try:
-        pattern = f"{Keys.of(settings).namespace}:*"
-        leftovers = [key async for key in client.scan_iter(match=pattern, count=1000)]
-        await asyncio.gather(*(client.unlink(k) for k in leftovers))
-    finally:
-        await client.aclose()
+    await purge_namespace(settings)
     counters = [key async for key in effects.scan_iter(match=f"upgrade:{tag}:*", count=1000)]
     if counters:
         await effects.unlink(*counters)
