@@ -19,13 +19,13 @@ import asyncio
 import dataclasses
 import email.utils
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from kernel.errors import ToolfleetError
 from kernel.rules.backoff import Backoff
-from schemas import Effect, RetryHint
+from schemas import Effect, EffectClass, RetryHint
 
 ProbeAnswer = Literal["applied", "not_applied", "unknown", "wrong_effect"]
 """What a tool's probe found upstream for an idempotency key."""
@@ -419,6 +419,93 @@ def gated_by_default(
 def runs_unattended_without_probe(effect_class: str, has_probe: bool, approval: str) -> bool:
     """A side-effecting tool that no human confirms and whose state nobody can query."""
     return effect_class in GATED and not has_probe and approval == "never"
+
+
+# --- the effect class of a tool an MCP server describes --------------------------------------
+
+MCP_EFFECT_HINTS: tuple[str, ...] = (
+    "readOnlyHint",
+    "destructiveHint",
+    "idempotentHint",
+    "openWorldHint",
+)
+"""The MCP tool annotations that say something about a tool's effect (their wire names)."""
+
+
+@dataclass(frozen=True)
+class SeededEffect:
+    """The effect class a worker gives a tool it serves from an MCP server, and why."""
+
+    effect_class: EffectClass
+    source: Literal["declared", "default", "annotations", "unannotated"]
+    """Who said so: the operator for this tool (``effects=``), the operator for every tool it
+    did not name (``default_effect=``), the server's annotations, or nobody."""
+    reason: str
+    """The words ``toolfleet`` logs when the worker starts."""
+
+
+def mcp_effect_class(
+    annotations: Mapping[str, Any] | None,
+    *,
+    declared: EffectClass | None = None,
+    default: EffectClass | None = None,
+) -> SeededEffect:
+    """The effect class of a tool an MCP server lists, from what the operator declared and,
+    failing that, from the server's annotations (``annotations``: their wire form, camelCase).
+
+    What the operator declares wins: ``declared`` (this tool), then ``default`` (every tool
+    it did not name). Otherwise the annotations seed it, and only a hint that is exactly
+    ``true`` counts (the specification's defaults are not assumed, so a hint left out never
+    makes a tool look safer or riskier than the server said):
+
+    - ``readOnlyHint``: read_only, unless the server also calls the tool destructive (two
+      hints that contradict each other: the cautious one is taken);
+    - ``idempotentHint``: idempotent, unless the server also calls it destructive or
+      open-world (the cautious reading: its repeat may reach what the server does not
+      control);
+    - anything else, no effect hint at all included: non_idempotent. A tool that may have
+      applied something is then never run again blindly: an unknown effect is probed or goes
+      to a person, and without a probe every call waits for approval (the release gate).
+    """
+    if declared is not None:
+        return SeededEffect(declared, "declared", f"declared {declared} (effects=)")
+    if default is not None:
+        return SeededEffect(default, "default", f"declared {default} (default_effect=)")
+    given = {h: v for h in MCP_EFFECT_HINTS if isinstance(v := (annotations or {}).get(h), bool)}
+    said = {hint for hint, value in given.items() if value}
+    if not given:
+        return SeededEffect(
+            "non_idempotent",
+            "unannotated",
+            "the server says nothing about its effect: non_idempotent",
+        )
+    if "readOnlyHint" in said:
+        if "destructiveHint" in said:
+            return SeededEffect(
+                "non_idempotent",
+                "annotations",
+                "readOnlyHint and destructiveHint contradict each other: non_idempotent",
+            )
+        return SeededEffect("read_only", "annotations", "readOnlyHint: read_only")
+    if "idempotentHint" in said:
+        risky = sorted(said & {"destructiveHint", "openWorldHint"})
+        if risky:
+            return SeededEffect(
+                "non_idempotent",
+                "annotations",
+                f"idempotentHint with {' and '.join(risky)}: non_idempotent",
+            )
+        return SeededEffect("idempotent", "annotations", "idempotentHint: idempotent")
+    hints = " and ".join(sorted(said)) or "no hint that makes it safe"
+    return SeededEffect("non_idempotent", "annotations", f"{hints}: non_idempotent")
+
+
+def retries_blindly(effect_class: str, client_retries: int) -> bool:
+    """Whether a client that retries every failed call by itself (the Agents SDK's MCP server
+    with ``max_retry_attempts``: any exception, timeouts included; -1 without end) would run
+    a tool of ``effect_class`` again without knowing whether its first try took effect. Only
+    replay-safe tools may be served through such a client: the fleet retries those itself."""
+    return client_retries != 0 and effect_class not in REPLAY_SAFE
 
 
 # --- the review material: what happens next, per tool ----------------------------------------
