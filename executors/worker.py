@@ -1,7 +1,8 @@
 """A worker process of one pool: takes commands off ``commands.<pool>`` and runs the calls.
 
 Per call (admission applied every quota before the command reached Kafka): the ledger gate
-(``started`` is written before any user code), the tool itself, the outcome to the ledger,
+(``started`` is written before any user code), the tool itself, the outcome to the ledger and
+the call's admission slots freed (one burst; the freeing pass admits what waited for them),
 the outcome to Kafka, ``committed`` in the ledger, and only then the offset. Redelivered
 commands find the ledger ahead of them: a finished call re-emits its stored outcome, a call
 whose holder is alive is waited for, and a call that started and lost its worker is
@@ -60,6 +61,7 @@ from kernel.rules.outcomes import WORKER_LOST, ended, identity, lost
 from kernel.rules.texts import CIRCUIT_OPEN, UNKNOWN_OUTCOME, unknown_outcome_text
 from kernel.rules.versions import version_ref
 from kernel.settings import Settings
+from kernel.stores.admitting import CREDIT_HEADER, Admitter
 from kernel.stores.door import Stores
 from kernel.stores.ledger import CallFailure
 from kernel.stores.registry import announce_tools
@@ -116,6 +118,12 @@ class Worker:
         self.keys = stores.keys
         self.ledger = stores.ledger()
         self.admission = stores.admission()
+        # Frees the slots of the admitted calls it is done with, and its passes admit the
+        # calls waiting for them: no planner on a call's path once it was admitted.
+        self._credits = _Credits(self)
+        self.admitter = Admitter(
+            self.admission, bus, service=self.service, scan=False, credits=self._credits
+        )
         self.circuits = stores.circuits()
         self.tasks = stores.tasks()
         self.auth = DecisionAuth.of(settings)
@@ -204,6 +212,8 @@ class Worker:
             await leaving
             listener.cancel()
             renewer.cancel()
+            with contextlib.suppress(*TRANSIENT_ERRORS):
+                await self.admitter.drain()  # what its last passes admitted is on Kafka
             await commands.stop()
             await cancels.stop()
             await self.bus.stop()
@@ -242,6 +252,7 @@ class Worker:
                 await asyncio.wait_for(self._assignment_changed.wait(), ttl / 3)
 
     async def _process(self, record: Record) -> None:
+        self._credits.arrived(record)
         command = ExecutionCommand.decode(record.value or b"")
         labelled(COMMANDS, self.service, self.pool, command.kind).inc()
         with (
@@ -264,41 +275,51 @@ class Worker:
                         "toolfleet.worker_id": self.worker_id,
                     }
                 )
-            await self._process_command(command)
+            slots = _Slots(self.admitter, command)
+            if slots.held:
+                # This worker frees them: its outcomes say so, and no planner reads them.
+                command = command.model_copy(update={"admitted": False})
+            try:
+                await self._process_command(command, slots)
+            except InvalidMessageError:
+                await slots.free()  # dead-lettered: the command never comes back
+                raise
+            await slots.free()  # done with no outcome to tell (a fenced-off attempt)
 
-    async def _process_command(self, command: ExecutionCommand) -> None:
+    async def _process_command(self, command: ExecutionCommand, slots: _Slots) -> None:
         try:
             # No version: the newest this worker serves (older planners, the reconciler).
             tool = self.registry.get(command.tool_name, command.tool_version)
         except ToolNotFoundError as missing:
             # The planner saw the tool (or version) in the registry, this worker does not
             # serve it: a deployment mismatch. Nothing ran; say so instead of hiding the command.
-            await self._publish(_not_served(command, self.worker_id, str(missing)))
+            await self._publish(_not_served(command, self.worker_id, str(missing)), slots)
             return
         if command.kind == "probe":
-            await self._publish(await self._probe(tool, command))
+            await self._publish(await self._probe(tool, command), slots)
             return
         if command.kind == "compensate":
             compensated = await self._compensate(tool, command)
             if compensated is not None:
-                await self._publish(compensated)
+                await self._publish(compensated, slots)
             return
         if (command.tenant_id, command.run_id) in self._cancelled_runs:
-            await self._publish(ended(command, self.worker_id, "skipped"))
+            await self._publish(ended(command, self.worker_id, "skipped"), slots)
             return
         ref = version_ref(tool.lookup_key, tool.version)
         circuit = await self.circuits.check(ref)
         if circuit.state == "open":
-            await self._publish(_circuit_open(command, self.worker_id, tool, circuit.reason))
+            await self._publish(_circuit_open(command, self.worker_id, tool, circuit.reason), slots)
             return
         # Tenant and tool quotas were applied by admission before the command reached
         # Kafka: a slot here is only ever taken by a call that can run now.
-        outcome = await self._execute(tool, command)
+        outcome = await self._execute(tool, command, slots)
         if outcome is None:
             return
         _describe_span(outcome)
         ran = outcome.status != "pending_approval" and outcome.started_at is not None
         trial = ran and circuit.state == "trial"
+        await slots.free(throttled=outcome.throttled)  # freed with finish, unless refused
         with phase(self._tracer, "publish"):
             await _persist(lambda: self.bus.publish_and_wait("outcomes", outcome.run_id, outcome))
             opened = await _persist(
@@ -331,7 +352,9 @@ class Worker:
         HUMAN_TASKS.labels("circuit_open").inc()
         log.error("circuit opened", extra={"tool_version": ref, "calls": len(ran_while_failing)})
 
-    async def _execute(self, tool: Tool, command: ExecutionCommand) -> CallOutcome | None:
+    async def _execute(
+        self, tool: Tool, command: ExecutionCommand, slots: _Slots
+    ) -> CallOutcome | None:
         key = (command.tenant_id, command.run_id, command.call_id)
         task = asyncio.current_task()
         assert task is not None
@@ -381,16 +404,25 @@ class Worker:
         latency = labelled(CALL_LATENCY, self.pool, tool_label(command.tool_name))
         latency.observe(time.monotonic() - began)
         if outcome.status == "pending_approval":
-            await _persist(
-                lambda: self.ledger.set_pending_approval(
-                    command.tenant_id, command.run_id, command.call_id
-                )
+            await asyncio.gather(
+                _persist(
+                    lambda: self.ledger.set_pending_approval(
+                        command.tenant_id, command.run_id, command.call_id
+                    )
+                ),
+                slots.free(),
             )
             return outcome
         outcome = self._as_reported(tool, command, outcome)
         final = outcome
         failure = _call_failure(raised, command, self.worker_id)
-        if await _persist(lambda: self.ledger.finish(final, failure)) == "stale":
+        # One burst: the call's end in the ledger and its slots freed (both idempotent), so
+        # a waiting call starts on the slot as soon as this one's end is durable.
+        verdict, _ = await asyncio.gather(
+            _persist(lambda: self.ledger.finish(final, failure)),
+            slots.free(throttled=final.throttled),
+        )
+        if verdict == "stale":
             log.info("dropping a fenced-off attempt's outcome", extra={"call": command.call_id})
             return None
         return outcome
@@ -511,8 +543,9 @@ class Worker:
             )
         return None  # stale: a newer attempt of this call exists and will report
 
-    async def _publish(self, outcome: CallOutcome) -> None:
+    async def _publish(self, outcome: CallOutcome, slots: _Slots) -> None:
         _describe_span(outcome)
+        await slots.free(throttled=outcome.throttled)
         with phase(self._tracer, "publish"):
             await self.bus.publish_and_wait("outcomes", outcome.run_id, outcome)
             await self._mark_published(outcome)
@@ -588,6 +621,65 @@ class Worker:
                     task.cancel()
 
 
+class _Slots:
+    """An admitted command's hold on its tenant's, tool's and pool's counts in admission,
+    freed by the worker once it is done with the call: before its outcome is published, so a
+    crash in between leaves the command to a peer, which frees them again (a no-op then).
+    Commands that admission never counted (probes, compensations, an earlier planner's
+    unadmitted ones) hold nothing."""
+
+    def __init__(self, admitter: Admitter, command: ExecutionCommand) -> None:
+        self._admitter = admitter
+        self._command = command
+        self.held = command.kind == "execute" and command.admitted
+
+    async def free(self, *, throttled: bool = False) -> None:
+        """Free them (once; retried until durable)."""
+        if not self.held:
+            return
+        command = self._command
+        await _persist(lambda: self._admitter.free(command, throttled=throttled))
+        self.held = False
+
+
+class _Credits:
+    """This worker's free slots for the commands its own admission passes admit (see
+    ``Credits``): at most its consume loop's free slots, less the credits sent and not
+    started yet, each to one of its partitions of the pool's topic in turn."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.worker_id = worker.worker_id
+        self._marker = worker.worker_id.encode()
+        self._outstanding = 0
+        """Credits on Kafka not started yet (they take free slots when they arrive)."""
+        self._turn = 0
+
+    def claim(self, pool: str) -> int | None:
+        """One of this worker's partitions while it has a free slot for one more command of
+        its pool; None otherwise (by key)."""
+        worker = self.worker
+        loop = worker._loop
+        if pool != worker.pool or loop is None or worker._stopping.is_set():
+            return None
+        owned = [int(tp.partition) for tp in worker._owned]
+        if not owned or loop.free_slots - self._outstanding <= 0:
+            return None
+        self._outstanding += 1
+        self._turn += 1
+        return owned[self._turn % len(owned)]
+
+    def arrived(self, record: Record) -> None:
+        """A command started: if it is one of this worker's credits, its slot is taken now."""
+        for name, value in record.headers or ():
+            if name == CREDIT_HEADER and value == self._marker and self._outstanding:
+                self._outstanding -= 1
+
+    def forget(self) -> None:
+        """The assignment changed: credits sent to a partition no longer ours never arrive."""
+        self._outstanding = 0
+
+
 class _Ownership(ConsumerRebalanceListener):  # type: ignore[misc]
     """Keeps what the worker owns current: revoked partitions' offsets are forgotten, and
     capacity is registered again whenever the assignment changes."""
@@ -600,6 +692,7 @@ class _Ownership(ConsumerRebalanceListener):  # type: ignore[misc]
         if self.worker._loop is not None:
             self.worker._loop.forget(set(revoked))
         self.worker._owned -= revoked
+        self.worker._credits.forget()
         self.worker._assignment_changed.set()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:

@@ -217,7 +217,9 @@ class Planner:
         PLAN_LATENCY.observe(time.perf_counter() - began)
 
     async def on_outcome(self, outcome: CallOutcome) -> None:
-        """Free an admitted call's slots; release the next calls of a capped turn."""
+        """Free the slots of a call whose outcome says they are still held (an earlier
+        release's worker; the reconciler's report of a lost worker): a worker of this release
+        frees them itself. Release the next calls of a capped turn."""
         if outcome.kind == "execute" and (outcome.admitted or outcome.source == "reconciler"):
             await self.admitter.release(outcome)  # a call never admitted: nothing to free
         if outcome.capped:
@@ -457,7 +459,8 @@ class Planner:
 _CAPPED = b'"capped":true'
 """How a capped turn's outcome reads on the wire (compact JSON, as Message.encode writes it)."""
 _ADMITTED = b'"admitted":true'
-"""How an admitted call's outcome reads on the wire."""
+"""How the outcome of an admitted call whose worker did not free its slots reads on the wire
+(an earlier release's worker, or one stored by it and re-emitted later)."""
 _FROM_RECONCILER = b'"source":"reconciler"'
 """The reconciler's outcomes (a lost worker's call, say) free an admitted call's slots too:
 it builds them from the ledger, which does not record admission."""

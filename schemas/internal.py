@@ -181,7 +181,7 @@ class ExecutionCommand(Message):
     )
     admitted: bool = Field(
         default=False,
-        description="Admitted by the planner's admission: its outcome frees its quota slots.",
+        description="Counted by admission: the worker that ends the call frees its slots.",
     )
     upstream_ref: str | None = Field(
         default=None,
@@ -250,7 +250,9 @@ class CallOutcome(Message):
         default=False, description="Copied from the command: the planner must see this one."
     )
     admitted: bool = Field(
-        default=False, description="Copied from the command: the planner must see this one."
+        default=False,
+        description="The call's admission slots are still held: the planner frees them "
+        "(its worker did not).",
     )
     throttled: bool = Field(
         default=False, description="The upstream said HTTP 429: its rate limits slow down."

@@ -113,9 +113,11 @@ class Bus(Protocol):
         key: str | bytes | None,
         value: Message | bytes,
         headers: Headers | None = None,
+        partition: int | None = None,
     ) -> asyncio.Future[Any]:
         """Queue one record; the returned future resolves when the broker has it. Its headers
-        carry ``headers`` or, by default, the current trace context."""
+        carry ``headers`` or, by default, the current trace context; ``partition`` overrides
+        the key's (the key still travels with the record)."""
 
     async def publish_and_wait(
         self, topic: str, key: str | bytes | None, value: Message | bytes
@@ -175,12 +177,14 @@ class KafkaBus:
         key: str | bytes | None,
         value: Message | bytes,
         headers: Headers | None = None,
+        partition: int | None = None,
     ) -> asyncio.Future[Any]:
         """Queue one record on logical ``topic``; await the returned future for the broker's ack.
 
         Returning the future lets a caller queue many records and await them together, which
         keeps the producer's batches full while preserving per-key order. The record's headers
-        are ``headers`` or, by default, the current trace context.
+        are ``headers`` or, by default, the current trace context; ``partition`` overrides the
+        key's.
         """
         raw_key = key.encode() if isinstance(key, str) else key
         raw = value.encode() if isinstance(value, Message) else value
@@ -188,6 +192,7 @@ class KafkaBus:
             self.topic(topic),
             raw,
             key=raw_key,
+            partition=partition,
             headers=(trace_headers() if headers is None else headers) or None,
         )
         return future
@@ -390,6 +395,11 @@ class ConsumeLoop:
         self.poll_ms = poll_ms
         self.max_records = max_records
         self._slots = asyncio.Semaphore(concurrency)
+        self._concurrency = concurrency
+        self._taken = 0
+        """Slots held by records now (given back by ``_Slot``)."""
+        self._fetched = 0
+        """Records of the last poll not started yet (each will take a slot)."""
         self._in_hand = asyncio.Semaphore(in_hand) if in_hand is not None else None
         self.max_attempts = max_attempts
         self.backoff = Backoff(backoff_s, max(backoff_s, max_backoff_s))
@@ -406,6 +416,14 @@ class ConsumeLoop:
         self._batch_failures = 0
         self._unreachable_since: float | None = None
         """Since when batches have failed on a dependency (monotonic; None: they do not)."""
+
+    @property
+    def free_slots(self) -> int:
+        """Slots no record holds and no fetched record is about to take (none once stopping):
+        what more this loop could start at once."""
+        if self._stopping.is_set():
+            return 0
+        return max(0, self._concurrency - self._taken - self._fetched)
 
     @property
     def stopping(self) -> bool:
@@ -434,9 +452,11 @@ class ConsumeLoop:
                 if self.batches is not None:
                     await self._hand_over(batches)
                     continue
+                self._fetched = sum(len(records) for records in batches.values())
                 for tp, records in batches.items():
                     for record in records:
                         await self._start(tp, record)
+                        self._fetched -= 1
                 if time.monotonic() - last_commit >= COMMIT_INTERVAL_S:
                     await self._commit()
                     last_commit = time.monotonic()
@@ -507,7 +527,8 @@ class ConsumeLoop:
         if self._in_hand is not None:
             await self._in_hand.acquire()
         await self._slots.acquire()
-        slot = _Slot(self._slots)
+        self._taken += 1
+        slot = _Slot(self._slots, self._given_back)
         key = (tp, record.key if self.ordered else None)
         previous = self._last.get(key) if self.ordered else None
         task = asyncio.create_task(self._after(previous, tp, record, slot))
@@ -528,6 +549,9 @@ class ConsumeLoop:
                 self._stopping.set()
 
         task.add_done_callback(finished)
+
+    def _given_back(self) -> None:
+        self._taken -= 1
 
     async def _after(
         self, previous: asyncio.Task[bool] | None, tp: TopicPartition, record: Record, slot: _Slot
@@ -631,14 +655,16 @@ BatchHandler = Callable[[dict[TopicPartition, list[Record]]], Awaitable[None]]
 class _Slot:
     """One record's concurrency slot in its consume loop; given back exactly once."""
 
-    def __init__(self, slots: asyncio.Semaphore) -> None:
+    def __init__(self, slots: asyncio.Semaphore, given_back: Callable[[], None]) -> None:
         self._slots: asyncio.Semaphore | None = slots
+        self._given_back = given_back
 
     def release(self) -> None:
         """Give the slot back (again is a no-op)."""
         if self._slots is not None:
             self._slots.release()
             self._slots = None
+            self._given_back()
 
 
 _SLOT: ContextVar[_Slot | None] = ContextVar("toolfleet_consume_slot", default=None)

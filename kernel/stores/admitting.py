@@ -2,20 +2,25 @@
 
 Every command the planner dispatches, and every retry the reconciler sends, is queued
 (``submit``); ``Admission.admit`` decides which may go to Kafka now
-(``kernel.stores.admission``). An outcome of an admitted call frees its slots (``release``).
-Submissions and releases that arrive while a pass runs share the next pass, and each caller
-returns once its part is durable (its record's offset may then be committed).
-A tick (``tick``) refills rate buckets, hands out commands another planner admitted and never
-confirmed, and withdraws calls whose turn deadline passed while they waited.
+(``kernel.stores.admission``). The worker that ran an admitted call frees its slots when it is
+done with it (``free``), and its pass admits the calls waiting for that capacity; a planner
+frees the calls whose outcome says an earlier release's worker, or the reconciler, left them
+held (``release``). Submissions and releases that arrive while a pass runs share the next
+pass, and each caller returns once its part is durable (its record's offset may then be
+committed). A planner's tick (``tick``) refills rate buckets, frees expired leases, hands out
+commands another instance admitted and never confirmed, and withdraws calls whose turn
+deadline passed while they waited.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 from kernel.adapters.bus import Bus
 from kernel.adapters.metrics import (
@@ -47,27 +52,66 @@ REPORT_EVERY_S = 5.0
 """How often a planner refreshes the per-tenant gauges (a read of every busy tenant)."""
 TOP_TENANTS = 10
 """Tenants named in the gauges (bounded cardinality); the rest are summed as ``other``."""
+CREDIT_HEADER = "tf-credit"
+"""Header of a command a worker's pass admitted onto one of its own free slots: its value is
+that worker's id (it counts its credits until they start)."""
+CONFIRM_WITHIN_S = 0.05
+"""A worker with no pass soon after it published admitted commands confirms them within this
+(a planner's tick would otherwise publish them again after the publish lease)."""
+
+
+class Credits(Protocol):
+    """A worker's free slots, as its admission passes see them: a command of its pool that
+    its own pass admits goes to one of its partitions while it has a free slot for it, so it
+    starts on the slot that freed instead of behind another worker's running calls."""
+
+    worker_id: str
+
+    def claim(self, pool: str) -> int | None:
+        """A partition of this worker's for one more command of ``pool`` (a free slot is
+        then counted as promised), or None: publish it by key."""
 
 
 class Admitter:
-    """Queues commands, publishes admitted ones, frees slots on outcomes (the planner's) and
-    ticks (every planner's).
+    """Queues commands, publishes admitted ones, frees the slots of calls that ended (the
+    worker that ran them; planners for earlier workers and the reconciler) and ticks (every
+    planner's).
 
     One admission pass runs at a time per instance (group commit): whatever is submitted or
-    released while a pass runs goes into the next one, a single script call. Idle, a pass
+    freed while a pass runs goes into the next one, a single script call. Idle, a pass
     starts at once; under load, passes grow instead of their number, so the one hash slot
     admission lives on does a few large passes instead of one small pass per call.
+
+    ``scan`` (planners, the reconciler) makes every pass also free expired leases and hand
+    out unconfirmed commands; a worker's passes only free, queue and admit, and return at once
+    when nothing waits. ``service`` names the publisher in the command metrics; ``credits``
+    (a worker's) places what its passes admit on its own free slots.
     """
 
-    def __init__(self, admission: Admission, bus: Bus) -> None:
+    def __init__(
+        self,
+        admission: Admission,
+        bus: Bus,
+        *,
+        service: str = "planner",
+        scan: bool = True,
+        credits: Credits | None = None,
+    ) -> None:
         self.admission = admission
         self.bus = bus
+        self.service = service
+        self.scan = scan
+        self.credits = credits
         self._confirm: list[str] = []
         """Admitted commands now on Kafka, confirmed with the next admission pass."""
         self._queued: list[Waiting] = []
         self._released: list[str] = []
         self._waiters: list[asyncio.Future[None]] = []
-        """Callers whose items are in ``_queued`` / ``_released``: woken when their pass ends."""
+        """Callers whose items are in ``_queued`` or who asked for a pass: woken once its
+        admitted commands are on Kafka (an offset must not commit before its commands are)."""
+        self._freeing: list[asyncio.Future[None]] = []
+        """Callers whose items are in ``_released``: woken as soon as the pass's script ran
+        (their release is durable; the commands it admitted are published after)."""
         self._pass: asyncio.Task[None] | None = None
         self._refills: set[asyncio.Task[None]] = set()
         """Refill passes, kept until done."""
@@ -85,10 +129,26 @@ class Admitter:
         self._queued += [waiting_command(c, parent, issued_at=now) for c in commands]
         await self._in_next_pass()
 
+    async def free(self, command: ExecutionCommand, *, throttled: bool = False) -> None:
+        """Free the slots of an admitted call its worker is done with (idempotent: a member
+        is freed once, whoever frees it), and admit what waits for them; returns once the
+        release is durable. ``throttled``: the upstream said HTTP 429, and the tool's rate
+        buckets slow down."""
+        if throttled:
+            THROTTLED.labels(command.tool_name).inc()
+            await self.admission.throttle(command.tenant_id, command.tool_name, time.time())
+        self._released.append(
+            member_of(command.tenant_id, command.run_id, command.call_id, command.attempt)
+        )
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._freeing.append(future)
+        self._start_passes()
+        await future
+
     async def release(self, outcome: CallOutcome) -> None:
-        """Free the slots of an admitted call whose outcome arrived (idempotent), and admit
-        what can run in its place; returns once that is durable. An HTTP 429 also slows the
-        tool's rate buckets."""
+        """Free the slots of an admitted call whose outcome says its slots are still held (an
+        earlier release's worker, the reconciler's report of a lost worker), and admit what
+        can run in its place; returns once that is durable."""
         if outcome.throttled:
             THROTTLED.labels(outcome.tool_name).inc()
             await self.admission.throttle(outcome.tenant_id, outcome.tool_name, time.time())
@@ -104,46 +164,51 @@ class Admitter:
     async def _in_next_pass(self) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(future)
+        self._start_passes()
+        await future
+
+    def _start_passes(self) -> None:
         if self._pass is None:
             self._pass = asyncio.create_task(self._run_passes())
-        await future
 
     async def _run_passes(self) -> None:
         """Passes until nobody waits for one; a failed pass fails its callers (their handlers
         retry, and queueing and releasing are idempotent)."""
         try:
-            while self._waiters:
+            while self._waiters or self._freeing:
                 waiters, self._waiters = self._waiters, []
+                freeing, self._freeing = self._freeing, []
                 queued, self._queued = self._queued, []
                 released, self._released = self._released, []
                 try:
-                    await self._one_pass(queued, released)
+                    await self._one_pass(queued, released, functools.partial(_wake, freeing))
                 except asyncio.CancelledError:
-                    for waiter in waiters + self._waiters:
+                    for waiter in waiters + freeing + self._waiters + self._freeing:
                         waiter.cancel()
                     raise
                 except Exception as exc:
-                    for waiter in waiters:
+                    for waiter in waiters + freeing:
                         if not waiter.done():
                             waiter.set_exception(exc)
                     continue
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_result(None)
+                _wake(waiters + freeing)
         finally:
             self._pass = None
 
-    async def _one_pass(self, queued: Sequence[Waiting], released: Sequence[str]) -> None:
-        """Queue, free, confirm what is on Kafka, then publish what may run now (and wait
-        for the broker's acks)."""
+    async def _one_pass(
+        self, queued: Sequence[Waiting], released: Sequence[str], durable: Callable[[], None]
+    ) -> None:
+        """Queue, free, confirm what is on Kafka (``durable`` is called once that is
+        written), then publish what may run now (and wait for the broker's acks)."""
         confirm, self._confirm = self._confirm, []
         try:
             admitted = await self.admission.admit(
-                time.time(), release=released, published=confirm, enqueue=queued
+                time.time(), release=released, published=confirm, enqueue=queued, scan=self.scan
             )
         except BaseException:
             self._confirm = confirm + self._confirm  # confirmed with a later pass instead
             raise
+        durable()
         if admitted.refill_in_s is not None:
             self._admit_at(admitted.refill_in_s)
         sent = []
@@ -154,18 +219,25 @@ class Admitter:
             call_id = member.split(SEP)[2]
             tp = command.traceparent
             headers = [("traceparent", tp.encode())] if tp else []
+            partition = self.credits.claim(command.pool) if self.credits else None
+            if partition is not None:
+                assert self.credits is not None
+                headers.append((CREDIT_HEADER, self.credits.worker_id.encode()))
             topic = command_topic(command.pool)
             raw = command.command_json.encode()
-            sent.append(await self.bus.publish(topic, call_id, raw, headers))
+            sent.append(await self.bus.publish(topic, call_id, raw, headers, partition=partition))
             counts[command.pool, command.kind] += 1
             if command.issued_at is not None:
                 labelled(ADMISSION_WAIT, command.pool).observe(max(0.0, now - command.issued_at))
         for (pool, kind), n in counts.items():
             labelled(ADMITTED, pool).inc(n)
-            labelled(COMMANDS, "planner", pool, kind).inc(n)
+            labelled(COMMANDS, self.service, pool, kind).inc(n)
         for future in sent:
             await future
         self._confirm += [member for member, _ in admitted.calls]
+        if sent and not self.scan:
+            # Nothing ticks in a worker: confirm soon, or a planner hands them out again.
+            self._admit_at(CONFIRM_WITHIN_S)
 
     def _admit_at(self, delay_s: float) -> None:
         """Another pass when a rate bucket has a token again (sooner than the next tick)."""
@@ -186,6 +258,16 @@ class Admitter:
             await self.admit()
         except Exception as exc:  # the next tick tries again
             log.warning("admission pass failed", extra={"error": repr(exc)})
+
+    async def drain(self) -> None:
+        """Wait for the pass in flight, then confirm what this instance published (a worker
+        that stops: its admitted commands are not handed out again)."""
+        if self._refill is not None:
+            self._refill.cancel()
+            self._refill = None
+        while self._pass is not None:
+            await asyncio.wait([self._pass])
+        await self.confirm()
 
     async def confirm(self) -> None:
         """Confirm at once what this instance published (a service that admits rarely, the
@@ -215,6 +297,12 @@ class Admitter:
         if rest:
             TENANT_CALLS.labels("other", "running").set(sum(v.running for v in rest))
             TENANT_CALLS.labels("other", "waiting").set(sum(v.waiting for v in rest))
+
+
+def _wake(waiters: Sequence[asyncio.Future[None]]) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)
 
 
 def _command(payload: str) -> ExecutionCommand:

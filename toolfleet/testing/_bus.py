@@ -87,9 +87,11 @@ class InMemoryBus:
         key: str | bytes | None,
         value: Message | bytes,
         headers: Headers | None = None,
+        partition: int | None = None,
     ) -> asyncio.Future[Any]:
-        """Record one message (with ``headers``, or the current trace context's); the returned
-        future is already resolved."""
+        """Record one message (with ``headers``, or the current trace context's; the in-memory
+        bus has no partitions, so ``partition`` is ignored); the returned future is already
+        resolved."""
         raw_key = key.encode() if isinstance(key, str) else key
         raw = value.encode() if isinstance(value, Message) else value
         kept = trace_headers() if headers is None else headers
