@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Unpack, overload
 
 from kernel.errors import ConfigurationError, ToolNotFoundError
+from kernel.rules.effects import mcp_effect_class, retries_blindly
 from kernel.rules.texts import TOOL_NOT_FOUND
 from kernel.rules.versions import newest_version, version_order
 from kernel.tools._runner import CallHooks
@@ -20,6 +22,8 @@ if TYPE_CHECKING:
 
     from kernel.tools._tool import CompensateFunction, FleetOptions, ProbeFunction, ToolOptions
     from schemas import EffectClass
+
+log = logging.getLogger("kernel.tools")
 
 
 class ToolRegistry:
@@ -128,36 +132,54 @@ class ToolRegistry:
         self,
         server: MCPServer,
         *,
-        effects: Mapping[str, EffectClass],
+        effects: Mapping[str, EffectClass] | None = None,
         default_effect: EffectClass | None = None,
         **options: Unpack[FleetOptions],
     ) -> None:
         """Serve the tools of an MCP server (the SDK's ``MCPServerStdio``,
         ``MCPServerStreamableHttp``...) as fleet tools, when the worker starts (``open``).
 
-        The operator declares what each tool does: ``effects`` maps tool names to effect
-        classes, ``default_effect`` covers the rest; a listed tool with neither fails the
-        worker's start (an MCP server does not say whether a tool charges a card). Each tool is
-        served as the SDK serves it in-process (``MCPUtil.to_function_tool``: its schema, the
+        Each tool's effect class is what the operator declares (``effects`` maps tool names to
+        effect classes, ``default_effect`` covers every tool it does not name), else what the
+        server's annotations say (``kernel.rules.effects.mcp_effect_class``: a read-only hint
+        makes it read_only, an idempotent hint idempotent, anything else non_idempotent, so
+        that it is never run again blindly and, without a probe, waits for approval). A server
+        client that retries failed calls by itself (``max_retry_attempts``) fails the
+        worker's start when it would serve a tool that is not replay-safe. Each tool is served
+        as the SDK serves it in-process (``MCPUtil.to_function_tool``: its schema, the
         server's failure handling and guardrails); ``options`` are toolfleet's own.
         """
-        self._mcp.append(_McpSource(server, dict(effects), default_effect, options))
+        self._mcp.append(_McpSource(server, dict(effects or {}), default_effect, options))
 
     async def open(self) -> None:
         """Connect the MCP servers and register their tools (the worker calls this first)."""
         for source in self._mcp:
             if source.opened:
                 continue
-            for function_tool in await source.open():
-                effect = source.effects.get(function_tool.name, source.default_effect)
-                if effect is None:
+            for listed, function_tool in await source.open():
+                seeded = mcp_effect_class(
+                    _wire_annotations(getattr(listed, "annotations", None)),
+                    declared=source.effects.get(function_tool.name),
+                    default=source.default_effect,
+                )
+                retries = getattr(source.server, "max_retry_attempts", 0)
+                if isinstance(retries, int) and retries_blindly(seeded.effect_class, retries):
                     await source.close()
                     raise ConfigurationError(
-                        f"MCP server {source.server.name!r} lists tool {function_tool.name!r} "
-                        "without a declared effect class; add it to effects= (or set "
-                        "default_effect=) in add_mcp_server"
+                        f"MCP server {source.server.name!r} retries every failed call by "
+                        f"itself (max_retry_attempts={retries}), which could run tool "
+                        f"{function_tool.name!r} ({seeded.effect_class}: {seeded.reason}) "
+                        "twice; build it with max_retry_attempts=0 (the fleet retries "
+                        "replay-safe tools itself), or declare the tool read_only or "
+                        "idempotent in effects= if it is"
                     )
-                options: FleetOptions = {**source.options, "effect": effect}
+                log.info(
+                    "MCP tool served with effect class %s (%s)",
+                    seeded.effect_class,
+                    seeded.reason,
+                    extra={"mcp_server": source.server.name, "tool": function_tool.name},
+                )
+                options: FleetOptions = {**source.options, "effect": seeded.effect_class}
                 self.add_function_tool(function_tool, **options)
 
     async def close(self) -> None:
@@ -230,15 +252,30 @@ class _McpSource:
         self.options = options
         self.opened = False
 
-    async def open(self) -> list[FunctionTool]:
+    async def open(self) -> list[tuple[object, FunctionTool]]:
+        """Connect; each tool the server lists, with the function tool that serves it."""
         from agents.mcp import MCPUtil
 
         await self.server.connect()  # type: ignore[no-untyped-call]
         self.opened = True
         listed = await self.server.list_tools()
-        return [MCPUtil.to_function_tool(t, self.server, False) for t in listed]
+        return [(t, MCPUtil.to_function_tool(t, self.server, False)) for t in listed]
 
     async def close(self) -> None:
         if self.opened:
             self.opened = False
             await self.server.cleanup()  # type: ignore[no-untyped-call]
+
+
+def _wire_annotations(annotations: object) -> dict[str, Any] | None:
+    """An MCP tool's annotations as they travel (camelCase keys), from the model either major
+    of the ``mcp`` package builds (or a plain mapping), so the rule reads one form."""
+    if annotations is None:
+        return None
+    dump = getattr(annotations, "model_dump", None)
+    if callable(dump):
+        dumped = dump(by_alias=True, exclude_none=True)
+        return dict(dumped) if isinstance(dumped, Mapping) else None
+    if isinstance(annotations, Mapping):
+        return dict(annotations)
+    return None
