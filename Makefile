@@ -95,13 +95,15 @@ docs: $(STAMP)
 ## bench: the benchmarks (prints a table, writes bench/results/latest.md; BENCH_ARGS=--docs
 ## also refreshes the numbers in docs/benchmarks.md, BENCH_ARGS=--quick is a 3-minute smoke
 ## run). The peers' servers are installed first: the Temporal CLI (go install, about 5 minutes
-## the first time) and Debian's postgresql for DBOS.
+## the first time) and Debian's postgresql for DBOS. (a)'s toolfleet rows also run at commit
+## BENCH_BASELINE (the report's before and after; BENCH_BASELINE= leaves it out).
+BENCH_BASELINE ?= 4da064b
 bench: setup
 	test $(VENV)/.bench-installed -nt pyproject.toml || \
 	  { $(BIN)/python -m pip install -q -e '.[dev,bench]' && touch $(VENV)/.bench-installed; }
 	sh scripts/install-temporal.sh
 	sh scripts/install-postgres.sh
-	$(BIN)/python -m bench $(BENCH_ARGS)
+	$(BIN)/python -m bench --baseline=$(BENCH_BASELINE) $(BENCH_ARGS)
 
 ## bench-kafka: aiokafka as configured, aiokafka tuned and confluent-kafka (librdkafka, its
 ## asyncio API) on toolfleet's record shape against the local broker; prints the tables

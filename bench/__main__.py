@@ -5,6 +5,10 @@ and the durable relay, Celery, the in-process baseline and the peers (Temporal w
 and with local activities, DBOS on Postgres) one after another, prints the report on stdout,
 writes it to ``bench/results/latest.md``, and with ``--docs`` refreshes the summary in
 ``docs/benchmarks.md``. Progress goes to stderr. Every process it starts is stopped on the way out.
+
+``--baseline REF`` runs (a)'s toolfleet rows a second time, right after this checkout's, with
+the services of commit REF (``bench.baseline``), for the report's before-and-after section.
+Scenario ``f`` measures toolfleet's state on one Redis against 3 shards (``bench.state_scale``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from bench.baseline import Baseline, BaselineError, materialise
 from bench.procs import REPO, progress
 from bench.report import PEERS, Results, readme_block, render, targets, update_readme
 from bench.report import SYSTEMS as BASELINES
@@ -31,7 +36,7 @@ from toolfleet.app import infra
 RESULTS = REPO / "bench" / "results"
 BENCH_PAGE = REPO / "docs" / "benchmarks.md"
 """The page whose latest-run block ``--docs`` rewrites (between the bench markers)."""
-SCENARIOS = ("a", "b", "c", "d", "e", "profile")
+SCENARIOS = ("a", "b", "c", "d", "e", "f", "profile")
 SYSTEMS = (*BASELINES, *PEERS)
 
 
@@ -54,6 +59,13 @@ def _args(argv: list[str]) -> argparse.Namespace:
         "--profile",
         metavar="SERVICE",
         help="profile this service (planner, aggregator, worker-0) instead of the busiest",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="REF",
+        default="",
+        help="also run (a)'s toolfleet rows with the services of commit REF (its tree written "
+        "out under .artifacts/bench-baseline/), for the report's before and after; empty: none",
     )
     parser.add_argument(
         "--redis-max-connections",
@@ -97,20 +109,26 @@ def _commit() -> str:
 
 
 async def _run(bench: Bench, scenarios: set[str], systems: set[str]) -> None:
+    # (system the --systems filter knows it by, what progress calls it, what runs it)
     sections = [
-        ("toolfleet", bench.run_toolfleet),
-        ("relay", bench.run_relay),
-        ("durable", bench.run_durable),
-        ("celery", bench.run_celery),
-        ("inprocess", bench.run_inprocess),
-        ("temporal", bench.run_temporal),
-        ("temporal_local", bench.run_temporal_local),
-        ("dbos", bench.run_dbos),
+        ("toolfleet", "toolfleet", bench.run_toolfleet),
+        *(
+            [("toolfleet", bench.baseline.system, bench.run_baseline)]
+            if bench.baseline is not None and "a" in scenarios
+            else []
+        ),
+        ("relay", "relay", bench.run_relay),
+        ("durable", "durable", bench.run_durable),
+        ("celery", "celery", bench.run_celery),
+        ("inprocess", "inprocess", bench.run_inprocess),
+        ("temporal", "temporal", bench.run_temporal),
+        ("temporal_local", "temporal_local", bench.run_temporal_local),
+        ("dbos", "dbos", bench.run_dbos),
     ]
     try:
         await bench.warm_broker()
-        for system, run in sections:
-            if system not in systems:
+        for wanted, system, run in sections:
+            if wanted not in systems:
                 continue
             progress(f"--- {system}")
             try:
@@ -126,6 +144,13 @@ async def _run(bench: Bench, scenarios: set[str], systems: set[str]) -> None:
             except Exception as exc:
                 bench.results.errors.append(f"scale: {type(exc).__name__}: {exc}")
                 progress(f"scale FAILED: {type(exc).__name__}: {exc}")
+        if "f" in scenarios and "toolfleet" in systems:
+            progress("--- (f) state scale: one Redis, then 3 shards")
+            try:
+                await bench.run_state_scale()
+            except Exception as exc:
+                bench.results.errors.append(f"state scale: {type(exc).__name__}: {exc}")
+                progress(f"state scale FAILED: {type(exc).__name__}: {exc}")
     finally:
         progress("cleaning up this run's topics and Redis keys")
         await bench.ctx.cleanup()
@@ -137,6 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = set(args.only.split(","))
     systems = set(args.systems.split(","))
     began = time.monotonic()
+    baseline: Baseline | None = None
+    if args.baseline:
+        try:
+            baseline = materialise(args.baseline)
+        except BaselineError as exc:
+            progress(f"--baseline {args.baseline}: {exc}")
+            return 2
+        progress(f"baseline {baseline.system}: its tree is {baseline.root}")
     settings = Settings()
     progress("starting Kafka and Redis if they are not running (toolfleet infra up)")
     status = infra.up(settings)
@@ -164,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     progress(f"run {ctx.run_id}: logs in {ctx.log_root}")
     bench = Bench(ctx, Durations.quick() if args.quick else Durations(), results)
     bench.profile_service = args.profile
+    bench.baseline = baseline
     try:
         asyncio.run(_run(bench, scenarios, systems))
     except KeyboardInterrupt:

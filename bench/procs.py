@@ -43,14 +43,16 @@ def progress(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def spawn(argv: list[str], env: Mapping[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
-    """Start a child that dies with the bench; call only from the main thread."""
+def spawn(
+    argv: list[str], env: Mapping[str, str], log: IO[bytes], cwd: Path = REPO
+) -> subprocess.Popen[bytes]:
+    """Start a child that dies with the bench, in ``cwd``; call only from the main thread."""
     return subprocess.Popen(
         argv,
         env=dict(env),
         stdout=log,
         stderr=log,
-        cwd=REPO,
+        cwd=cwd,
         preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks or threads
     )
 
@@ -66,10 +68,16 @@ def terminate(popen: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
         popen.wait()
 
 
+def source_path(root: Path = REPO) -> str:
+    """PYTHONPATH of a child whose code comes from the source tree ``root``: it goes first,
+    so every top-level package (and ``bench.tools``) is imported from there, before the
+    virtualenv's editable install of this checkout (a ``.pth`` entry after site-packages)."""
+    return os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+
+
 def python_env(**extra: str) -> dict[str, str]:
     """Environment of a Python child of the bench: unbuffered, the repo on its path."""
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **extra}
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": source_path(), **extra}
 
 
 @dataclass
@@ -181,14 +189,18 @@ class BenchFleet(LocalFleet):
     ``profile`` maps a child name (``planner``, ``aggregator``, ``worker-0``) to an output
     path stem: that child then runs under pyinstrument and writes ``<stem>.html`` and
     ``<stem>.txt`` when it stops.
+
+    ``root`` is the source tree the children run: this checkout, or another commit's tree
+    (``bench.baseline``), which is then their working directory and first on PYTHONPATH.
     """
 
     profile: dict[str, Path] = field(default_factory=dict)
+    root: Path = REPO
 
     def env(self) -> dict[str, str]:
-        """LocalFleet's environment plus the repo on PYTHONPATH (for ``bench.tools``)."""
+        """LocalFleet's environment plus ``root`` on PYTHONPATH (for ``bench.tools``)."""
         env = super().env()
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = source_path(self.root)
         return env
 
     def start(self, name: str, args: list[str]) -> None:
@@ -200,7 +212,7 @@ class BenchFleet(LocalFleet):
         argv = [sys.executable, "-m", "toolfleet", *args]
         if name in self.profile:
             argv = [sys.executable, "-m", "bench.profiled", str(self.profile[name]), *args]
-        popen = spawn(argv, self.env(), log)
+        popen = spawn(argv, self.env(), log, cwd=self.root)
         self._procs[name] = ChildProcess(name, argv, log, popen)
 
     def terminate(self, name: str, grace_s: float = 20.0) -> None:

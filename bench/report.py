@@ -24,6 +24,17 @@ LABELS = {
 SERVICES = (
     "planner", "workers", "aggregator", "reconciler", "kafka", "redis", "server", "driver",
 )  # fmt: skip
+BASELINE_PREFIX = "toolfleet@"
+"""System name prefix of another commit's toolfleet in the same run (``--baseline``)."""
+TOOLFLEET_SERVICES = ("planner", "workers", "aggregator", "reconciler", "kafka", "redis", "driver")
+"""The processes of a toolfleet row, in the before-and-after CPU table."""
+
+
+def label(system: str) -> str:
+    """The report's name of a system (``toolfleet@4da064b``: toolfleet at that commit)."""
+    if system.startswith(BASELINE_PREFIX):
+        return f"toolfleet at {system.removeprefix(BASELINE_PREFIX)}"
+    return LABELS.get(system, system)
 
 
 @dataclass
@@ -62,6 +73,11 @@ class Throughput:
         """CPU of every process of the system (and Kafka, Redis, the load generator) per call."""
         calls = self.calls_per_s * self.seconds
         return sum(self.cpu_s.values()) / calls * 1e6 if calls else math.nan
+
+    def service_us_per_call(self, service: str) -> float:
+        """CPU microseconds of one service (``workers``: all of them) per call."""
+        calls = self.calls_per_s * self.seconds
+        return self.cpu(service) / calls * 1e6 if calls else math.nan
 
 
 @dataclass
@@ -143,6 +159,60 @@ class Scale:
         return self.rss_base.get(service, 0) + self.rss_slope.get(service, 0.0) * self.target_calls
 
 
+SCRIPT_COMMANDS = frozenset({"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"})
+"""The commands that run a script (each also counts the commands its script runs)."""
+
+
+@dataclass(frozen=True)
+class ShardRow:
+    """Scenario (f): one state layout (one Redis, or 3 shards) under one row of (a)'s load.
+
+    Every figure is per call of the fleet, per Redis node (by port), over the window.
+    """
+
+    layout: str
+    calls_per_turn: int
+    calls: int
+    seconds: float
+    cpu_us_per_call: dict[int, float]
+    """CPU (INFO ``used_cpu_sys`` + ``used_cpu_user``) microseconds."""
+    sys_us_per_call: dict[int, float] = field(default_factory=dict)
+    """The kernel's part of it (system time: socket reads and writes, the AOF's fsyncs)."""
+    reads_per_call: dict[int, float] = field(default_factory=dict)
+    """Read events (``total_reads_processed``): one per client connection per event-loop pass
+    that found bytes to read."""
+    commands_per_call: dict[int, float] = field(default_factory=dict)
+    """Commands (INFO commandstats: those scripts run included, the bench's own not)."""
+    scripts_per_call: dict[int, float] = field(default_factory=dict)
+    """Script calls (EVALSHA, EVAL, FCALL)."""
+
+    @property
+    def sharded(self) -> bool:
+        """More than one node holds the state."""
+        return len(self.cpu_us_per_call) > 1
+
+    @property
+    def calls_per_s(self) -> float:
+        """The fleet's calls per second over the window."""
+        return self.calls / self.seconds if self.seconds else math.nan
+
+    @property
+    def busiest(self) -> float:
+        """CPU µs per call of the node that worked hardest."""
+        return max(self.cpu_us_per_call.values(), default=math.nan)
+
+    @property
+    def summed(self) -> float:
+        """CPU µs per call of every node together."""
+        return sum(self.cpu_us_per_call.values()) if self.cpu_us_per_call else math.nan
+
+    @property
+    def busiest_command_share(self) -> float:
+        """The busiest node's share of all the nodes' commands."""
+        total = sum(self.commands_per_call.values())
+        return max(self.commands_per_call.values()) / total if total else math.nan
+
+
 @dataclass
 class Profile:
     """One service profiled (CPU samples) under the load of the busiest one's (a) run."""
@@ -178,6 +248,11 @@ class Results:
     profile_config: str = ""
     profile_calls_per_s: float = 0.0
     retained_per_call: float | None = None
+    baseline: str = ""
+    """The system name of another commit's toolfleet measured in this run (``--baseline``:
+    ``toolfleet@<short sha>``), or empty."""
+    state_scale: list[ShardRow] = field(default_factory=list)
+    """(f): the rows on one Redis, then the rows on 3 shards."""
     errors: list[str] = field(default_factory=list)
 
     def tp(self, system: str, calls: int, workers: int) -> Throughput | None:
@@ -300,7 +375,61 @@ def targets(results: Results) -> list[Target]:
         )
     else:
         out.append(Target("idle one-call turn: p50 ≤ 15 ms, p99 ≤ 40 ms", None, "not measured"))
+    out += shard_targets(results.state_scale)
     return out
+
+
+SHARD_COMMAND_SHARE = 0.40
+"""(f): the most of the fleet's Redis commands per call one of 3 shards may do."""
+SHARD_CPU_RATIO = 1.2
+"""(f): the most the 3 shards' summed Redis CPU per call may be, against the single Redis's."""
+
+
+def shard_pairs(rows: list[ShardRow]) -> list[tuple[ShardRow, ShardRow]]:
+    """(f)'s rows as (single Redis, 3 shards) pairs of the same turn size, smallest first."""
+    single = {r.calls_per_turn: r for r in rows if not r.sharded}
+    sharded = {r.calls_per_turn: r for r in rows if r.sharded}
+    return [(single[c], sharded[c]) for c in sorted(single.keys() & sharded.keys())]
+
+
+def shard_targets(rows: list[ShardRow]) -> list[Target]:
+    """(f)'s two targets: how evenly 3 shards share the commands, and what sharding costs."""
+    share_name = (
+        f"(f) busiest of 3 shards ≤ {SHARD_COMMAND_SHARE:.0%} of the fleet's Redis commands "
+        "per call (every turn size)"
+    )
+    cpu_name = (
+        f"(f) 3 shards' summed Redis CPU per call ≤ {SHARD_CPU_RATIO:g}x the single Redis's "
+        "(every turn size)"
+    )
+    pairs = shard_pairs(rows)
+    if not pairs:
+        return [Target(share_name, None, "not measured"), Target(cpu_name, None, "not measured")]
+    shares = [(one.calls_per_turn, three) for one, three in pairs]
+    share_held = all(t.busiest_command_share <= SHARD_COMMAND_SHARE for _, t in shares)
+    share_detail = "; ".join(
+        f"{calls}-call turns {three.busiest_command_share:.0%} "
+        f"({_nodes(three.commands_per_call.values(), '.1f')} commands per call)"
+        for calls, three in shares
+    )
+    ratios = [
+        (one.calls_per_turn, three.summed / one.summed if one.summed else math.nan, one, three)
+        for one, three in pairs
+    ]
+    cpu_held = all(r <= SHARD_CPU_RATIO for _, r, _, _ in ratios)
+    cpu_detail = "; ".join(
+        f"{calls}-call turns {ratio:.2f}x ({three.summed:,.0f} vs {one.summed:,.0f} µs)"
+        for calls, ratio, one, three in ratios
+    )
+    return [
+        Target(share_name, share_held, share_detail),
+        Target(cpu_name, cpu_held, cpu_detail),
+    ]
+
+
+def _nodes(values: Any, form: str = ".0f") -> str:
+    """Per-node figures as ``a / b / c``."""
+    return " / ".join(format(v, form) for v in values)
 
 
 # ------------------------------------------------------------------------------------ render
@@ -342,11 +471,13 @@ def render(results: Results) -> str:
     add("")
     _render_targets(results, add)
     _render_throughput(results, add)
+    _render_before_after(results, add)
     _render_peers(results, add)
     _render_latency(results, add)
     _render_idle(results, add)
     _render_io(results, add)
     _render_scale(results, add)
+    _render_state_scale(results, add)
     _render_cpu(results, add)
     _render_profile(results, add)
     add("## How it was measured")
@@ -624,8 +755,129 @@ def _render_scale(results: Results, add: Any) -> None:
     add("")
 
 
+def _render_before_after(results: Results, add: Any) -> None:
+    """(a)'s toolfleet rows at the baseline commit and at this one, beside the durable relay."""
+    if not results.baseline:
+        return
+    before = label(results.baseline)
+    add(f"## Before and after: {before} and at this commit")
+    add("")
+    keys = sorted(
+        {(t.calls_per_turn, t.workers) for t in results.throughput if t.system == results.baseline}
+    )
+    if not keys:
+        add(f"{before} was not measured (see Errors).")
+        add("")
+        return
+    add(
+        f"(a)'s toolfleet rows run a second time in this run, right after this commit's, by "
+        f"the services of {results.meta.get('baseline', before)}: the same load generator, "
+        "broker, Redis, worker flags and durable relay. The targets are computed on this "
+        "commit's rows only."
+    )
+    add("")
+    b, a = results.baseline.removeprefix(BASELINE_PREFIX), _head(results)
+    add(
+        f"| calls/turn | workers | {b} calls/s | {a} calls/s | durable relay calls/s "
+        f"| {b} / durable | {a} / durable | {a} / {b} | {b} CPU µs per call "
+        f"| {a} CPU µs per call | durable relay CPU µs per call | {b} / durable CPU "
+        f"| {a} / durable CPU |"
+    )
+    add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for calls, workers in keys:
+        old = results.tp(results.baseline, calls, workers)
+        new = results.tp("toolfleet", calls, workers)
+        du = results.tp("durable", calls, workers)
+        rate = {k: (x.calls_per_s if x else None) for k, x in (("b", old), ("a", new), ("d", du))}
+        cpu = {
+            k: (x.cpu_us_per_call() if x else None) for k, x in (("b", old), ("a", new), ("d", du))
+        }
+        add(
+            f"| {calls} | {workers} | {_f(rate['b'])} | {_f(rate['a'])} | {_f(rate['d'])} | "
+            f"{_percent(rate['b'], rate['d'])} | {_percent(rate['a'], rate['d'])} | "
+            f"{_ratio(rate['a'], rate['b'])} | {_f(cpu['b'])} | {_f(cpu['a'])} | {_f(cpu['d'])} | "
+            f"{_ratio(cpu['b'], cpu['d'])} | {_ratio(cpu['a'], cpu['d'])} |"
+        )
+    add("")
+    add(
+        f"CPU per call by process, at {b} and at {a}: microseconds of each process per call "
+        "(its share of one core in parentheses); *all* sums every process, the load "
+        "generator's included."
+    )
+    add("")
+    names = ["planner", "workers", "aggregator", "reconciler", "Kafka", "Redis", "load generator"]
+    add("| commit | calls/turn | workers | calls/s | " + " | ".join(names) + " | all |")
+    add("|---|---:|---:|---:|" + "---:|" * (len(names) + 1))
+    for calls, workers in keys:
+        for system, name in ((results.baseline, b), ("toolfleet", a)):
+            t = results.tp(system, calls, workers)
+            if t is None:
+                continue
+            cells = [
+                f"{_f(t.service_us_per_call(s))} ({_pct(t.cores(s))})" for s in TOOLFLEET_SERVICES
+            ]
+            add(
+                f"| {name} | {calls} | {workers} | {_f(t.calls_per_s)} | "
+                + " | ".join(cells)
+                + f" | {_f(t.cpu_us_per_call())} |"
+            )
+    add("")
+
+
+def _head(results: Results) -> str:
+    """This run's commit, short (its working tree may have had changes: see the header)."""
+    commit = results.meta.get("commit", "").split(" ")[0]
+    return commit if commit and commit != "?" else "this commit"
+
+
+def _percent(a: float | None, b: float | None) -> str:
+    if a is None or b is None or not b:
+        return "-"
+    return f"{a / b:.0%}"
+
+
+def _render_state_scale(results: Results, add: Any) -> None:
+    """(f): the same load on one Redis and on 3 shards, per node and per call."""
+    pairs = shard_pairs(results.state_scale)
+    if not pairs:
+        return
+    add("## (f) State scale: one Redis against 3 shards, per call of the fleet")
+    add("")
+    add(
+        f"This commit's toolfleet under (a)'s load ({results.meta.get('state_scale', '')}), "
+        "first with one redis-server as its state, then with a 3-master Redis Cluster: both "
+        "started by the bench for this scenario alone (the same binary and durable settings as "
+        "`toolfleet infra up`'s: the append-only file fsynced on every write). Each node's "
+        "CPU (INFO `used_cpu_sys` + `used_cpu_user`) and commands (INFO commandstats, the "
+        "commands scripts run included, the bench's own INFO / CLUSTER / PING not) are read "
+        "around each window and divided by the calls the fleet completed in it. Two shards' "
+        "CPU is not comparable on two shared cores, so the targets are on what scales: the "
+        "busiest shard's share of the commands, and the shards' summed CPU against the "
+        "single Redis's."
+    )
+    add("")
+    add(
+        "| calls/turn | state | calls/s | commands per call, per node | script calls per call, "
+        "per node | busiest node's share of commands | Redis CPU µs per call, per node "
+        "| all nodes | all nodes / single Redis |"
+    )
+    add("|---:|---|---:|---|---|---:|---|---:|---:|")
+    for one, three in pairs:
+        for row in (one, three):
+            add(
+                f"| {row.calls_per_turn} | {row.layout} | {_f(row.calls_per_s)} | "
+                f"{_nodes(row.commands_per_call.values(), '.1f')} | "
+                f"{_nodes(row.scripts_per_call.values(), '.2f')} | "
+                f"{_pct(row.busiest_command_share)} | "
+                f"{_nodes(row.cpu_us_per_call.values())} | {_f(row.summed)} | "
+                f"{_ratio(row.summed, one.summed)} |"
+            )
+    add("")
+
+
 def _render_cpu(results: Results, add: Any) -> None:
-    rows = [t for t in results.throughput if t.cpu_s]
+    # Another commit's rows are in the before-and-after section.
+    rows = [t for t in results.throughput if t.cpu_s and t.system != results.baseline]
     if not rows:
         return
     add("## Where the CPU goes during (a): share of one core, by process")
@@ -772,6 +1024,16 @@ METHOD = [
     "- **(d)**: a tool that parks until released (`bench_hold`), 2 workers with "
     "`--concurrency 60000`, 20 calls per turn; RSS from /proc (current and VmHWM), Redis from "
     "INFO memory and MEMORY USAGE.",
+    "- **Before and after** (`--baseline REF`; `make bench` passes `BENCH_BASELINE`, 4da064b "
+    "by default): the commit's tree is written out with `git archive` into "
+    "`.artifacts/bench-baseline/<sha>` (git-ignored, reused), and its services run (a)'s "
+    "toolfleet rows with that tree as their working directory and first on PYTHONPATH, so "
+    "every package and `bench.tools` are the commit's (checked before the rows: a child "
+    "started as they are imports each from that tree); the load generator is this commit's.",
+    "- **(f)**: (a)'s load (turns of 1, 5 and 20 no-op calls) on this commit's toolfleet, first "
+    "with one redis-server as the state, then with a 3-master Redis Cluster, both started by "
+    "the bench on their own ports (26010; 26000-26002) and stopped after; per node, INFO "
+    "`used_cpu_*` and commandstats around each window.",
 ]
 
 
@@ -811,6 +1073,7 @@ def readme_block(results: Results, report_path: str) -> str:
             + f" | {_ratio(c['toolfleet'], c['durable'], 3)} "
             f"| {_ratio(c['toolfleet'], c['celery'])} |"
         )
+    lines += _before_after_line(results)
     tf, du = results.lat("toolfleet"), results.lat("durable")
     if tf:
         lines += [
@@ -845,6 +1108,35 @@ def readme_block(results: Results, report_path: str) -> str:
         ]
     lines.append(README_END)
     return "\n".join(lines)
+
+
+def _before_after_line(results: Results) -> list[str]:
+    """The benchmarks page's one line on the baseline commit against this one."""
+
+    def spread(system: str) -> str:
+        rows = [t for t in results.throughput if t.system == system]
+        if not rows:
+            return "not measured"
+        rates = [t.calls_per_s for t in rows]
+        shares = [
+            t.calls_per_s / du.calls_per_s
+            for t in rows
+            if (du := results.tp("durable", t.calls_per_turn, t.workers)) and du.calls_per_s
+        ]
+        cpu = [t.cpu_us_per_call() for t in rows]
+        share = f" ({min(shares):.0%}-{max(shares):.0%} of the durable relay)" if shares else ""
+        return (
+            f"{min(rates):,.0f}-{max(rates):,.0f} calls/s{share}, "
+            f"{min(cpu):,.0f}-{max(cpu):,.0f} µs of CPU per call"
+        )
+
+    if not results.baseline:
+        return []
+    return [
+        "",
+        f"Before and after, in the same run: {label(results.baseline)} "
+        f"{spread(results.baseline)}; at {_head(results)} {spread('toolfleet')}.",
+    ]
 
 
 def update_readme(readme: Path, block: str) -> None:

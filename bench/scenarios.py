@@ -21,7 +21,9 @@ from pathlib import Path
 import psutil
 from redis.asyncio import Redis
 
+from bench import state_scale
 from bench import tools as bench_tools
+from bench.baseline import Baseline
 from bench.procs import (
     REPO,
     CpuMeter,
@@ -85,10 +87,12 @@ class Durations:
     profile: float = 6.0
     scale_budget: float = 120.0
     scale_calls: int = 100_000
+    shards: float = 8.0
+    """(f)'s window per row and layout: its figures are per call, so a few thousand calls do."""
 
     @classmethod
     def quick(cls) -> Durations:
-        return cls(1.0, 2.0, 4.0, 2.0, 4.0, 30.0, 10_000)
+        return cls(1.0, 2.0, 4.0, 2.0, 4.0, 30.0, 10_000, shards=2.0)
 
     def short(self) -> Durations:
         """For the in-process baseline, whose figures settle within a second."""
@@ -120,6 +124,8 @@ class Bench:
         self.tf_busiest: tuple[str, float, int, int] | None = None
         self.profile_service: str | None = None
         """Profile this service instead of the busiest one (``--profile NAME``)."""
+        self.baseline: Baseline | None = None
+        """Another commit whose toolfleet runs (a)'s rows too (``--baseline REF``)."""
 
     async def warm_broker(self) -> None:
         """Compile the broker's request paths before the first row (``bench.warmup``)."""
@@ -303,6 +309,29 @@ class Bench:
                 await self.idle("toolfleet", tf.target, tf.check)
         if "profile" in scenarios and self.tf_busiest is not None:
             await self.profile()
+
+    async def run_baseline(self, scenarios: set[str]) -> None:
+        """(a)'s toolfleet rows again, by the services of the baseline commit's tree."""
+        base = self.baseline
+        if base is None or "a" not in scenarios:
+            return
+        found = await asyncio.to_thread(base.check_imports)
+        progress(f"{base.system}: its services import toolfleet from {found['toolfleet']}")
+        self.results.baseline = base.system
+        self.results.meta["baseline"] = (
+            f"commit {base.short} (`--baseline {base.ref}`; its tree in "
+            f"`{base.root.relative_to(REPO) if base.root.is_relative_to(REPO) else base.root}`)"
+        )
+        name = f"base-{base.short}"
+        async with toolfleet(
+            self.ctx, name, workers=1, concurrency=NOOP_CONCURRENCY, root=base.root
+        ) as tf:
+            for workers in WORKERS:
+                await tf.set_workers(workers)
+                for calls in TURN_SIZES:
+                    await self.throughput(
+                        base.system, tf.target, tf.pids(), calls, workers, tf.check
+                    )
 
     def _note_busiest(self, row: Throughput) -> None:
         span = row.seconds or self.d.measure
@@ -532,6 +561,20 @@ class Bench:
                     f"(c) in-process concurrency {concurrency:>4}: {row.calls_per_s:,.0f} calls/s"
                 )
             target.limit = None
+
+    # ----------------------------------------------------------------------- state scale
+
+    async def run_state_scale(self) -> None:
+        """(f): (a)'s load on one Redis and on 3 shards, each started for it alone."""
+        load = state_scale.Load(
+            workers=max(WORKERS),
+            window=WINDOW_CALLS,
+            calls=TURN_SIZES,
+            warmup=self.d.warmup,
+            seconds=self.d.shards,
+        )
+        self.results.meta["state_scale"] = load.describe()
+        self.results.state_scale = await state_scale.measure(self.ctx, load)
 
     # ----------------------------------------------------------------------------- scale
 

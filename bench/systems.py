@@ -24,6 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from redis.asyncio import Redis
 
 from bench.procs import (
+    REPO,
     BenchFleet,
     ProcessGroup,
     child_env,
@@ -186,11 +187,14 @@ async def toolfleet(
     name: str,
     workers: int,
     concurrency: int = 100,
+    *,
     profile: dict[str, Path] | None = None,
+    root: Path = REPO,
 ) -> AsyncIterator[Toolfleet]:
     """Planner, aggregator, reconciler and ``workers`` workers serving ``bench.tools``.
 
-    ``profile`` runs the named services under pyinstrument (see ``bench.profiled``).
+    ``profile`` runs the named services under pyinstrument (see ``bench.profiled``);
+    ``root`` is the source tree they run (another commit's: ``bench.baseline``).
     """
     settings = ctx.settings(name)
     await ensure_topics(settings)
@@ -203,6 +207,7 @@ async def toolfleet(
         worker_args=["--concurrency", str(concurrency)],
         log_dir=log_dir,
         profile=dict(profile or {}),
+        root=root,
     )
     target = KafkaTarget(settings, "toolfleet")
     try:
