@@ -122,9 +122,9 @@ def materialise(ref: str, home: Path = HOME) -> Baseline:
     if (root / COMPLETE).is_file() and (root / COMPLETE).read_text().strip() == sha:
         return Baseline(ref, sha, root)
     home.mkdir(parents=True, exist_ok=True)
+    for stale in [*home.glob(f".{sha}.*"), root]:  # what a run that was killed left behind
+        shutil.rmtree(stale, ignore_errors=True)
     partial = home / f".{sha}.{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
-    shutil.rmtree(root, ignore_errors=True)  # cut short by an earlier run
     partial.mkdir()
     try:
         _extract(sha, partial)

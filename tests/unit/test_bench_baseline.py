@@ -31,10 +31,12 @@ def test_a_commit_tree_is_written_out_once_and_reused(tmp_path: Path) -> None:
 
 def test_a_tree_cut_short_is_written_out_again(tmp_path: Path) -> None:
     sha = resolve("HEAD")
-    (tmp_path / sha / "toolfleet").mkdir(parents=True)  # an earlier run killed mid-extract
+    (tmp_path / sha / "toolfleet").mkdir(parents=True)  # a tree without its marker
+    (tmp_path / f".{sha}.12345" / "kernel").mkdir(parents=True)  # ... or mid-extract
     tree = materialise("HEAD", home=tmp_path)
     assert (tree.root / COMPLETE).is_file()
     assert (tree.root / "toolfleet" / "__main__.py").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == [sha]
 
 
 def test_an_unknown_ref_says_how_to_go_on() -> None:
