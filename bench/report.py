@@ -853,15 +853,16 @@ def _render_state_scale(results: Results, add: Any) -> None:
         "around each window and divided by the calls the fleet completed in it. Two shards' "
         "CPU is not comparable on two shared cores, so the targets are on what scales: the "
         "busiest shard's share of the commands, and the shards' summed CPU against the "
-        "single Redis's."
+        "single Redis's. The last column shows how evenly the work, not the count, spreads "
+        "(a script's commands can cost far more than another's)."
     )
     add("")
     add(
         "| calls/turn | state | calls/s | commands per call, per node | script calls per call, "
         "per node | busiest node's share of commands | Redis CPU µs per call, per node "
-        "| all nodes | all nodes / single Redis |"
+        "| all nodes | all nodes / single Redis | busiest node's share of CPU |"
     )
-    add("|---:|---|---:|---|---|---:|---|---:|---:|")
+    add("|---:|---|---:|---|---|---:|---|---:|---:|---:|")
     for one, three in pairs:
         for row in (one, three):
             add(
@@ -870,7 +871,7 @@ def _render_state_scale(results: Results, add: Any) -> None:
                 f"{_nodes(row.scripts_per_call.values(), '.2f')} | "
                 f"{_pct(row.busiest_command_share)} | "
                 f"{_nodes(row.cpu_us_per_call.values())} | {_f(row.summed)} | "
-                f"{_ratio(row.summed, one.summed)} |"
+                f"{_ratio(row.summed, one.summed)} | {_percent(row.busiest, row.summed)} |"
             )
     add("")
 

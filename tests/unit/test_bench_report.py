@@ -153,6 +153,6 @@ def test_state_scale_section_lists_every_node() -> None:
     section = report.split("## (f) State scale")[1].split("\n## ")[0]
     assert (
         "| 5 | 3 shards | 2,000 | 5.0 / 6.0 / 5.0 | 0.50 / 0.50 / 0.50 | 38% "
-        "| 30 / 50 / 30 | 110 | 1.10x |" in section
+        "| 30 / 50 / 30 | 110 | 1.10x | 45% |" in section
     )
-    assert "| 5 | single Redis | 2,000 | 16.0 | 0.50 | 100% | 100 | 100 | 1.00x |" in section
+    assert "| 5 | single Redis | 2,000 | 16.0 | 0.50 | 100% | 100 | 100 | 1.00x | 100% |" in section
