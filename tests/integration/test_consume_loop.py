@@ -162,3 +162,43 @@ async def test_a_batch_failing_on_a_dependency_is_read_again_from_its_first_offs
         loop.stop()
         await running
         await consumer.stop()
+
+
+async def test_free_slots_counts_the_records_the_loop_could_start_at_once(bus: KafkaBus) -> None:
+    """What a worker offers its own admission passes: slots neither held by a record nor
+    given back early, and none once stopping."""
+    tag = uuid.uuid4().hex[:8]
+    key = f"slots-{tag}".encode()
+    topic = bus.topic("human-tasks")
+    hold = asyncio.Event()
+
+    async def handle(record: Record) -> None:
+        if record.key != key:
+            return
+        if record.value == b"ended":
+            release_slot()  # its tool ended: the slot is free while the outcome is written
+        await hold.wait()
+
+    consumer = bus.consumer(["human-tasks"], group=f"loop-test-{tag}")
+    await consumer.start()
+    loop = ConsumeLoop(bus, consumer, handle, concurrency=3, in_hand=4, ordered=False)
+    assert loop.free_slots == 3
+    running = asyncio.create_task(loop.run())
+    try:
+        await bus.producer.send(topic, b"running", key=key, partition=0)
+
+        async def free(n: int) -> bool:
+            return loop.free_slots == n
+
+        await wait_for(lambda: free(2))
+        await bus.producer.send(topic, b"ended", key=key, partition=0)
+        await bus.producer.send(topic, b"running", key=key, partition=0)
+        await wait_for(lambda: free(1))  # two tools run; the ended one holds no slot
+        hold.set()
+        await wait_for(lambda: free(3))
+    finally:
+        loop.stop()
+        hold.set()
+        await running
+        await consumer.stop()
+    assert loop.free_slots == 0
