@@ -311,7 +311,8 @@ class Bench:
             await self.profile()
 
     async def run_baseline(self, scenarios: set[str]) -> None:
-        """(a)'s toolfleet rows again, by the services of the baseline commit's tree."""
+        """(a)'s toolfleet rows again, and (c) at its highest concurrency, by the services
+        of the baseline commit's tree."""
         base = self.baseline
         if base is None or "a" not in scenarios:
             return
@@ -332,6 +333,14 @@ class Bench:
                     await self.throughput(
                         base.system, tf.target, tf.pids(), calls, workers, tf.check
                     )
+            if "c" in scenarios:  # the gain at concurrency 1,000 is measured against it
+                concurrency = max(IO_CONCURRENCY)
+                await tf.set_workers(1, concurrency)
+                row = await self._io_run(base.system, tf.target, tf.pids(), concurrency, tf.check)
+                progress(
+                    f"(c) {base.system} concurrency {concurrency:>4}: "
+                    f"{row.calls_per_s:,.0f} calls/s ({row.calls_per_s / row.ideal:.0%} of linear)"
+                )
 
     def _note_busiest(self, row: Throughput) -> None:
         span = row.seconds or self.d.measure

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from bench.report import (
+    Idle,
+    IoBound,
     Results,
     ShardRow,
     Throughput,
@@ -156,3 +158,48 @@ def test_state_scale_section_lists_every_node() -> None:
         "| 30 / 50 / 30 | 110 | 1.10x | 45% |" in section
     )
     assert "| 5 | single Redis | 2,000 | 16.0 | 0.50 | 100% | 100 | 100 | 1.00x | 100% |" in section
+
+
+def _target(results: Results, starts: str) -> tuple[bool | None, str]:
+    found = [t for t in targets(results) if t.name.startswith(starts)]
+    assert len(found) == 1, [t.name for t in targets(results)]
+    return found[0].held, found[0].detail
+
+
+def test_cpu_per_call_is_judged_by_the_worst_row_against_the_durable_relay() -> None:
+    results = _results(baseline=False)  # 500 µs against 200 µs in every row: 2.5x
+    held, detail = _target(results, "CPU per call over every process")
+    assert held is False
+    assert detail.startswith("highest 2.50x at")
+    for row in results.throughput:
+        if row.system == "toolfleet":
+            row.cpu_s = {k: v * 0.6 for k, v in row.cpu_s.items()}  # 300 µs: 1.5x
+    assert _target(results, "CPU per call over every process")[0] is True
+
+
+def test_io_bound_at_1000_is_measured_against_the_baseline_commit() -> None:
+    results = _results(baseline=True)
+    held, detail = _target(results, "I/O-bound at concurrency 1,000")
+    assert held is None and "needs --baseline" in detail
+    results.io += [
+        IoBound("toolfleet", 100, 1_700.0, 0.9, 0.7),
+        IoBound("toolfleet", 1000, 4_000.0, 0.95, 0.9),
+        IoBound(BASE, 1000, 1_800.0, 0.95, 0.9),
+    ]
+    assert _target(results, "I/O-bound at concurrency 1,000") == (
+        True,
+        f"2.22x: 4,000 vs 1,800 calls/s ({BASE})",
+    )
+    held, detail = _target(results, "I/O-bound at concurrency 100")
+    assert held is True and detail.startswith("85% of linear")
+
+
+def test_idle_p50_is_held_within_2_ms_of_the_durable_relays() -> None:
+    results = _results(baseline=False)
+    results.idle += [
+        Idle("toolfleet", 1, 500, 14.0, 20.0, 30.0),
+        Idle("durable", 1, 500, 12.5, 14.0, 16.0),
+    ]
+    assert _target(results, "idle one-call turn")[0] is True
+    results.idle[0] = Idle("toolfleet", 1, 500, 14.6, 20.0, 30.0)
+    assert _target(results, "idle one-call turn")[0] is False
