@@ -26,6 +26,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from opentelemetry import trace
 
 from executors._after_publish import AfterPublish
+from executors._progress import ProgressPublisher
 from kernel.adapters.backoff import STEP, nap
 from kernel.adapters.bus import (
     NEVER_FITS,
@@ -128,6 +129,8 @@ class Worker:
         self.tasks = stores.tasks()
         self.auth = DecisionAuth.of(settings)
         self._after_publish = AfterPublish(self.ledger, self.circuits)
+        self.progress = ProgressPublisher(bus)
+        """Sends the running calls' progress events on ``progress``, in the background."""
         self._loop: ConsumeLoop | None = None
         """The consume loop of the pool's commands, while serving."""
         self._owned: set[TopicPartition] = set()
@@ -166,6 +169,7 @@ class Worker:
         specs = self.registry.specs(self.pool)
         await self.stores.publish_tools(specs)
         await self.bus.start()
+        self.progress.start()
         await announce_tools(self.bus, specs)  # the clients' directory (release gates)
         commands = self.bus.consumer([], group=f"workers.{self.pool}", max_poll_records=200)
         # The one consume loop, with the worker's numbers: a slot per running tool (given
@@ -216,6 +220,7 @@ class Worker:
                 await self.admitter.drain()  # what its last passes admitted is on Kafka
             await commands.stop()
             await cancels.stop()
+            await self.progress.stop()  # the last progress reports, before the producer goes
             await self.bus.stop()
 
     async def _leave_pool_when_stopping(self, registrar: asyncio.Task[None]) -> None:
@@ -386,6 +391,8 @@ class Worker:
                 max_output_bytes=self.settings.max_output_bytes,
                 phase=self._phase,
                 on_failure=raised.append,
+                progress=self.progress.offer,
+                progress_interval_s=self.settings.progress_min_interval_s,
             )
         except _NotStarted as refused:
             return await self._refused(command, refused.verdict)

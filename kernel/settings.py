@@ -232,6 +232,13 @@ class Settings(BaseSettings):
         description="How long an instance retries one record against an unreachable Kafka or "
         "Redis before it gives up its partitions to its peers (it rejoins once both answer)",
     )
+    progress_min_interval_s: float = Field(
+        default=0.25,
+        ge=0,
+        description="Least time between two progress events of one call that a worker "
+        "publishes (ctx.report_progress); the newest report in between is held back and sent "
+        "when the time comes, or when the call ends",
+    )
 
     # Who may decide (see kernel/rules/auth.py).
     decision_auth: Literal["hmac", "off"] = Field(

@@ -24,6 +24,7 @@ from schemas.internal import (
     GuardrailVerdict,
     HumanTask,
     PlannedCall,
+    ProgressEvent,
     RetryHint,
     TaskResolution,
     ToolSpec,
@@ -43,6 +44,7 @@ EXPORTED_MODELS: tuple[type[WireModel], ...] = (
     HumanTask,
     TaskResolution,
     DeadLetter,
+    ProgressEvent,
 )
 """The top-level messages whose JSON Schema is published in ``schemas/json/``."""
 
@@ -71,6 +73,7 @@ __all__ = [
     "Message",
     "ModelResponseEvent",
     "PlannedCall",
+    "ProgressEvent",
     "RetryHint",
     "RunContextCopy",
     "TaskResolution",

@@ -308,6 +308,44 @@ class TaskResolution(Message):
     )
 
 
+PROGRESS_MESSAGE_MAX_BYTES = 1_024
+"""Longest message a progress event carries: progress is a gauge for people, not a log."""
+
+
+class ProgressEvent(Message):
+    """How far a running call has got, as its tool reported it (``ctx.report_progress``).
+
+    On topic ``progress``, keyed by run_id; best-effort and never written to the ledger.
+    ``(attempt, sequence)`` orders the events of one call: a reader shows an event only if it
+    comes after the last one shown (``kernel.rules.progress``), so a duplicate is never shown
+    twice and a retried attempt's events, which count from 1 again, are told apart.
+    """
+
+    topic = "progress"
+
+    run_id: str = Field(min_length=1)
+    turn_id: int = Field(ge=0)
+    call_id: str = Field(min_length=1)
+    tool_name: str = Field(min_length=1)
+    attempt: int = Field(ge=1, description="The attempt of the call that reported it.")
+    sequence: int = Field(ge=1, description="1 for an attempt's first event, then counting up.")
+    done: float = Field(ge=0, allow_inf_nan=False, description="How much is done.")
+    total: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="How much there is, if known."
+    )
+    message: str | None = Field(
+        default=None,
+        description=f"What the tool is doing; cut to {PROGRESS_MESSAGE_MAX_BYTES} bytes.",
+    )
+    kind: Literal["progress"] = "progress"
+    at: float = Field(description="Unix time the tool reported it.")
+
+    @field_validator("message")
+    @classmethod
+    def _bounded(cls, value: str | None) -> str | None:
+        return None if value is None else cut_text(value, PROGRESS_MESSAGE_MAX_BYTES)
+
+
 class DeadLetter(WireModel):
     """A message that could not be processed, with its original bytes and where it came from.
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 from typing import Self
@@ -17,6 +18,7 @@ from kernel.adapters.bus import KafkaBus
 from kernel.adapters.security import kafka_options
 from kernel.errors import InvalidMessageError, UnavailableError
 from kernel.rules.auth import DecisionAuth
+from kernel.rules.progress import ProgressCursor
 from kernel.rules.versions import newest_version
 from kernel.settings import Settings
 from schemas import (
@@ -24,6 +26,7 @@ from schemas import (
     CallOutcome,
     CancelRequest,
     ModelResponseEvent,
+    ProgressEvent,
     ToolSpec,
     TurnResult,
 )
@@ -43,6 +46,10 @@ TurnKey = tuple[str, int]
 
 OutcomeHandler = Callable[[CallOutcome], None]
 """Called with each outcome of a followed turn's calls (``FleetClient.follow``)."""
+
+PROGRESS_BUFFER = 1_000
+"""Progress events one ``RunProgress`` holds for a reader that has not taken them yet; past
+that the oldest are dropped (``RunProgress.missed`` counts them): progress is a gauge."""
 
 
 class FleetClient:
@@ -82,6 +89,11 @@ class FleetClient:
         """Set once the directory holds what ``tools`` held when it was first read."""
         self._announced: dict[bytes, ToolSpec] = {}
         """The directory: each tool version's spec by its record key (``NAME@VERSION``)."""
+        self._watchers: dict[bytes, set[RunProgress]] = {}
+        """The open ``progress`` iterators, by the run id they watch (a record key)."""
+        self._progress: AIOKafkaConsumer | None = None
+        self._progress_reader: asyncio.Task[None] | None = None
+        self._progress_started = asyncio.Lock()
 
     def held(self) -> tuple[int, int]:
         """(turns waited for, results kept), each at most ``client_max_results``."""
@@ -123,12 +135,17 @@ class FleetClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for reader in (self._reader, self._outcome_reader, self._tool_reader):
+        for watchers in list(self._watchers.values()):
+            for watcher in list(watchers):
+                watcher.close()  # its ``async for`` ends
+        for reader in (
+            self._reader, self._outcome_reader, self._tool_reader, self._progress_reader
+        ):  # fmt: skip
             if reader is not None:
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await reader
-        for consumer in (self._consumer, self._outcomes, self._tools):
+        for consumer in (self._consumer, self._outcomes, self._tools, self._progress):
             if consumer is not None:
                 await consumer.stop()
         await self.bus.stop()
@@ -246,6 +263,77 @@ class FleetClient:
                     handler(outcome)
                 except Exception:  # one follower's bug must not stop the others' outcomes
                     log.exception("outcome handler failed", extra={"run_id": outcome.run_id})
+
+    def progress(
+        self,
+        run_id: str,
+        *,
+        tenant_id: str | None = None,
+        cursor: ProgressCursor | None = None,
+    ) -> RunProgress:
+        """The progress events of one run's calls (``ctx.report_progress`` in their tools), as
+        an async iterator, each event at most once.
+
+        The events are read from ``progress`` (passed over by their key, the run id, like
+        outcomes), from the topic's end when the iterator opens: open it before submitting to
+        see a call's first events::
+
+            async with client.progress(run_id) as events:
+                await client.submit(event)
+                async for update in events:
+                    ...  # update.attempt, update.sequence, update.done, update.total
+
+        The iterator ends when it is closed (leaving ``async with``, ``close()``) or the client
+        is; it never ends by itself, since a run can have more turns. An event is yielded only
+        if its ``(attempt, sequence)`` comes after the last one yielded for its call
+        (``kernel.rules.progress.ProgressCursor``): a duplicate on the topic is never yielded
+        twice, and a retried attempt's events, which count from 1 again, are yielded with their
+        higher ``attempt``. ``tenant_id`` passes over other tenants' runs of the same id;
+        ``cursor`` goes on from positions an earlier reader showed.
+        """
+        return RunProgress(self, run_id, tenant_id=tenant_id, cursor=cursor)
+
+    async def _watch(self, watcher: RunProgress) -> None:
+        await self._read_progress()
+        self._watchers.setdefault(watcher.run_id.encode(), set()).add(watcher)
+
+    def _unwatch(self, watcher: RunProgress) -> None:
+        run = watcher.run_id.encode()
+        watchers = self._watchers.get(run)
+        if watchers is None:
+            return
+        watchers.discard(watcher)
+        if not watchers:
+            del self._watchers[run]
+
+    async def _read_progress(self) -> None:
+        """Start reading ``progress`` (once), from its end as it is now."""
+        async with self._progress_started:
+            if self._progress is not None:
+                return
+            topic = self.settings.topic("progress")
+            consumer = AIOKafkaConsumer(**kafka_options(self.settings), enable_auto_commit=False)
+            await consumer.start()
+            partitions = await self.bus.producer.partitions_for(topic)
+            assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+            consumer.assign(assigned)
+            await consumer.seek_to_end(*assigned)
+            for tp in assigned:  # resolved now: nothing reported after this is missed
+                await consumer.position(tp)
+            self._progress = consumer
+            self._progress_reader = asyncio.create_task(self._read_watched(consumer))
+
+    async def _read_watched(self, consumer: AIOKafkaConsumer) -> None:
+        async for record in consumer:
+            watchers = self._watchers.get(record.key or b"")
+            if not watchers:
+                continue  # another run's: passed over by its key, never decoded
+            try:
+                event = ProgressEvent.decode(record.value or b"")
+            except InvalidMessageError:
+                continue
+            for watcher in list(watchers):
+                watcher._arrived(event)
 
     async def tool_specs(self, *, within: float = 10.0) -> dict[str, ToolSpec]:
         """The tools the fleet's workers serve: lookup key -> the spec of its newest version
@@ -371,3 +459,84 @@ class FleetClient:
             async with self._arrived:
                 self._results[key] = result
                 self._arrived.notify_all()
+
+
+class RunProgress:
+    """One run's progress events, each at most once: ``FleetClient.progress`` makes it.
+
+    An async iterator and an async context manager (entering it starts reading, so that
+    nothing reported after that is missed). Holds at most ``PROGRESS_BUFFER`` events its
+    reader has not taken; ``missed`` counts the ones dropped for that.
+    """
+
+    def __init__(
+        self,
+        client: FleetClient,
+        run_id: str,
+        *,
+        tenant_id: str | None = None,
+        cursor: ProgressCursor | None = None,
+        buffer: int = PROGRESS_BUFFER,
+    ) -> None:
+        self.run_id = run_id
+        self.tenant_id = tenant_id
+        self.cursor = cursor if cursor is not None else ProgressCursor()
+        """The last position yielded for each call (save ``cursor.positions()`` to resume)."""
+        self.missed = 0
+        self._client = client
+        self._events: deque[ProgressEvent] = deque()
+        self._buffer = buffer
+        self._ready = asyncio.Event()
+        self._opened = False
+        self._closed = False
+
+    async def open(self) -> None:
+        """Start reading the run's progress (``async with`` and the first ``__anext__`` do)."""
+        if self._opened or self._closed:
+            return
+        self._opened = True
+        await self._client._watch(self)
+
+    def close(self) -> None:
+        """Stop reading; an ``async for`` over it ends."""
+        self._closed = True
+        self._client._unwatch(self)
+        self._ready.set()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> ProgressEvent:
+        await self.open()
+        while not self._events:
+            if self._closed:
+                raise StopAsyncIteration
+            self._ready.clear()
+            await self._ready.wait()
+        return self._events.popleft()
+
+    def _arrived(self, event: ProgressEvent) -> None:
+        """An event of the run read from the topic: kept if the cursor has not shown it."""
+        if event.run_id != self.run_id or self._closed:
+            return
+        if self.tenant_id is not None and event.tenant_id != self.tenant_id:
+            return
+        if not self.cursor.accept(event):
+            return  # a duplicate, or older than what was shown: never shown twice
+        if len(self._events) >= self._buffer:
+            self._events.popleft()
+            self.missed += 1
+        self._events.append(event)
+        self._ready.set()

@@ -29,12 +29,17 @@ SHARED_TOPICS = (
     "task-resolutions",
     "dead-letter",
     "tools",
+    "progress",
 )
 """Logical names of every topic that does not depend on a worker pool."""
 
 COMPACTED_TOPICS = frozenset({"tools"})
 """Topics that keep the last record of each key (``cleanup.policy=compact``): ``tools``, the
 fleet's tool directory as the workers announce it, read from its beginning by clients."""
+
+RETENTION_MS = {"progress": 24 * 3600 * 1000}
+"""Topics kept shorter than the broker's default retention (``retention.ms``): ``progress``,
+a gauge of running calls that nobody reads a day later."""
 
 _TOPIC_ALREADY_EXISTS = 36
 
@@ -68,6 +73,8 @@ def plan_topics(settings: Settings, pools: Iterable[str] = ("default",)) -> list
         configs = {"min.insync.replicas": str(replicas - 1)} if replicas >= 3 else {}
         if name in COMPACTED_TOPICS:
             configs["cleanup.policy"] = "compact"
+        if name in RETENTION_MS:
+            configs["retention.ms"] = str(RETENTION_MS[name])
         plan.append(
             PlannedTopic(
                 settings.topic(name), name, settings.partitions_of(name), replicas, configs

@@ -21,6 +21,7 @@ from kernel.tools._guardrails import (
     OutputGuardrail,
     guardrail_name,
 )
+from kernel.tools._progress import ProgressSink
 from kernel.tools._recovery import run_compensate, run_probe
 from kernel.tools._registry import ToolRegistry
 from kernel.tools._runner import CallHooks, output_text, run_call
@@ -53,6 +54,7 @@ __all__ = [
     "ProbeFunction",
     "ProbeResult",
     "ProbeState",
+    "ProgressSink",
     "TimeoutBehavior",
     "Tool",
     "ToolCancelledError",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from typing import Any
 
 from kernel.errors import ToolfleetError
 from kernel.rules.effects import ProbeAnswer
+from kernel.tools._progress import ProgressReporter, Report, checked_report
 from kernel.tools.run_context import CarriedRunContext
 from schemas import ExecutionCommand
 
@@ -24,6 +26,29 @@ class _UpstreamRef:
         self.value = value
         self.recorder = recorder
         self.loop: asyncio.AbstractEventLoop | None = None
+
+
+class _Progress:
+    """Where one attempt's progress reports go, shared by every copy of its context."""
+
+    def __init__(self, reporter: ProgressReporter | None) -> None:
+        self.reporter = reporter
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def hand(self, report: Report) -> None:
+        """To the reporter, on the loop that runs the call (from whichever thread)."""
+        reporter, loop = self.reporter, self.loop
+        if reporter is None or loop is None:
+            return  # outside a worker (a direct call, a test): progress goes nowhere
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            reporter.report(report)
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed: the call is long over
+            loop.call_soon_threadsafe(reporter.report, report)
 
 
 @dataclass(frozen=True)
@@ -57,6 +82,7 @@ class ToolContext:
     )
     """The agent run's context the command carried, and the tool's copy of it (an Agents SDK
     tool is given the copy as its run context)."""
+    _progress: _Progress = field(default_factory=lambda: _Progress(None), repr=False, compare=False)
 
     @property
     def upstream_ref(self) -> str | None:
@@ -85,6 +111,27 @@ class ToolContext:
             return
         asyncio.run_coroutine_threadsafe(self.record_upstream_ref(ref), loop).result()
 
+    async def report_progress(
+        self, done: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        """Say how far the call has got: ``done`` of ``total`` (if known), with a ``message``.
+
+        Returns at once: the event goes to the ``progress`` topic in the background, at most
+        one per ``progress_min_interval_s`` for the call (a sooner report is held back, and
+        only the newest held one is sent). Each event carries the call, its attempt and a
+        sequence number from 1, so a reader shows it once, and a retried attempt's progress
+        apart. Best-effort: never in the ledger, and a crashed worker's last reports are lost.
+        Outside a worker it goes nowhere (``ToolEnvironment`` collects it).
+        """
+        self._progress.hand(checked_report(done, total, message))
+
+    def report_progress_blocking(
+        self, done: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        """``report_progress`` for a sync tool, which runs in a worker thread (it does not
+        wait either)."""
+        self._progress.hand(checked_report(done, total, message))
+
     @classmethod
     def from_command(
         cls,
@@ -93,12 +140,17 @@ class ToolContext:
         worker_id: str | None = None,
         args: dict[str, Any] | None = None,
         record_upstream: UpstreamRecorder | None = None,
+        progress: ProgressReporter | None = None,
     ) -> ToolContext:
         """Build the context of the attempt a command describes; ``record_upstream`` is how
-        the worker writes an upstream reference durably."""
+        the worker writes an upstream reference durably, ``progress`` where the attempt's
+        progress reports go."""
         upstream = _UpstreamRef(command.upstream_ref, record_upstream)
         if record_upstream is not None:
             upstream.loop = asyncio.get_running_loop()
+        reporting = _Progress(progress)
+        if progress is not None:
+            reporting.loop = asyncio.get_running_loop()
         return cls(
             tenant_id=command.tenant_id,
             run_id=command.run_id,
@@ -114,6 +166,7 @@ class ToolContext:
             deadline_at=command.deadline_at,
             _upstream=upstream,
             _run_context=CarriedRunContext(command.run_context, command.tool_call),
+            _progress=reporting,
         )
 
 
@@ -122,7 +175,7 @@ _CURRENT: ContextVar[ToolContext | None] = ContextVar("toolfleet_tool_context", 
 
 def current_tool_context() -> ToolContext | None:
     """The call the running tool code serves, as the fleet knows it (tenant, run, call,
-    ``idempotency_key``, ``record_upstream_ref``); None outside a call.
+    ``idempotency_key``, ``record_upstream_ref``, ``report_progress``); None outside a call.
 
     A toolfleet tool is given it as its ``ctx``; an Agents SDK function tool is given the
     agent run's context instead (a copy of the application's), and reads the fleet's view of

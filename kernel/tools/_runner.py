@@ -64,6 +64,7 @@ from kernel.tools._errors import (
 )
 from kernel.tools._failures import TOOL_FAILURES, ToolFailure
 from kernel.tools._guardrails import GuardrailResult, check_guardrail_result, guardrail_name
+from kernel.tools._progress import PROGRESS_MIN_INTERVAL_S, ProgressReporter, ProgressSink
 from kernel.tools._tool import Tool
 from schemas import (
     CallError,
@@ -148,6 +149,8 @@ async def run_call(
     max_output_bytes: int | None = None,
     phase: Phase | None = None,
     on_failure: Callable[[ToolFailure], None] | None = None,
+    progress: ProgressSink | None = None,
+    progress_interval_s: float = PROGRESS_MIN_INTERVAL_S,
 ) -> CallOutcome:
     """Run one call of ``tool`` as ``command`` describes and return its outcome.
 
@@ -160,7 +163,10 @@ async def run_call(
     of the call (``guardrails.input``, ``body``, ``guardrails.output``): the worker's spans.
     Whatever user code raises is logged with its traceback (``kernel.tools._failures``: once
     per call, rate-limited per tool, argument values redacted) and handed to ``on_failure``
-    (the worker keeps it in the call's ledger entry).
+    (the worker keeps it in the call's ledger entry). ``progress`` takes the attempt's
+    progress events (``ctx.report_progress``), at most one per ``progress_interval_s``, the
+    newest report held back in between and sent at the latest when the call ends; it must
+    not wait (the worker queues them for its producer). Progress never enters the outcome.
     """
     loop = asyncio.get_running_loop()
     run = _CallRun(
@@ -174,6 +180,11 @@ async def run_call(
         max_output_bytes=max_output_bytes,
         phase=phase or _no_phase,
         on_failure=on_failure,
+        progress=(
+            None
+            if progress is None
+            else ProgressReporter(command, progress, min_interval_s=progress_interval_s)
+        ),
     )
     return await run.run()
 
@@ -194,8 +205,10 @@ class _CallRun:
         max_output_bytes: int | None = None,
         phase: Phase,
         on_failure: Callable[[ToolFailure], None] | None = None,
+        progress: ProgressReporter | None = None,
     ) -> None:
         self.phase = phase
+        self.progress = progress
         self.on_failure = on_failure
         self.tool = tool
         self.cancel_call = cancel_call
@@ -204,7 +217,7 @@ class _CallRun:
         self.hooks = hooks
         self.on_started = on_started
         self.ctx = ToolContext.from_command(
-            command, worker_id=worker_id, record_upstream=record_upstream
+            command, worker_id=worker_id, record_upstream=record_upstream, progress=progress
         )
         self.started_at: float | None = None
         self.max_output_bytes = max_output_bytes
@@ -230,6 +243,8 @@ class _CallRun:
             outcome = self._outcome(failed.status, failed.effect, None, failed.error, True)
         finally:
             _CURRENT.reset(current)
+            if self.progress is not None:
+                self.progress.close()  # the newest report held back goes out now
         if self.parent_cancelled():
             # User code swallowed a cancellation meant for the whole call: honour it anyway.
             raise asyncio.CancelledError

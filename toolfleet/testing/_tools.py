@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kernel.tools import CallHooks, ProbeResult, Tool, run_call, run_compensate, run_probe
-from schemas import CallOutcome, ExecutionCommand
+from schemas import CallOutcome, ExecutionCommand, ProgressEvent
 
 
 @dataclass
@@ -27,7 +27,8 @@ class ToolEnvironment:
 
     ``run`` returns the outcome a worker would publish; ``probe`` and ``compensate`` run the
     tool's recovery actions as the reconciler would have them run. ``upstream_refs`` collects
-    what tools passed to ``ctx.record_upstream_ref`` (the worker writes it to the ledger).
+    what tools passed to ``ctx.record_upstream_ref`` (the worker writes it to the ledger),
+    ``progress`` the progress events of ``ctx.report_progress`` (a worker publishes them).
     """
 
     tenant_id: str = "test-tenant"
@@ -38,6 +39,10 @@ class ToolEnvironment:
     """As the worker's ``TOOLFLEET_MAX_OUTPUT_BYTES``; None: unbounded."""
     upstream_refs: dict[str, str] = field(default_factory=dict)
     """call_id -> the upstream reference the tool recorded during that call."""
+    progress_interval_s: float = 0.0
+    """As the worker's ``TOOLFLEET_PROGRESS_MIN_INTERVAL_S``; 0: every report is an event."""
+    progress: list[ProgressEvent] = field(default_factory=list)
+    """The progress events of every call run, in the order a worker would publish them."""
     _calls: int = 0
     _running: dict[str, asyncio.Future[None]] = field(default_factory=dict)
 
@@ -83,6 +88,8 @@ class ToolEnvironment:
                 cancel_call=cancel,
                 record_upstream=record,
                 max_output_bytes=self.max_output_bytes,
+                progress=self.progress.append,
+                progress_interval_s=self.progress_interval_s,
             )
         finally:
             self._running.pop(command.call_id, None)
