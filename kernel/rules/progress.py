@@ -73,11 +73,17 @@ class ProgressCursor:
     """The last position shown for each call; ``accept`` says whether to show an event.
 
     Start it from saved positions (``positions()`` of an earlier cursor) to go on where another
-    reader stopped, e.g. a door replica taking over a task.
+    reader stopped, e.g. a door replica taking over a task. With ``max_calls`` it remembers at
+    most that many calls, forgetting the one that reported least recently (a long-lived reader
+    of every run, like the console's feed): a duplicate of a forgotten call's event would be
+    shown again, so keep the bound well above the calls that report at once.
     """
 
-    def __init__(self, shown: Mapping[CallKey, Position] | None = None) -> None:
+    def __init__(
+        self, shown: Mapping[CallKey, Position] | None = None, *, max_calls: int | None = None
+    ) -> None:
         self._shown: dict[CallKey, Position] = dict(shown or {})
+        self._max_calls = max_calls
 
     def judge(self, event: Positioned) -> Verdict:
         """What ``event`` would be to this reader (nothing is recorded)."""
@@ -88,7 +94,11 @@ class ProgressCursor:
         for its call, which it then becomes."""
         if self.judge(event) == "seen":
             return False
-        self._shown[call_key(event)] = position(event)
+        key = call_key(event)
+        self._shown.pop(key, None)  # re-inserted last: the dict's order is by last report
+        self._shown[key] = position(event)
+        if self._max_calls is not None and len(self._shown) > self._max_calls:
+            del self._shown[next(iter(self._shown))]
         return True
 
     def shown(self, key: CallKey) -> Position | None:

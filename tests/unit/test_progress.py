@@ -4,6 +4,7 @@ the coalescing between a tool's reports and the topic, the tool API (pure: no br
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from typing import Any
 
@@ -20,6 +21,7 @@ from kernel.tools._progress import Report, Throttle
 from schemas import InvalidMessageError, ProgressEvent
 from schemas.internal import PROGRESS_MESSAGE_MAX_BYTES
 from tests.conftest import wait_for
+from toolfleet.app.console._feed import Filter, LiveFeed
 from toolfleet.testing import ToolEnvironment
 
 
@@ -100,10 +102,13 @@ def test_the_event_is_bounded_and_refuses_nonsense() -> None:
     long = _event(1, 1, message="é" * 5_000)
     assert long.message is not None and len(long.message.encode()) <= PROGRESS_MESSAGE_MAX_BYTES
     assert ProgressEvent.decode(long.encode()) == long
-    raw = _event(1, 1).model_dump()
-    for field, value in [("sequence", 0), ("attempt", 0), ("done", -1), ("done", True)]:
-        with pytest.raises(InvalidMessageError):
-            ProgressEvent.decode(ProgressEvent.model_construct(**(raw | {field: value})).encode())
+    raw = _event(1, 1).model_dump(exclude_none=True)
+    for field, value in [
+        ("sequence", 0), ("attempt", 0), ("done", -1), ("done", True), ("done", "3"),
+        ("total", -1), ("kind", "heartbeat"),
+    ]:  # fmt: skip
+        with pytest.raises(InvalidMessageError, match=field):
+            ProgressEvent.decode(json.dumps(raw | {field: value}))
 
 
 def test_the_progress_topic_is_planned_short_lived_and_not_compacted() -> None:
@@ -163,7 +168,7 @@ async def steps(ctx: ToolContext, n: int) -> str:
     return "done"
 
 
-@tools.tool(effect="read_only", timeout=10)
+@tools.tool(effect="read_only")
 def sync_steps(ctx: ToolContext, n: int) -> str:
     """A sync tool (it runs in a thread) reporting n steps."""
     for i in range(1, n + 1):
@@ -276,22 +281,25 @@ async def test_a_held_report_goes_out_when_its_time_comes_while_the_tool_runs() 
 
 @tools.tool(effect="read_only", timeout=10)
 async def leaves_a_reporter_behind(ctx: ToolContext) -> str:
-    """Starts a task that reports after the call returned."""
+    """Starts a task that reports once the test says the call has ended."""
     await ctx.report_progress(1)
     LEFT_BEHIND.append(asyncio.create_task(_late(ctx)))
     return "done"
 
 
 LEFT_BEHIND: list[asyncio.Task[None]] = []
+CALL_ENDED = asyncio.Event()
 
 
 async def _late(ctx: ToolContext) -> None:
+    await CALL_ENDED.wait()
     await ctx.report_progress(99)
 
 
 async def test_reports_after_the_call_ended_are_ignored() -> None:
     env = ToolEnvironment()
     await env.run(leaves_a_reporter_behind, {})
+    CALL_ENDED.set()
     await asyncio.gather(*LEFT_BEHIND)
     assert [e.done for e in env.progress] == [1.0]
 
@@ -373,3 +381,40 @@ async def test_offering_never_waits_for_the_producer() -> None:
     finally:
         bus.release(for_good=True)
         await publisher.stop()
+
+
+# --- the console's feed -------------------------------------------------------------------------
+
+
+async def test_the_console_feed_passes_each_progress_event_on_once_for_its_tenant() -> None:
+    feed = LiveFeed(Settings(), tenant="acme")
+    subscribed = feed.subscribe(Filter())
+    turns_only = feed.subscribe(Filter(), outcomes=False)
+    assert subscribed is not None and turns_only is not None
+    for event in [
+        _event(1, 1),
+        _event(1, 1),  # a duplicate
+        _event(1, 1, tenant_id="globex"),  # another tenant's: not on acme's console
+        _event(1, 2, message="x" * 2_000),
+        _event(2, 1),  # the retry: its own attempt, from 1 again
+        _event(1, 3),  # attempt 1, late: never after attempt 2 was shown
+    ]:
+        feed.take("progress", event.encode())
+    shown = feed.recent(Filter())
+    assert [(e.data["attempt"], e.data["sequence"]) for e in shown] == [(1, 1), (1, 2), (2, 1)]
+    assert {(e.kind, e.tenant_id, e.data["call_id"], e.data["tool_name"]) for e in shown} == {
+        ("progress", "acme", "c1", "t")
+    }
+    assert len(shown[1].data["message"].encode()) <= 500
+    assert len(subscribed[0]) == 3
+    assert len(turns_only[0]) == 0  # progress comes with the outcomes
+    assert feed.recent(Filter(), outcomes=False) == []
+
+
+def test_a_bounded_cursor_forgets_the_call_that_reported_least_recently() -> None:
+    cursor = ProgressCursor(max_calls=2)
+    assert cursor.accept(_event(1, 1, call="a"))
+    assert cursor.accept(_event(1, 1, call="b"))
+    assert cursor.accept(_event(1, 2, call="a"))  # a reported last: b is the least recent
+    assert cursor.accept(_event(1, 1, call="c"))
+    assert set(cursor) == {("acme", "r1", "a"), ("acme", "r1", "c")}

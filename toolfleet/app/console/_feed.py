@@ -1,12 +1,16 @@
-"""The console's live feed: its own Kafka consumer of ``turn-results`` and ``outcomes``, a
-bounded ring of recent events, and a bounded queue per subscriber (an SSE connection).
+"""The console's live feed: its own Kafka consumer of ``turn-results``, ``outcomes`` and
+``progress``, a bounded ring of recent events, and a bounded queue per subscriber (an SSE
+connection).
 
 The consumer joins a group of its own (unique per console instance) at the latest offsets, so
 a console sees what happens from its start on and never moves another group's offsets. It
 commits nothing. Records are summarised as they arrive (ids, statuses, effects, errors: never
 arguments or outputs) and fanned out to every subscriber whose filter matches. A subscriber
 that does not keep up loses events rather than growing memory: its queue holds at most
-``queue_size`` events, and the next thing it reads says how many it missed.
+``queue_size`` events, and the next thing it reads says how many it missed. Progress events
+come with the outcomes (a subscriber that wants no outcomes gets none), each shown once: the
+feed passes a call's progress event on only if it comes after the last one it passed on
+(``kernel.rules.progress.ProgressCursor``).
 """
 
 from __future__ import annotations
@@ -27,16 +31,20 @@ from kernel.adapters.backoff import RECONNECT
 from kernel.adapters.bus import TRANSIENT_ERRORS, KafkaBus
 from kernel.errors import InvalidMessageError
 from kernel.rules.limits import cut_text
+from kernel.rules.progress import ProgressCursor
 from kernel.settings import Settings
-from schemas import CallOutcome, TurnResult
+from schemas import CallOutcome, ProgressEvent, TurnResult
 
 log = logging.getLogger(__name__)
 
 FeedState = Literal["connecting", "live", "down"]
-Kind = Literal["turn", "outcome"]
+Kind = Literal["turn", "outcome", "progress"]
 
-TOPICS = ("turn-results", "outcomes")
+TOPICS = ("turn-results", "outcomes", "progress")
 """The logical topics the feed reads."""
+
+PROGRESS_CALLS = 10_000
+"""Calls whose last progress position the feed remembers (the least recent go first)."""
 
 _LIST_MAX = 50
 """Calls and interruptions listed per turn summary (the count says how many there were)."""
@@ -104,7 +112,7 @@ class Subscription:
     filter: Filter
     maxsize: int
     outcomes: bool = True
-    """Whether this subscriber wants outcomes as well as turns."""
+    """Whether this subscriber wants outcomes (and progress) as well as turns."""
     dropped: int = 0
     _items: deque[Item | None] = field(default_factory=deque)
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -180,6 +188,28 @@ def summarise_turn(result: TurnResult, seq: int, received_at: float) -> FeedEven
     return FeedEvent(seq, "turn", result.tenant_id, result.run_id, frozenset(tools), data)
 
 
+def summarise_progress(event: ProgressEvent, seq: int, received_at: float) -> FeedEvent:
+    """A call's progress as the console shows it: how far, and the tool's message (cut)."""
+    data = {
+        "kind": "progress",
+        "seq": seq,
+        "received_at": received_at,
+        "tenant_id": event.tenant_id,
+        "run_id": event.run_id,
+        "turn_id": event.turn_id,
+        "call_id": event.call_id,
+        "tool_name": event.tool_name,
+        "attempt": event.attempt,
+        "sequence": event.sequence,
+        "done": event.done,
+        "total": event.total,
+        "message": None if event.message is None else cut_text(event.message, _ERROR_MAX_BYTES),
+        "at": event.at,
+    }
+    tools = frozenset({event.tool_name})
+    return FeedEvent(seq, "progress", event.tenant_id, event.run_id, tools, data)
+
+
 def summarise_outcome(outcome: CallOutcome, seq: int, received_at: float) -> FeedEvent:
     """A CallOutcome as the console shows it: no output, no arguments."""
     error = None
@@ -238,6 +268,8 @@ class LiveFeed:
         self._seq = itertools.count(1)
         self._turns: deque[FeedEvent] = deque(maxlen=ring_size)
         self._outcomes: deque[FeedEvent] = deque(maxlen=ring_size)
+        self._progress: deque[FeedEvent] = deque(maxlen=ring_size)
+        self._progress_shown = ProgressCursor(max_calls=PROGRESS_CALLS)
         self._subscribers: set[Subscription] = set()
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -253,6 +285,14 @@ class LiveFeed:
                     return
                 event = summarise_turn(result, next(self._seq), at)
                 self._turns.append(event)
+            elif topic == "progress":
+                progress = ProgressEvent.decode(raw or b"")
+                if self.tenant is not None and progress.tenant_id != self.tenant:
+                    return
+                if not self._progress_shown.accept(progress):
+                    return  # a duplicate, or older than what was passed on: never twice
+                event = summarise_progress(progress, next(self._seq), at)
+                self._progress.append(event)
             else:
                 outcome = CallOutcome.decode(raw or b"")
                 if self.tenant is not None and outcome.tenant_id != self.tenant:
@@ -271,7 +311,7 @@ class LiveFeed:
     ) -> list[FeedEvent]:
         """The newest ``limit`` events of the ring that pass ``flt``, oldest first."""
         rings: Iterable[FeedEvent] = (
-            [*self._turns, *self._outcomes] if outcomes else list(self._turns)
+            [*self._turns, *self._outcomes, *self._progress] if outcomes else list(self._turns)
         )
         found = sorted((e for e in rings if e.seq > after and flt.matches(e)), key=lambda e: e.seq)
         return found[-limit:] if limit > 0 else []

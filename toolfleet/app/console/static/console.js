@@ -300,6 +300,22 @@
         h("td", {}, o.source));
     }
 
+    // A call's progress (each event once: the feed drops duplicates), in the outcomes table.
+    function progressRow(p) {
+      const href = callHref(p.tenant_id, p.call_id, p.run_id);
+      const total = p.total === null || p.total === undefined ? "" : ` / ${p.total}`;
+      return h("tr", { class: "row fresh", dataset: { kind: "progress", tenant: p.tenant_id, run: p.run_id, call: p.call_id, attempt: String(p.attempt), sequence: String(p.sequence), href } },
+        h("td", { class: "when" }, clock(p.received_at)),
+        h("td", {}, p.tenant_id),
+        h("td", { class: "mono" }, p.run_id),
+        h("td", { class: "mono" }, h("a", { href }, p.call_id)),
+        h("td", {}, p.tool_name),
+        h("td", {}, badge("s-progress", `progress ${p.done}${total}`), p.message ? h("div", { class: "muted" }, p.message) : null),
+        h("td", {}, "-"),
+        h("td", {}, String(p.attempt)),
+        h("td", {}, `tool #${p.sequence}`));
+    }
+
     function connect() {
       if (source) source.close();
       document.body.dataset.stream = "connecting";
@@ -318,6 +334,7 @@
       source.addEventListener("status", (e) => setFeed(JSON.parse(e.data)));
       source.addEventListener("turn", (e) => add(turnsBody, turnRow(JSON.parse(e.data))));
       source.addEventListener("outcome", (e) => add(outcomesBody, outcomeRow(JSON.parse(e.data))));
+      source.addEventListener("progress", (e) => add(outcomesBody, progressRow(JSON.parse(e.data))));
       source.addEventListener("dropped", (e) => {
         const n = JSON.parse(e.data).count;
         banner(`${n} event(s) were dropped: this page fell behind the feed. Reload to see everything again.`, "warn");
