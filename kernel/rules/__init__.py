@@ -7,7 +7,18 @@
 - ``versions``: tool version order and which version a call goes to;
 - ``texts``: the model-visible texts;
 - ``outcomes``: outcomes toolfleet writes on a call's behalf (lost, identity mismatch);
-- ``auth``: signing and verifying decisions (approvals, cancellations, task resolutions).
+- ``auth``: signing and verifying decisions (approvals, cancellations, task resolutions);
+- ``mcp``: what the MCP front door tells a client (tools, annotations, call results).
 """
 
-__all__ = ["approvals", "auth", "backoff", "effects", "limits", "outcomes", "texts", "versions"]
+__all__ = [
+    "approvals",
+    "auth",
+    "backoff",
+    "effects",
+    "limits",
+    "mcp",
+    "outcomes",
+    "texts",
+    "versions",
+]

@@ -1,0 +1,226 @@
+"""The MCP front door's mapping of the fleet onto the Model Context Protocol (pure).
+
+What ``toolfleet mcp`` tells an MCP client, decided in one place: a published tool as an MCP
+tool (its annotations come from its effect class), a settled call as a ``CallToolResult``
+(its ``_meta`` carries the fleet's status and effect), and the run a ``tools/call`` becomes.
+The door (``toolfleet.app.mcp``) does the I/O; nothing here does.
+
+Pure: no I/O and no clock. ``run_id_for`` draws a random id for a call without an
+idempotency key (the only randomness here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kernel.rules.effects import attendance
+from kernel.rules.texts import TOOL_NOT_FOUND
+from schemas import CallStatus, Effect, EffectClass, ToolSpec, TurnResult
+
+CALL_ID = "c0"
+"""The call id of the one call a ``tools/call`` becomes (turn 0 of its own run)."""
+
+META_CALL = "io.toolfleet/call"
+"""The ``_meta`` key of a result that says what the fleet recorded for the call."""
+
+META_EFFECT_CLASS = "io.toolfleet/effect-class"
+"""The ``_meta`` key of a listed tool's declared effect class."""
+
+META_VERSION = "io.toolfleet/version"
+"""The ``_meta`` key of a listed tool's version (the newest live one)."""
+
+META_GATED = "io.toolfleet/gated"
+"""The ``_meta`` key saying whether a listed tool's calls wait for a person's approval."""
+
+META_IDEMPOTENCY_KEY = "io.toolfleet/idempotency-key"
+"""The request ``_meta`` key a client names its call's idempotency key with."""
+
+IDEMPOTENCY_KEY_MAX = 256
+"""Longest idempotency key a client may send (characters)."""
+
+_RUN_PREFIX = "mcp-"
+_KEYED_PREFIX = "mcp-k-"
+_KEY_DIGEST_HEX = 32  # 128 bits of sha256: a collision is as likely as a random run id's
+
+
+def annotations_of(spec: ToolSpec) -> dict[str, Any]:
+    """The MCP tool annotations (wire names) a tool's declared effect class stands for.
+
+    ``read_only`` is readOnlyHint; ``idempotent`` is idempotentHint, not destructive;
+    ``non_idempotent`` and ``irreversible`` are destructiveHint, not idempotent. Every hint
+    that applies is said outright, true or false, because the specification's defaults
+    (destructiveHint and openWorldHint true, the others false) would otherwise speak for the
+    tool. ``openWorldHint`` is left out: the fleet does not know what a tool reaches.
+
+    The round trip through ``kernel.rules.effects.mcp_effect_class`` (how a worker reads an
+    upstream MCP server's annotations) gives back the declared class, except that
+    ``irreversible`` comes back ``non_idempotent``: MCP has no hint for "cannot be undone",
+    and the cautious reading of destructive is the strongest class a hint can seed.
+    ``title`` is the tool's lookup key.
+    """
+    hints: dict[str, Any] = {"title": spec.lookup_key}
+    effect_class: EffectClass = spec.effect_class
+    if effect_class == "read_only":
+        hints |= {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True}
+    elif effect_class == "idempotent":
+        hints |= {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": True}
+    else:
+        hints |= {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False}
+    return hints
+
+
+def tool_of(spec: ToolSpec) -> dict[str, Any]:
+    """A published tool as ``tools/list`` shows it (an MCP ``Tool``, wire names).
+
+    ``name`` is its lookup key (``namespace.name``: MCP allows dots), ``inputSchema`` its
+    JSON Schema, ``annotations`` from its effect class (``annotations_of``). Every tool may
+    run as a task (``execution.taskSupport`` optional). ``_meta`` carries the effect class,
+    the version and whether its calls wait for a person (the release gate).
+    """
+    gated = not attendance(spec)[0]
+    return {
+        "name": spec.lookup_key,
+        "description": spec.description,
+        "inputSchema": _object_schema(spec.parameters),
+        "annotations": annotations_of(spec),
+        "execution": {"taskSupport": "optional"},
+        "_meta": {
+            META_EFFECT_CLASS: spec.effect_class,
+            META_VERSION: spec.version,
+            META_GATED: gated,
+        },
+    }
+
+
+def _object_schema(parameters: dict[str, Any]) -> dict[str, Any]:
+    """MCP requires an input schema of type object; a tool without parameters has one with
+    no properties."""
+    if parameters.get("type") == "object":
+        return parameters
+    return {"type": "object", "properties": {}, **parameters}
+
+
+def listed(specs: dict[str, ToolSpec]) -> list[dict[str, Any]]:
+    """The tools ``tools/list`` shows, by lookup key: the enabled ones (a disabled tool's
+    calls are refused by the planner, so it is not offered)."""
+    return [tool_of(specs[key]) for key in sorted(specs) if specs[key].enabled]
+
+
+class SettledCall(Protocol):
+    """What ``call_tool_result`` reads of a settled call (a ``CallOutcome`` is one)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def status(self) -> CallStatus: ...
+    @property
+    def effect(self) -> Effect: ...
+    @property
+    def output(self) -> str | None: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def resolved(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class CallEnd:
+    """How a call ended when the door learned it from its turn's result rather than from the
+    call's outcome (a ``SettledCall``)."""
+
+    run_id: str
+    status: CallStatus
+    effect: Effect
+    output: str | None
+    attempt: int
+    resolved: bool
+
+
+APPROVAL_WAIT = (
+    "{tool} waits for approval: an operator approves or rejects call {call_id} of run "
+    "{run_id} (the console, or `toolfleet approvals`). This door does not resume an approved "
+    "call yet: call the tool again once it may run."
+)
+"""What a plain call of a tool that waits for a person's approval answers (for now)."""
+
+
+def call_end_of_turn(result: TurnResult, tool: str) -> CallEnd:
+    """The end of a one-call turn's call, from the turn's result.
+
+    A call waiting for approval is ``pending_approval`` (not executed, not resolved: the door
+    tells the client who may approve it). A turn that failed before its call reported
+    anything says ``unknown``: the turn's failure is no proof that the call never ran. A
+    turn's record does not say whether the reconciler is done with an unknown or wrong
+    effect, so those count as unresolved.
+    """
+    if result.status == "interrupted":
+        return CallEnd(
+            result.run_id,
+            "pending_approval",
+            "not_executed",
+            APPROVAL_WAIT.format(tool=tool, run_id=result.run_id, call_id=CALL_ID),
+            0,
+            False,
+        )
+    record = next((c for c in result.calls if c.call_id == CALL_ID), None)
+    output = next((o.output for o in result.outputs if o.call_id == CALL_ID), None)
+    if record is None:
+        why = result.error.message if result.error else f"the turn ended {result.status}"
+        return CallEnd(result.run_id, "failed", "unknown", why, 0, False)
+    resolved = record.effect not in ("unknown", "wrong_effect")
+    if output is None and record.error is not None:
+        output = record.error.message
+    return CallEnd(result.run_id, record.status, record.effect, output, record.attempts, resolved)
+
+
+def call_tool_result(call: SettledCall) -> dict[str, Any]:
+    """A settled call as a ``CallToolResult`` (wire names).
+
+    ``content`` is the output the model would see (one text block); ``isError`` is set for
+    anything but ``succeeded``. ``_meta["io.toolfleet/call"]`` tells what the fleet recorded:
+    the run, the transport status, the business effect (an error may well have ``applied``),
+    the attempts and whether the effect is resolved.
+    """
+    return {
+        "content": [{"type": "text", "text": call.output or ""}],
+        "isError": call.status != "succeeded",
+        "_meta": {
+            META_CALL: {
+                "run_id": call.run_id,
+                "status": call.status,
+                "effect": call.effect,
+                "attempts": call.attempt,
+                "resolved": call.resolved,
+            }
+        },
+    }
+
+
+def unknown_tool_result(name: str) -> dict[str, Any]:
+    """The answer to a call of a tool the fleet does not serve: an error result in the
+    Agents SDK's words, nothing submitted."""
+    return {"content": [{"type": "text", "text": TOOL_NOT_FOUND.format(name=name)}],
+            "isError": True}  # fmt: skip
+
+
+def run_id_for(tenant: str, idempotency_key: str | None) -> str:
+    """The run a ``tools/call`` becomes.
+
+    Without an idempotency key a fresh random run (``mcp-<32 hex>``): every call is new.
+    With one, the same run every time that tenant sends that key (``mcp-k-<32 hex>``, a
+    digest of both), so a call retried after a dropped connection finds its first run and
+    the fleet's ledger dedupes it. Another tenant's same key is another run. A key is
+    1 to ``IDEMPOTENCY_KEY_MAX`` characters (ValueError otherwise).
+    """
+    if idempotency_key is None:
+        return f"{_RUN_PREFIX}{uuid.uuid4().hex}"
+    if not 0 < len(idempotency_key) <= IDEMPOTENCY_KEY_MAX:
+        raise ValueError(
+            f"an idempotency key ({META_IDEMPOTENCY_KEY}) is 1 to {IDEMPOTENCY_KEY_MAX} "
+            f"characters, not {len(idempotency_key)}"
+        )
+    digest = hashlib.sha256(f"{tenant}\x1f{idempotency_key}".encode()).hexdigest()
+    return f"{_KEYED_PREFIX}{digest[:_KEY_DIGEST_HEX]}"

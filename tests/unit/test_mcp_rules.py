@@ -1,0 +1,251 @@
+"""kernel.rules.mcp: what the MCP front door tells a client (pure): tools with annotations
+from their effect class, settled calls as results, and the run a call becomes."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from kernel.rules.effects import mcp_effect_class
+from kernel.rules.mcp import (
+    CALL_ID,
+    IDEMPOTENCY_KEY_MAX,
+    META_CALL,
+    annotations_of,
+    call_end_of_turn,
+    call_tool_result,
+    listed,
+    run_id_for,
+    tool_of,
+    unknown_tool_result,
+)
+from schemas import CallError, CallOutcome, ToolSpec, TurnResult
+from schemas.internal import EffectClass, TurnError
+from schemas.outbound import CallRecord, FunctionCallOutput, Interruption
+
+
+def _spec(effect_class: EffectClass = "read_only", **fields: Any) -> ToolSpec:
+    base: dict[str, Any] = {
+        "name": "lookup",
+        "pool": "default",
+        "description": "Looks something up.",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        "effect_class": effect_class,
+    }
+    return ToolSpec(**(base | fields))
+
+
+@pytest.mark.parametrize(
+    ("effect_class", "hints"),
+    [
+        ("read_only", {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True}),
+        ("idempotent", {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": True}),
+        ("non_idempotent",
+         {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False}),
+        ("irreversible", {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False}),
+    ],
+)  # fmt: skip
+def test_annotations_say_every_hint_of_the_effect_class_outright(
+    effect_class: EffectClass, hints: dict[str, bool]
+) -> None:
+    annotations = annotations_of(_spec(effect_class))
+    assert annotations == {"title": "lookup", **hints}
+    assert "openWorldHint" not in annotations  # the fleet does not know what a tool reaches
+
+
+@pytest.mark.parametrize(
+    ("declared", "read_back"),
+    [
+        ("read_only", "read_only"),
+        ("idempotent", "idempotent"),
+        ("non_idempotent", "non_idempotent"),
+        ("irreversible", "non_idempotent"),  # MCP has no hint for "cannot be undone"
+    ],
+)
+def test_the_annotations_read_back_as_the_declared_class(
+    declared: EffectClass, read_back: str
+) -> None:
+    """What a worker would seed from the door's annotations (a fleet serving another fleet's
+    door as an upstream MCP server) is the declared class, or the cautious one."""
+    assert mcp_effect_class(annotations_of(_spec(declared))).effect_class == read_back
+
+
+def test_a_tool_is_listed_by_its_lookup_key_with_schema_execution_and_meta() -> None:
+    # As a worker publishes a gated tool: no probe, so every call needs approval.
+    spec = _spec("non_idempotent", namespace="crm", version="3", needs_approval="always")
+    tool = tool_of(spec)
+    assert tool["name"] == "crm.lookup"
+    assert tool["description"] == "Looks something up."
+    assert tool["inputSchema"] == spec.parameters
+    assert tool["annotations"]["title"] == "crm.lookup"
+    assert tool["annotations"]["destructiveHint"] is True
+    assert tool["execution"] == {"taskSupport": "optional"}
+    assert tool["_meta"] == {
+        "io.toolfleet/effect-class": "non_idempotent",
+        "io.toolfleet/version": "3",
+        "io.toolfleet/gated": True,  # every call waits for a person
+    }
+    probed = tool_of(_spec("non_idempotent", has_probe=True))
+    assert probed["_meta"]["io.toolfleet/gated"] is False
+    by_policy = tool_of(_spec("idempotent", needs_approval="callable"))
+    assert by_policy["_meta"]["io.toolfleet/gated"] is True  # its policy may ask
+
+
+def test_an_input_schema_is_always_an_object() -> None:
+    assert tool_of(_spec(parameters={}))["inputSchema"] == {"type": "object", "properties": {}}
+    schema = {"type": "object", "properties": {}, "additionalProperties": False}
+    assert tool_of(_spec(parameters=schema))["inputSchema"] == schema
+
+
+def test_only_enabled_tools_are_listed_in_name_order() -> None:
+    specs = {
+        "zeta": _spec(name="zeta"),
+        "alpha": _spec(name="alpha"),
+        "off": _spec(name="off", enabled=False),
+    }
+    assert [t["name"] for t in listed(specs)] == ["alpha", "zeta"]
+
+
+def _outcome(**fields: Any) -> CallOutcome:
+    base: dict[str, Any] = {
+        "tenant_id": "acme", "run_id": "mcp-1", "turn_id": 0, "call_id": CALL_ID,
+        "tool_name": "lookup", "index": 0, "attempt": 1, "fencing_token": 1,
+        "status": "succeeded", "effect": "applied", "output": "found it",
+    }  # fmt: skip
+    return CallOutcome(**(base | fields))
+
+
+def test_a_succeeded_call_is_its_output_with_the_fleets_record_in_meta() -> None:
+    assert call_tool_result(_outcome()) == {
+        "content": [{"type": "text", "text": "found it"}],
+        "isError": False,
+        "_meta": {
+            META_CALL: {
+                "run_id": "mcp-1",
+                "status": "succeeded",
+                "effect": "applied",
+                "attempts": 1,
+                "resolved": True,
+            }
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "effect"),
+    [
+        ("failed", "not_executed"),
+        ("failed", "applied"),  # an error after the effect: the meta tells the truth
+        ("timed_out", "unknown"),
+        ("rejected", "not_executed"),
+        ("cancelled", "unknown"),
+        ("skipped", "not_executed"),
+    ],
+)
+def test_anything_but_succeeded_is_an_error_result(status: str, effect: str) -> None:
+    result = call_tool_result(
+        _outcome(status=status, effect=effect, output="it broke", attempt=2, resolved=False)
+    )
+    assert result["isError"] is True
+    assert result["content"] == [{"type": "text", "text": "it broke"}]
+    assert result["_meta"][META_CALL] == {
+        "run_id": "mcp-1", "status": status, "effect": effect, "attempts": 2, "resolved": False,
+    }  # fmt: skip
+
+
+def test_a_call_without_output_is_an_empty_text() -> None:
+    assert call_tool_result(_outcome(output=None))["content"] == [{"type": "text", "text": ""}]
+
+
+def test_an_unknown_tool_is_an_error_result_in_the_sdks_words() -> None:
+    assert unknown_tool_result("nope") == {
+        "content": [{"type": "text", "text": "Tool 'nope' not found."}],
+        "isError": True,
+    }
+
+
+def _turn(**fields: Any) -> TurnResult:
+    base: dict[str, Any] = {"tenant_id": "acme", "run_id": "mcp-1", "turn_id": 0,
+                            "status": "completed"}  # fmt: skip
+    return TurnResult(**(base | fields))
+
+
+def test_a_completed_turn_ends_its_call_as_recorded() -> None:
+    turn = _turn(
+        outputs=[FunctionCallOutput(call_id=CALL_ID, output="done")],
+        calls=[CallRecord(call_id=CALL_ID, tool_name="lookup", status="succeeded",
+                          effect="applied", attempts=2)],
+    )  # fmt: skip
+    end = call_end_of_turn(turn, "lookup")
+    assert (end.status, end.effect, end.output, end.attempt, end.resolved) == (
+        "succeeded", "applied", "done", 2, True,
+    )  # fmt: skip
+    assert call_tool_result(end)["isError"] is False
+
+
+def test_an_unknown_effect_from_a_turn_counts_as_unresolved() -> None:
+    turn = _turn(
+        outputs=[FunctionCallOutput(call_id=CALL_ID, output="may have happened")],
+        calls=[CallRecord(call_id=CALL_ID, tool_name="lookup", status="timed_out",
+                          effect="unknown", attempts=1)],
+    )  # fmt: skip
+    end = call_end_of_turn(turn, "lookup")
+    assert (end.status, end.effect, end.resolved) == ("timed_out", "unknown", False)
+
+
+def test_a_failed_call_without_output_says_its_error() -> None:
+    turn = _turn(
+        status="failed",
+        calls=[CallRecord(call_id=CALL_ID, tool_name="lookup", status="failed",
+                          effect="not_executed", attempts=1,
+                          error=CallError(type="ValueError", message="bad q"))],
+    )  # fmt: skip
+    assert call_end_of_turn(turn, "lookup").output == "bad q"
+
+
+def test_a_turn_that_failed_before_its_call_reported_says_unknown() -> None:
+    turn = _turn(status="failed", error=TurnError(type="TimeoutError", message="deadline"))
+    end = call_end_of_turn(turn, "lookup")
+    assert (end.status, end.effect, end.output, end.resolved) == (
+        "failed", "unknown", "deadline", False,
+    )  # fmt: skip
+
+
+def test_a_call_waiting_for_approval_says_who_may_decide() -> None:
+    turn = _turn(
+        status="interrupted",
+        interruptions=[Interruption(call_id=CALL_ID, tool_name="pay", arguments="{}")],
+    )
+    end = call_end_of_turn(turn, "pay")
+    result = call_tool_result(end)
+    assert result["isError"] is True
+    assert result["_meta"][META_CALL]["status"] == "pending_approval"
+    assert result["_meta"][META_CALL]["effect"] == "not_executed"
+    text = result["content"][0]["text"]
+    assert "pay waits for approval" in text and "run mcp-1" in text
+    assert "toolfleet approvals" in text
+
+
+def test_a_call_without_key_is_a_fresh_run() -> None:
+    first, second = run_id_for("acme", None), run_id_for("acme", None)
+    assert re.fullmatch(r"mcp-[0-9a-f]{32}", first)
+    assert first != second
+
+
+def test_a_key_names_the_same_run_for_its_tenant_only() -> None:
+    keyed = run_id_for("acme", "order-7")
+    assert re.fullmatch(r"mcp-k-[0-9a-f]{32}", keyed)
+    assert run_id_for("acme", "order-7") == keyed
+    assert run_id_for("acme", "order-8") != keyed
+    assert run_id_for("other", "order-7") != keyed
+    # The separator keeps (tenant, key) pairs apart that would concatenate alike.
+    assert run_id_for("a", "bc") != run_id_for("ab", "c")
+
+
+@pytest.mark.parametrize("key", ["", "k" * (IDEMPOTENCY_KEY_MAX + 1)])
+def test_a_key_too_short_or_too_long_is_refused(key: str) -> None:
+    with pytest.raises(ValueError, match="idempotency key"):
+        run_id_for("acme", key)
+    run_id_for("acme", "k" * IDEMPOTENCY_KEY_MAX)  # the longest allowed
