@@ -25,9 +25,10 @@ from toolfleet.app.console import (
     NotAuthenticatedError,
     create_app,
 )
-from toolfleet.app.console._access import Access, best_role, tenant_set
-from toolfleet.app.console._auth import Authenticator, claims_identity, parse_tokens
+from toolfleet.app.console._access import Access
+from toolfleet.app.console._auth import Authenticator
 from toolfleet.app.console._login import Login, id_token_options, safe_next
+from toolfleet.app.identity import best_role, claims_identity, parse_tokens, tenant_set
 from toolfleet.app.operations import NotAllowedError
 
 PROXY_SECRET = "a-proxy-secret-0123456789"

@@ -25,11 +25,10 @@ from kernel.errors import MissingExtraError
 from toolfleet.app.console._access import (
     CSRF_HEADER,
     CrossSiteRequestError,
-    Identity,
     NotAuthenticatedError,
-    Role,
 )
 from toolfleet.app.console._command import console, serve
+from toolfleet.app.identity import Identity, Role
 
 if TYPE_CHECKING:
     from toolfleet.app.console._app import ConsoleOptions, create_app

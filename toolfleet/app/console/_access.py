@@ -5,28 +5,19 @@ sent by the console's own page."""
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
+from toolfleet.app.identity import Identity, Role
 from toolfleet.app.operations import NotAllowedError
 
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-Role = Literal["viewer", "operator", "admin"]
-"""What an identity may do: read (viewer); read and decide for its tenants (operator); that,
-and the fleet-wide actions (circuits, pins) when its tenants are every tenant (admin)."""
-ROLES: tuple[Role, ...] = ("viewer", "operator", "admin")
-"""The roles, weakest first: each may do everything the ones before it may."""
-
 CSRF_HEADER = "X-Toolfleet-CSRF"
 """The header that carries a cookie session's CSRF token with every decision. The page reads
 the token from ``/api/config``, which another site's script cannot read (the console answers
 no CORS request), and a form on another site cannot send a header at all."""
-
-EVERY_TENANT = "*"
-"""In a tenants claim, header or token entry: every tenant."""
 
 
 class NotAuthenticatedError(NotAllowedError):
@@ -37,47 +28,6 @@ class NotAuthenticatedError(NotAllowedError):
 class CrossSiteRequestError(NotAllowedError):
     """A decision that the console's own page did not send (no CSRF token, a wrong one, or not
     JSON): refused, as a cross-site request could be."""
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Someone signed in: who (as the audit chain names them), their role and tenants."""
-
-    name: str
-    """``oidc:alice@corp``, ``token:ci-bot``, ``proxy:bob`` or ``local:ana``: what decisions
-    carry as ``decided_by`` and the audit chain keeps."""
-    role: Role
-    tenants: frozenset[str] | None
-    """The tenants this identity may see and act for; None: every tenant."""
-    csrf: str | None = None
-    """The token a decision must carry in ``X-Toolfleet-CSRF`` (a browser's session); None:
-    none is needed (a bearer token, which no browser adds on its own)."""
-
-    def may(self, role: Role) -> bool:
-        """Whether this identity's role includes ``role``."""
-        return ROLES.index(self.role) >= ROLES.index(role)
-
-    @property
-    def scope_text(self) -> str:
-        """Its tenants, for messages."""
-        if self.tenants is None:
-            return "every tenant"
-        return ", ".join(sorted(self.tenants)) or "no tenant"
-
-
-def best_role(values: Iterable[str]) -> Role | None:
-    """The strongest console role among ``values`` (other values are ignored); None: none."""
-    found = {v.strip().lower() for v in values}
-    for role in reversed(ROLES):
-        if role in found:
-            return role
-    return None
-
-
-def tenant_set(values: Iterable[str]) -> frozenset[str] | None:
-    """The tenants ``values`` name, without blanks; None when one of them is ``*``."""
-    names = frozenset(v.strip() for v in values if v.strip())
-    return None if EVERY_TENANT in names else names
 
 
 @dataclass(frozen=True)

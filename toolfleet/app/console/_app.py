@@ -54,7 +54,7 @@ from kernel.errors import (
 from kernel.rules.versions import version_ref
 from kernel.settings import Settings
 from toolfleet.app import operations
-from toolfleet.app.console._access import Access, Identity, NotAuthenticatedError, Role
+from toolfleet.app.console._access import Access, NotAuthenticatedError
 from toolfleet.app.console._auth import SESSION_COOKIE, Authenticator
 from toolfleet.app.console._feed import Dropped, FeedEvent, Filter, LiveFeed, StatusChange
 from toolfleet.app.console._login import (
@@ -72,6 +72,7 @@ from toolfleet.app.console._views import (
     task_json,
     tool_json,
 )
+from toolfleet.app.identity import Identity, Role
 
 log = logging.getLogger(__name__)
 

@@ -5,27 +5,21 @@ own machine, the local login URL) sets. Anything else is nobody: 401."""
 from __future__ import annotations
 
 import getpass
-import hashlib
 import hmac
-import json
 import secrets
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kernel.errors import ConfigurationError
 from kernel.settings import Settings
-from toolfleet.app.console._access import (
-    ROLES,
+from toolfleet.app.console._access import NotAuthenticatedError
+from toolfleet.app.identity import (
     Identity,
-    NotAuthenticatedError,
-    Role,
     best_role,
-    tenant_set,
+    claim_values,
+    identity_of,
+    match_token,
+    parse_tokens,
 )
-from toolfleet.app.operations import NotAllowedError
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -38,136 +32,6 @@ _SECRET_MIN = 32
 _PROXY_SECRET_MIN = 16
 _NAME_MAX = 200
 _HOW_TO_SECRET = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
-
-
-class _TokenEntry(BaseModel):
-    """One entry of TOOLFLEET_CONSOLE_TOKENS."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.@-]+$")
-    sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
-    role: Role
-    tenants: list[str] = Field(min_length=1)
-
-
-@dataclass(frozen=True)
-class StaticToken:
-    """An API token the console accepts: its name, the sha256 of its value, its role and
-    tenants."""
-
-    name: str
-    digest: bytes
-    role: Role
-    tenants: frozenset[str] | None
-
-
-def parse_tokens(raw: str) -> list[StaticToken]:
-    """The tokens of TOOLFLEET_CONSOLE_TOKENS (JSON), or ConfigurationError saying what is
-    wrong with it."""
-    example = (
-        '[{"name": "ci-bot", "sha256": "<sha256 of the token, hex>", "role": "operator", '
-        '"tenants": ["acme"]}]'
-    )
-    try:
-        data = json.loads(raw)
-        if not isinstance(data, list):
-            raise ValueError("it is not a JSON list")
-        entries = [_TokenEntry.model_validate(item) for item in data]
-    except (ValueError, ValidationError) as exc:
-        problem = str(exc).splitlines()[0] if not isinstance(exc, ValidationError) else exc
-        raise ConfigurationError(
-            f"TOOLFLEET_CONSOLE_TOKENS is not valid: {problem}; it must be JSON like {example} "
-            f"(roles: {', '.join(ROLES)}; tenants '*' for every tenant)"
-        ) from None
-    names = [e.name for e in entries]
-    if len(set(names)) != len(names):
-        raise ConfigurationError("TOOLFLEET_CONSOLE_TOKENS names a token twice: names are unique")
-    found = []
-    for entry in entries:
-        tenants = tenant_set(entry.tenants)
-        if tenants == frozenset():
-            raise ConfigurationError(
-                f"TOOLFLEET_CONSOLE_TOKENS: token {entry.name} lists no tenant ('*': every one)"
-            )
-        digest = bytes.fromhex(entry.sha256)
-        found.append(StaticToken(entry.name, digest, entry.role, tenants))
-    return found
-
-
-def _claim(claims: Mapping[str, Any], name: str) -> Any:
-    """A claim by name, or by a dotted path into nested claims (``realm_access.roles``); a
-    name with dots that is itself a claim (``https://example.com/roles``) wins."""
-    if name in claims:
-        return claims[name]
-    value: Any = claims
-    for part in name.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            return None
-        value = value[part]
-    return value
-
-
-def _values(value: Any) -> list[str]:
-    """A claim's or header's values: a list of strings, or one string split on commas and
-    spaces."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [v for v in value.replace(",", " ").split() if v]
-    if isinstance(value, list | tuple):
-        return [v for v in value if isinstance(v, str)]
-    return []
-
-
-def identity_of(
-    kind: str,
-    name: str,
-    roles: Iterable[str],
-    tenants: Iterable[str],
-    *,
-    roles_from: str,
-    tenants_from: str,
-    csrf: str | None = None,
-) -> Identity:
-    """An identity named ``kind:name`` with the strongest of ``roles`` and ``tenants``; an
-    identity with no console role, or no tenant, is refused (NotAllowedError saying where the
-    role or tenants come from), never given a default."""
-    role = best_role(roles)
-    label = f"{kind}:{name}"
-    if role is None:
-        raise NotAllowedError(
-            f"{label} has no console role: {roles_from} must name one of {', '.join(ROLES)}"
-        )
-    scope = tenant_set(tenants)
-    if scope == frozenset():
-        raise NotAllowedError(
-            f"{label} may see no tenant: {tenants_from} must list tenant ids ('*': every tenant)"
-        )
-    return Identity(label, role, scope, csrf)
-
-
-def claims_identity(claims: Mapping[str, Any], settings: Settings) -> Identity:
-    """The identity an OpenID Connect login gives: named by the verified email, the preferred
-    username or the subject, with the role and tenants of the configured claims."""
-    email = claims.get("email")
-    verified = claims.get("email_verified", True) is not False
-    for candidate in (email if verified else None, claims.get("preferred_username")):
-        if isinstance(candidate, str) and candidate.strip():
-            name = candidate.strip()
-            break
-    else:
-        name = str(claims.get("sub", ""))
-    roles_claim = settings.console_oidc_roles_claim
-    tenants_claim = settings.console_oidc_tenants_claim
-    return identity_of(
-        "oidc",
-        name[:_NAME_MAX],
-        _values(_claim(claims, roles_claim)),
-        _values(_claim(claims, tenants_claim)),
-        roles_from=f"the claim {roles_claim} (TOOLFLEET_CONSOLE_OIDC_ROLES_CLAIM)",
-        tenants_from=f"the claim {tenants_claim} (TOOLFLEET_CONSOLE_OIDC_TENANTS_CLAIM)",
-    )
 
 
 def _secret(value: Any) -> str | None:
@@ -285,16 +149,12 @@ class Authenticator:
             token.encode(), self.local_token.encode()
         ):
             return self.local_identity()
-        digest = hashlib.sha256(token.encode()).digest()
-        match = None
-        for entry in self.tokens:  # every entry is compared: the time says nothing of which
-            if hmac.compare_digest(digest, entry.digest):
-                match = entry
+        match = match_token(self.tokens, token)
         if match is None:
             raise NotAuthenticatedError(
                 "this bearer token is not one of the console's (TOOLFLEET_CONSOLE_TOKENS)"
             )
-        return Identity(f"token:{match.name}", match.role, match.tenants)
+        return match.identity()
 
     def _proxied(self, request: Request, sent: str) -> Identity:
         assert self.proxy_secret is not None
@@ -316,8 +176,8 @@ class Authenticator:
         return identity_of(
             "proxy",
             user,
-            _values(request.headers.get(s.console_proxy_roles_header)),
-            _values(request.headers.get(s.console_proxy_tenants_header)),
+            claim_values(request.headers.get(s.console_proxy_roles_header)),
+            claim_values(request.headers.get(s.console_proxy_tenants_header)),
             roles_from=f"the proxy's {s.console_proxy_roles_header} header",
             tenants_from=f"the proxy's {s.console_proxy_tenants_header} header",
             csrf=csrf.hexdigest(),

@@ -17,7 +17,8 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from kernel.errors import ConfigurationError
 from kernel.settings import Settings
 from toolfleet.app.console._access import CSRF_HEADER
-from toolfleet.app.console._auth import Authenticator, claims_identity
+from toolfleet.app.console._auth import Authenticator
+from toolfleet.app.identity import claims_identity
 from toolfleet.app.operations import NotAllowedError
 
 if TYPE_CHECKING:
