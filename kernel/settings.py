@@ -424,6 +424,26 @@ class Settings(BaseSettings):
         default="X-Forwarded-Tenants",
         description="Header with their tenants, comma separated ('*': every tenant)",
     )
+    # The MCP front door (toolfleet mcp, docs/mcp.md). It also accepts access tokens of the
+    # console's OpenID Connect issuer (console_oidc_*), issued for mcp_public_url.
+    mcp_public_url: str | None = Field(
+        default=None,
+        description="The URL MCP clients reach the door at, e.g. https://mcp.example/mcp: the "
+        "audience its OAuth access tokens must be issued for, and the resource its protected-"
+        "resource metadata names; its path is where the door serves (unset: /mcp)",
+    )
+    mcp_tokens: SecretStr | None = Field(
+        default=None,
+        description="Static bearer tokens of MCP clients, JSON as TOOLFLEET_CONSOLE_TOKENS: "
+        '[{"name": "agent-1", "sha256": "<hex sha256 of the token>", "role": '
+        '"viewer|operator|admin", "tenants": ["acme"]}]; kept apart from the console\'s, so an '
+        "agent's token never opens the console",
+    )
+    mcp_tenant_header: str = Field(
+        default="X-Toolfleet-Tenant",
+        description="Header by which a caller whose token names several tenants picks the "
+        "one a request is for (it must be one of them)",
+    )
 
     # Local infrastructure (toolfleet infra up).
     infra: str = Field(default="local", description="'local' processes or 'containers'")

@@ -247,10 +247,16 @@ class OidcProvider:
     entry of ``clients`` and the ``accounts`` given (their claims)."""
 
     def __init__(
-        self, clients: list[dict[str, Any]], accounts: dict[str, dict[str, Any]], log_dir: Path
+        self,
+        clients: list[dict[str, Any]],
+        accounts: dict[str, dict[str, Any]],
+        log_dir: Path,
+        **more: Any,
     ) -> None:
+        """``more``: the rest of provider.mjs's configuration (``resourceServers``,
+        ``tokenClaims``: JWT access tokens for resource servers)."""
         self.config = log_dir / f"oidc-{uuid.uuid4().hex[:8]}.json"
-        self.config.write_text(json.dumps({"clients": clients, "accounts": accounts}))
+        self.config.write_text(json.dumps({"clients": clients, "accounts": accounts, **more}))
         self.log = (log_dir / "oidc-provider.log").open("ab")
         self.popen: subprocess.Popen[str] | None = None
         self.issuer = ""

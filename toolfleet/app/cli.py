@@ -14,6 +14,7 @@ from kernel.errors import ConfigurationError, MissingExtraError
 from kernel.settings import Settings
 from toolfleet.app.console import console
 from toolfleet.app.infra.cli import infra
+from toolfleet.app.mcp import mcp
 from toolfleet.app.migrate import migrate
 from toolfleet.app.ops_cli import approvals, inspect, smoke, tasks, tenants, tools, topics
 from toolfleet.app.service import run_service
@@ -27,6 +28,9 @@ _EXTRA_OF = {
     "authlib": "console",
     "joserfc": "console",
     "itsdangerous": "console",
+    "mcp": "mcp",
+    "mcp_types": "mcp",
+    "jwt": "mcp",
     "testcontainers": "containers",
 }
 """The extra that installs each optional package a command may import (pyproject.toml's
@@ -66,6 +70,7 @@ main.add_command(topics)
 main.add_command(smoke)
 main.add_command(approvals)
 main.add_command(console)
+main.add_command(mcp)
 main.add_command(migrate)
 
 

@@ -1,0 +1,111 @@
+"""A ``tools/call`` as a one-call turn on the fleet, for the caller's tenant.
+
+The call goes the way of every FleetClient turn (the planner's ledger before any run, at most
+once, admission and fairness for the tenant, approvals, guardrails, the release gate, the
+reconciler for an unknown effect): the door only submits a model response with one function
+call and waits for that call to settle.
+
+How it waits: it follows the run's outcomes before it submits, and answers with the first
+outcome that settles the call (``kernel.rules.effects.settles_call``, the aggregator's own
+rule); the turn's result is awaited beside it, for the ends a call outcome does not tell (the
+call waits for approval, the turn failed before the call reported). The outcome, not the turn
+result, is what a replayed submission (an idempotency key) and another replica can wait on
+too: the next steps of the door build on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kernel.errors import UnavailableError
+from kernel.rules.effects import settles_call
+from kernel.rules.mcp import CALL_ID, CallEnd, call_end_of_turn, call_tool_result, run_id_for
+from schemas import AgentRef, CallOutcome, ModelResponseEvent, ToolSpec, TurnConfig
+from toolfleet.app.mcp._gate import Caller
+from toolfleet.client import FleetClient
+
+DOOR_CONFIG = TurnConfig(tool_not_found="return_error_to_model", failure_policy="error_as_output")
+"""A door call's turn: a tool gone since the listing is an error result (the SDK's text),
+and a failed call's error is its output, as an MCP tool result says it."""
+
+
+@dataclass(frozen=True)
+class CallLimits:
+    """How long the door waits for a call."""
+
+    wait_s: float = 24 * 3600.0
+    """A plain call's longest wait for its call to settle: the client's own timeout is the
+    one that counts (a client that goes away ends the wait)."""
+
+
+class Calls:
+    """Runs ``tools/call`` requests as one-call turns through a started ``FleetClient``."""
+
+    def __init__(self, client: FleetClient, limits: CallLimits | None = None) -> None:
+        self.client = client
+        self.limits = limits or CallLimits()
+
+    async def call(
+        self, caller: Caller, spec: ToolSpec, arguments: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
+        """Run one call of ``spec`` for ``caller``'s tenant; its ``CallToolResult`` (wire
+        names) once it settled."""
+        run_id = run_id_for(caller.tenant, None)
+        loop = asyncio.get_running_loop()
+        settled: asyncio.Future[CallOutcome] = loop.create_future()
+
+        def on_outcome(outcome: CallOutcome) -> None:
+            if (
+                outcome.call_id == CALL_ID
+                and outcome.kind == "execute"
+                and settles_call(outcome, spec.on_unknown)
+                and not settled.done()
+            ):
+                settled.set_result(outcome)
+
+        event = ModelResponseEvent(
+            tenant_id=caller.tenant,
+            run_id=run_id,
+            turn_id=0,
+            agent=AgentRef(name=f"mcp:{caller.identity.name}"),
+            response_id=f"resp-{run_id}",
+            items=[
+                {
+                    "type": "function_call",
+                    "call_id": CALL_ID,
+                    "name": spec.name,
+                    "namespace": spec.namespace,
+                    "arguments": json.dumps(dict(arguments or {})),
+                }
+            ],
+            config=DOOR_CONFIG,
+        )
+        stop = await self.client.follow(run_id, 0, on_outcome)
+        turn: asyncio.Task[Any] | None = None
+        try:
+            await self.client.submit(event)
+            turn = asyncio.create_task(self.client.result(run_id, 0, within=self.limits.wait_s))
+            await asyncio.wait({settled, turn}, return_when=asyncio.FIRST_COMPLETED)
+            if settled.done():
+                return call_tool_result(settled.result())
+            try:
+                result = turn.result()
+            except UnavailableError as exc:  # no result within the wait
+                return _no_answer(run_id, str(exc))
+            return call_tool_result(call_end_of_turn(result, spec.lookup_key))
+        finally:
+            stop()
+            if turn is not None and not turn.done():
+                turn.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await turn
+
+
+def _no_answer(run_id: str, why: str) -> dict[str, Any]:
+    """The door gave up waiting: the call may still run, so its effect is unknown."""
+    return call_tool_result(CallEnd(run_id, "timed_out", "unknown", why, 0, False))
