@@ -8,7 +8,8 @@
 - ``texts``: the model-visible texts;
 - ``outcomes``: outcomes toolfleet writes on a call's behalf (lost, identity mismatch);
 - ``auth``: signing and verifying decisions (approvals, cancellations, task resolutions);
-- ``mcp``: what the MCP front door tells a client (tools, annotations, call results).
+- ``mcp``: what the MCP front door tells a client (tools, annotations, call results);
+- ``progress``: which progress events a reader shows (each once, a retry's told apart).
 """
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "limits",
     "mcp",
     "outcomes",
+    "progress",
     "texts",
     "versions",
 ]
