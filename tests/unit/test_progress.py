@@ -9,8 +9,9 @@ import math
 from typing import Any
 
 import pytest
+from agents import function_tool
 
-from executors import ToolContext, ToolRegistry
+from executors import ToolContext, ToolRegistry, current_tool_context
 from executors._progress import ProgressPublisher
 from kernel.adapters.topics import plan_topics
 from kernel.errors import ToolfleetError
@@ -418,3 +419,26 @@ def test_a_bounded_cursor_forgets_the_call_that_reported_least_recently() -> Non
     assert cursor.accept(_event(1, 2, call="a"))  # a reported last: b is the least recent
     assert cursor.accept(_event(1, 1, call="c"))
     assert set(cursor) == {("acme", "r1", "a"), ("acme", "r1", "c")}
+
+
+# --- an Agents SDK function tool ----------------------------------------------------------------
+
+
+@function_tool
+async def sdk_steps(n: int) -> str:
+    """An SDK tool: the SDK has no progress API; the fleet's view of the call reports it."""
+    ctx = current_tool_context()
+    assert ctx is not None
+    for i in range(1, n + 1):
+        await ctx.report_progress(i, n)
+    return "done"
+
+
+async def test_an_sdk_function_tool_reports_through_the_fleets_view_of_its_call() -> None:
+    tool = ToolRegistry().add_function_tool(sdk_steps, effect="read_only")
+    env = ToolEnvironment()
+    outcome = await env.run(tool, {"n": 2}, call_id="c9")
+    assert outcome.status == "succeeded", outcome
+    assert [(e.call_id, e.sequence, e.done, e.total) for e in env.progress] == [
+        ("c9", 1, 1.0, 2.0), ("c9", 2, 2.0, 2.0),
+    ]  # fmt: skip
