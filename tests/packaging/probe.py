@@ -69,6 +69,7 @@ def main() -> None:
         "modules": _modules(),
         "fleet_runner": _public("from toolfleet.agents import FleetRunner"),
         "create_app": _public("from toolfleet.app.console import create_app"),
+        "mcp_app": _public("from toolfleet.app.mcp import create_app"),
         "distributions": sorted(
             (d.metadata["Name"] or "").lower().replace("_", "-") for d in metadata.distributions()
         ),

@@ -1,6 +1,7 @@
 """The wheel as a user installs it: built from this checkout, installed into a fresh virtualenv
-once without extras and once with each of ``agents``, ``console`` and ``otlp`` (from PyPI, so
-the extras' declared dependencies are what is tested, not this checkout's environment).
+once without extras and once with each of ``agents``, ``console``, ``mcp`` and ``otlp`` (from
+PyPI, so the extras' declared dependencies are what is tested, not this checkout's
+environment).
 
 In each: the wheel's contents are what docs/install.md says, every module imports unless it
 belongs to an extra that is not installed (and then says which one to install), the
@@ -44,17 +45,23 @@ ROOT = Path(__file__).parents[2]
 README = ROOT / "README.md"
 PROBE = Path(__file__).with_name("probe.py")
 PACKAGES = ("schemas", "kernel", "planner", "executors", "aggregator", "reconciler", "toolfleet")
-EXTRA_SETS = ("", "agents", "console", "otlp")
+EXTRA_SETS = ("", "agents", "console", "mcp", "otlp")
 
-# The top-level modules each extra brings, as a missing one is named in an ImportError.
+# The top-level modules each extra brings, as a missing one is named in an ImportError (one
+# module may come with several: the agents extra brings the mcp package too).
 EXTRA_MODULES = {
     "agents": {"agents", "openai", "mcp"},
     "console": {"starlette", "uvicorn", "sse_starlette", "authlib", "joserfc", "httpx"}
     | {"itsdangerous"},
+    "mcp": {"mcp", "mcp_types", "jwt"},
     "otlp": {"opentelemetry.exporter", "google", "requests"},
 }
 # Where each extra's modules live in toolfleet: nothing else may need them.
-EXTRA_HOMES = {"agents": "toolfleet.agents", "console": "toolfleet.app.console."}
+EXTRA_HOMES = {
+    "agents": "toolfleet.agents",
+    "console": "toolfleet.app.console.",
+    "mcp": "toolfleet.app.mcp.",
+}
 
 
 def _install_hint(extra: str) -> str:
@@ -178,12 +185,12 @@ def test_the_wheel_declares_the_documented_extras_and_the_command(wheel: Path) -
         metadata = Parser().parsestr(archive.read(f"{dist_info}/METADATA").decode())
         entry_points = archive.read(f"{dist_info}/entry_points.txt").decode()
     extras = set(metadata.get_all("Provides-Extra") or [])
-    assert {"agents", "console", "otlp", "containers", "all"} <= extras
+    assert {"agents", "console", "mcp", "otlp", "containers", "all"} <= extras
     docs = (ROOT / "docs" / "install.md").read_text()
-    for extra in ("agents", "console", "otlp", "containers", "all"):
+    for extra in ("agents", "console", "mcp", "otlp", "containers", "all"):
         assert f"toolfleet[{extra}]" in docs, f"docs/install.md does not mention [{extra}]"
     base = [r for r in metadata.get_all("Requires-Dist") or [] if "extra ==" not in r]
-    heavy = ("openai-agents", "starlette", "uvicorn", "sse-starlette", "authlib", "exporter")
+    heavy = ("openai-agents", "starlette", "uvicorn", "sse-starlette", "authlib", "exporter", "mcp")
     assert not [r for r in base if r.startswith(heavy)], base
     assert "toolfleet = toolfleet.app.cli:main" in entry_points
 
@@ -191,11 +198,13 @@ def test_the_wheel_declares_the_documented_extras_and_the_command(wheel: Path) -
 # -- what imports, in each virtualenv --------------------------------------------------------
 
 
-def _extra_of(missing: str | None) -> str | None:
-    for extra, modules in EXTRA_MODULES.items():
-        if missing and any(missing == m or missing.startswith(f"{m}.") for m in modules):
-            return extra
-    return None
+def _extras_of(missing: str | None) -> list[str]:
+    """The extras that bring the module an ImportError names."""
+    return [
+        extra
+        for extra, modules in EXTRA_MODULES.items()
+        if missing and any(missing == m or missing.startswith(f"{m}.") for m in modules)
+    ]
 
 
 @pytest.mark.parametrize("extra", EXTRA_SETS, ids=lambda e: e or "none")
@@ -205,10 +214,10 @@ def test_every_module_imports_but_those_of_an_extra_not_installed(
     report = probes[extra]
     failed = {name: why for name, why in report["modules"].items() if why is not None}
     for name, why in failed.items():
-        needs = _extra_of(why["missing"])
-        assert needs is not None and needs != extra, f"{name} fails to import: {why}"
-        home = EXTRA_HOMES.get(needs)
-        assert home is not None and name.startswith(home), f"{name} needs [{needs}]: {why}"
+        needs = [e for e in _extras_of(why["missing"]) if e != extra]
+        assert needs, f"{name} fails to import: {why}"
+        homes = [EXTRA_HOMES[e] for e in needs if e in EXTRA_HOMES]
+        assert any(name.startswith(h) for h in homes), f"{name} needs {needs}: {why}"
     services = ("planner.service", "executors.worker", "aggregator.service", "reconciler.service")
     for name in (*services, "toolfleet.client", "toolfleet.testing", "toolfleet.app.cli"):
         assert name in report["modules"] and report["modules"][name] is None
@@ -216,6 +225,8 @@ def test_every_module_imports_but_those_of_an_extra_not_installed(
         assert not [n for n in failed if n.startswith("toolfleet.agents")]
     if extra == "console":
         assert not [n for n in failed if n.startswith("toolfleet.app.console")]
+    if extra == "mcp":
+        assert not [n for n in failed if n.startswith("toolfleet.app.mcp")]
 
 
 @pytest.mark.parametrize("extra", EXTRA_SETS, ids=lambda e: e or "none")
@@ -245,12 +256,26 @@ def test_the_console_application_imports_with_its_extra_and_says_how_to_get_it_w
     assert _install_hint("console") in failure["message"]
 
 
+@pytest.mark.parametrize("extra", EXTRA_SETS, ids=lambda e: e or "none")
+def test_the_mcp_door_imports_with_its_extra_and_says_how_to_get_it_without(
+    extra: str, probes: dict[str, dict[str, Any]]
+) -> None:
+    failure = probes[extra]["mcp_app"]
+    if extra in ("mcp", "agents"):  # the agents extra brings the mcp package (and PyJWT)
+        assert failure is None
+        return
+    assert failure is not None
+    assert failure["type"] == "MissingExtraError", failure
+    assert _install_hint("mcp") in failure["message"]
+
+
 def test_no_extra_installs_another_s_optional_part(probes: dict[str, dict[str, Any]]) -> None:
     base = set(probes[""]["distributions"])
-    assert not {"openai-agents", "starlette", "uvicorn", "authlib"} & base
+    assert not {"openai-agents", "starlette", "uvicorn", "authlib", "mcp"} & base
     assert "opentelemetry-exporter-otlp-proto-http" not in base
     assert "openai-agents" not in probes["console"]["distributions"]
     assert "authlib" not in probes["agents"]["distributions"]
+    assert not {"openai-agents", "authlib"} & set(probes["mcp"]["distributions"])
 
 
 # -- the command -----------------------------------------------------------------------------
@@ -262,6 +287,7 @@ def test_the_command_and_its_help_run_in_every_install(extra: str, venvs: dict[s
     for args in (
         ("toolfleet", "--help"),
         ("toolfleet", "console", "--help"),
+        ("toolfleet", "mcp", "--help"),
         ("toolfleet", "worker", "--help"),
         ("python", "-m", "toolfleet", "--help"),
     ):
@@ -283,6 +309,13 @@ def test_the_console_command_without_its_extra_names_the_extra(
     extra: str, venvs: dict[str, Venv]
 ) -> None:
     _one_line_error(venvs[extra].run("toolfleet", "console", "--port", "0"), "console")
+
+
+@pytest.mark.parametrize("extra", ["", "console", "otlp"], ids=lambda e: e or "none")
+def test_the_mcp_command_without_its_extra_names_the_extra(
+    extra: str, venvs: dict[str, Venv]
+) -> None:
+    _one_line_error(venvs[extra].run("toolfleet", "mcp", "--port", "0"), "mcp")
 
 
 def test_otlp_traces_without_the_extra_name_the_extra(venvs: dict[str, Venv]) -> None:

@@ -74,7 +74,7 @@ async def serve(
 def mcp(*, host: str, port: int) -> None:
     """The MCP front door: the fleet's tools for any MCP client (Streamable HTTP).
 
-    Every ``tools/call`` is a one-call turn on the fleet for the caller's tenant, with the
+    Every tool call is a one-call turn on the fleet for the caller's tenant, with the
     fleet's guarantees. Stateless: run as many replicas as you like behind a load balancer.
     Callers send a bearer token: a static token (TOOLFLEET_MCP_TOKENS) or an access token of
     the console's OpenID Connect provider issued for TOOLFLEET_MCP_PUBLIC_URL (docs/mcp.md).
