@@ -33,7 +33,8 @@ META_VERSION = "io.toolfleet/version"
 """The ``_meta`` key of a listed tool's version (the newest live one)."""
 
 META_GATED = "io.toolfleet/gated"
-"""The ``_meta`` key saying whether a listed tool's calls wait for a person's approval."""
+"""The ``_meta`` key saying whether a listed tool's calls may wait for a person's approval
+(every call, or as its approval policy decides per call)."""
 
 META_IDEMPOTENCY_KEY = "io.toolfleet/idempotency-key"
 """The request ``_meta`` key a client names its call's idempotency key with."""

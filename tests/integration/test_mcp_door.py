@@ -309,6 +309,23 @@ async def test_a_viewer_lists_but_cannot_call(door: str) -> None:
             await client.call_tool("weather", {"city": "Oslo"})
 
 
+async def test_a_page_of_another_origin_is_refused(door: str) -> None:
+    """The Streamable HTTP transport asks a server to refuse an invalid Origin: a page of
+    another site never reaches the door, whatever token it found."""
+    bearer = f"Bearer {token('agent-a')}"
+    refused = await post(
+        door, rpc("tools/list"), Authorization=bearer, Origin="https://evil.example"
+    )
+    assert refused.status_code == 403
+    assert (
+        "origin https://evil.example may not call this door" in refused.json()["error"]["message"]
+    )
+    local = await post(
+        door, rpc("tools/list"), Authorization=bearer, Origin="http://localhost:3000"
+    )
+    assert local.status_code == 200
+
+
 async def test_an_unknown_tool_is_an_error_result_and_nothing_runs(door: str) -> None:
     async with mcp_client(door, "agent-a") as client:
         result = await client.call_tool("teleport", {"to": "Mars"})

@@ -53,9 +53,21 @@ class Calls:
     async def call(
         self, caller: Caller, spec: ToolSpec, arguments: Mapping[str, Any] | None
     ) -> dict[str, Any]:
-        """Run one call of ``spec`` for ``caller``'s tenant; its ``CallToolResult`` (wire
-        names) once it settled."""
+        """Run one call of ``spec`` for ``caller``'s tenant, in a run of its own; its
+        ``CallToolResult`` (wire names) once it settled."""
         run_id = run_id_for(caller.tenant, None)
+        return await self.settle(spec, run_id, submit=event_for(caller, spec, arguments, run_id))
+
+    async def settle(
+        self, spec: ToolSpec, run_id: str, *, submit: ModelResponseEvent | None = None
+    ) -> dict[str, Any]:
+        """The ``CallToolResult`` of call ``c0`` of ``run_id`` once it settled, submitting
+        ``submit`` first (the call's model response) when given.
+
+        The run's outcomes are followed before anything is submitted, so none is missed. A
+        call that settled before this was called (a retried call, another replica's) is not
+        seen here: reading it from the ledger is the caller's part (tasks, idempotency keys).
+        """
         loop = asyncio.get_running_loop()
         settled: asyncio.Future[CallOutcome] = loop.create_future()
 
@@ -68,27 +80,13 @@ class Calls:
             ):
                 settled.set_result(outcome)
 
-        event = ModelResponseEvent(
-            tenant_id=caller.tenant,
-            run_id=run_id,
-            turn_id=0,
-            agent=AgentRef(name=f"mcp:{caller.identity.name}"),
-            response_id=f"resp-{run_id}",
-            items=[
-                {
-                    "type": "function_call",
-                    "call_id": CALL_ID,
-                    "name": spec.name,
-                    "namespace": spec.namespace,
-                    "arguments": json.dumps(dict(arguments or {})),
-                }
-            ],
-            config=DOOR_CONFIG,
-        )
         stop = await self.client.follow(run_id, 0, on_outcome)
         turn: asyncio.Task[Any] | None = None
         try:
-            await self.client.submit(event)
+            if submit is not None:
+                await self.client.submit(submit)
+            else:
+                self.client.expect(run_id, 0)
             turn = asyncio.create_task(self.client.result(run_id, 0, within=self.limits.wait_s))
             await asyncio.wait({settled, turn}, return_when=asyncio.FIRST_COMPLETED)
             if settled.done():
@@ -104,6 +102,30 @@ class Calls:
                 turn.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await turn
+
+
+def event_for(
+    caller: Caller, spec: ToolSpec, arguments: Mapping[str, Any] | None, run_id: str
+) -> ModelResponseEvent:
+    """The model response a ``tools/call`` becomes: turn 0 of ``run_id``, one function call
+    ``c0`` of ``spec``, for the caller's tenant, its agent named after the caller."""
+    return ModelResponseEvent(
+        tenant_id=caller.tenant,
+        run_id=run_id,
+        turn_id=0,
+        agent=AgentRef(name=f"mcp:{caller.identity.name}"),
+        response_id=f"resp-{run_id}",
+        items=[
+            {
+                "type": "function_call",
+                "call_id": CALL_ID,
+                "name": spec.name,
+                "namespace": spec.namespace,
+                "arguments": json.dumps(dict(arguments or {})),
+            }
+        ],
+        config=DOOR_CONFIG,
+    )
 
 
 def _no_answer(run_id: str, why: str) -> dict[str, Any]:

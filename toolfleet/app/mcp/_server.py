@@ -7,10 +7,14 @@ the request (the gate put it there); none trusts a field of the request for who 
 tenant.
 
 Stateless: every request is served by a fresh transport (``stateless_http``), so any replica
-answers any request. What later steps add plugs in here: task handlers
-(``Server.add_request_handler`` for ``tasks/*``, a ``Server.middleware`` entry for a
-task-augmented ``tools/call``) and the ``capabilities.tasks`` they advertise
-(``Door.capabilities``).
+answers any request. What is still to come plugs in here: the client's idempotency key
+(``_meta["io.toolfleet/idempotency-key"]``, read in ``Door.call_tool`` and turned into the run
+by ``kernel.rules.mcp.run_id_for``, its record in a task store the door opens beside its
+``FleetClient``); task handlers (``Server.add_request_handler`` for ``tasks/*``, a
+``Server.middleware`` entry for a task-augmented ``tools/call``, answered through
+``Calls.settle`` and the ledger) and the ``capabilities.tasks`` they advertise (a
+``Server`` subclass's ``get_capabilities``); ``tasks/cancel`` already needs the operator
+role at the gate.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 
 from kernel.rules.mcp import listed, unknown_tool_result
@@ -58,10 +62,6 @@ class Door:
             on_list_tools=self.list_tools,
             on_call_tool=self.call_tool,
         )
-
-    def capabilities(self) -> types.ServerCapabilities:
-        """What the door advertises (tools; tasks join when they are served)."""
-        return self.server.get_capabilities(NotificationOptions())
 
     async def list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
