@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from kernel.adapters.bus import KafkaBus
 from kernel.adapters.security import kafka_options
+from kernel.adapters.topics import TopicsMissingError
 from kernel.errors import InvalidMessageError, UnavailableError
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.progress import ProgressCursor
@@ -289,7 +290,9 @@ class FleetClient:
         (``kernel.rules.progress.ProgressCursor``): a duplicate on the topic is never yielded
         twice, and a retried attempt's events, which count from 1 again, are yielded with their
         higher ``attempt``. ``tenant_id`` passes over other tenants' runs of the same id;
-        ``cursor`` goes on from positions an earlier reader showed.
+        ``cursor`` goes on from positions an earlier reader showed. Opening it raises
+        TopicsMissingError while the fleet has no ``progress`` topic (``toolfleet topics
+        apply`` creates it).
         """
         return RunProgress(self, run_id, tenant_id=tenant_id, cursor=cursor)
 
@@ -314,6 +317,11 @@ class FleetClient:
             topic = self.settings.topic("progress")
             consumer = AIOKafkaConsumer(**kafka_options(self.settings), enable_auto_commit=False)
             await consumer.start()
+            # Looked for, not named: naming a missing topic can have the broker create it
+            # with its defaults (a week's retention, its partition count), not the plan's.
+            if topic not in await consumer.topics():
+                await consumer.stop()
+                raise TopicsMissingError([topic], ("default",))
             partitions = await self.bus.producer.partitions_for(topic)
             assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
             consumer.assign(assigned)
@@ -494,8 +502,8 @@ class RunProgress:
         """Start reading the run's progress (``async with`` and the first ``__anext__`` do)."""
         if self._opened or self._closed:
             return
-        self._opened = True
         await self._client._watch(self)
+        self._opened = True
 
     def close(self) -> None:
         """Stop reading; an ``async for`` over it ends."""
