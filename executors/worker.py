@@ -662,15 +662,19 @@ class _Credits:
         """Credits on Kafka not started yet (they take free slots when they arrive)."""
         self._turn = 0
 
+    def room(self) -> int:
+        """Free slots not promised yet: what this worker's pass may admit (none while it
+        owns no partition or stops: a planner's pass admits those calls then)."""
+        loop = self.worker._loop
+        if loop is None or not self.worker._owned or self.worker._stopping.is_set():
+            return 0
+        return max(0, loop.free_slots - self._outstanding)
+
     def claim(self, pool: str) -> int | None:
-        """One of this worker's partitions while it has a free slot for one more command of
-        its pool; None otherwise (by key)."""
-        worker = self.worker
-        loop = worker._loop
-        if pool != worker.pool or loop is None or worker._stopping.is_set():
-            return None
-        owned = [int(tp.partition) for tp in worker._owned]
-        if not owned or loop.free_slots - self._outstanding <= 0:
+        """One of this worker's partitions for a command of its pool its pass admitted
+        (counted as promised until it arrives); None for another pool's (by key)."""
+        owned = [int(tp.partition) for tp in self.worker._owned]
+        if pool != self.worker.pool or not owned:
             return None
         self._outstanding += 1
         self._turn += 1

@@ -52,6 +52,8 @@ REPORT_EVERY_S = 5.0
 """How often a planner refreshes the per-tenant gauges (a read of every busy tenant)."""
 TOP_TENANTS = 10
 """Tenants named in the gauges (bounded cardinality); the rest are summed as ``other``."""
+MAX_CALLS = 1000
+"""Calls one pass may admit (a planner's, the reconciler's)."""
 CREDIT_HEADER = "tf-credit"
 """Header of a command a worker's pass admitted onto one of its own free slots: its value is
 that worker's id (it counts its credits until they start)."""
@@ -61,11 +63,14 @@ CONFIRM_WITHIN_S = 0.05
 
 
 class Credits(Protocol):
-    """A worker's free slots, as its admission passes see them: a command of its pool that
-    its own pass admits goes to one of its partitions while it has a free slot for it, so it
-    starts on the slot that freed instead of behind another worker's running calls."""
+    """A worker's free slots, as its admission passes see them: its pass admits at most as
+    many calls as it has free slots, and each of its pool goes to one of its partitions, so
+    it starts on the slot that freed instead of behind another worker's running calls."""
 
     worker_id: str
+
+    def room(self) -> int:
+        """How many calls this worker could start now (its pass admits no more)."""
 
     def claim(self, pool: str) -> int | None:
         """A partition of this worker's for one more command of ``pool`` (a free slot is
@@ -203,7 +208,12 @@ class Admitter:
         confirm, self._confirm = self._confirm, []
         try:
             admitted = await self.admission.admit(
-                time.time(), release=released, published=confirm, enqueue=queued, scan=self.scan
+                time.time(),
+                release=released,
+                published=confirm,
+                enqueue=queued,
+                max_calls=MAX_CALLS if self.credits is None else self.credits.room(),
+                scan=self.scan,
             )
         except BaseException:
             self._confirm = confirm + self._confirm  # confirmed with a later pass instead

@@ -39,11 +39,14 @@ def side_effects() -> redis.Redis | RedisCluster:
 
 @cache
 def async_side_effects() -> redis.asyncio.Redis | AsyncRedisCluster:
-    """One asyncio client per process, for the event loop of the worker that calls it."""
+    """One asyncio client per process, for the event loop of the worker that calls it. Its
+    pool waits for a free connection instead of failing: a worker of 50 slots runs 50 tools
+    that each write here at once."""
     url, seed = _url()
     if seed is not None:
         return AsyncRedisCluster(host=seed[0], port=seed[1])
-    return redis.asyncio.Redis.from_url(url)
+    pool = redis.asyncio.BlockingConnectionPool.from_url(url, max_connections=64, timeout=30)
+    return redis.asyncio.Redis(connection_pool=pool)
 
 
 ENTER_IN_FLIGHT = """

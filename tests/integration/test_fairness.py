@@ -56,19 +56,23 @@ async def client(fleet: LocalFleet, settings: Settings) -> AsyncIterator[FleetCl
         yield fleet_client
 
 
-def _turn(tenant: str, calls: int, tool: str = "work", ms: int = TOOL_MS) -> ModelResponseEvent:
+def fair_turn(tenant: str, calls: int, tool: str = "work", ms: int = TOOL_MS) -> ModelResponseEvent:
+    """A turn of ``calls`` calls of ``tool`` for ``tenant``, each holding ``ms``."""
     event = turn(*((f"c{i}", tool, {"ms": ms}) for i in range(calls)))
     return event.model_copy(update={"tenant_id": tenant})
 
 
-async def _latency(fleet: LocalFleet, client: FleetClient, tenant: str) -> float:
-    event = _turn(tenant, 1)
+async def turn_latency(fleet: LocalFleet, client: FleetClient, tenant: str) -> float:
+    """Seconds from submitting a one-call turn of ``tenant`` to reading its result (the hops
+    are printed: to start, body, to result)."""
+    event = fair_turn(tenant, 1)
     began, wall = time.perf_counter(), time.time()
     await client.submit(event)
     result = await result_of(fleet, client, event.run_id, within=120)
     assert result.status == "completed"
     took = time.perf_counter() - began
     call = result.calls[0]
+    assert call.status == "succeeded"
     print(
         f"  to start {((call.started_at or 0) - wall) * 1000:.0f} ms, body "
         f"{((call.finished_at or 0) - (call.started_at or 0)) * 1000:.0f} ms, to result "
@@ -82,14 +86,14 @@ async def test_a_light_tenant_is_not_stuck_behind_a_flood(
 ) -> None:
     tag = uuid.uuid4().hex[:6]
     light, flood = f"light-{tag}", f"flood-{tag}"
-    idle = statistics.median([await _latency(fleet, client, light) for _ in range(5)])
-    floods = [_turn(flood, 30) for _ in range(100)]  # 3,000 calls of 50 ms: 38 s on 4 slots
+    idle = statistics.median([await turn_latency(fleet, client, light) for _ in range(5)])
+    floods = [fair_turn(flood, 30) for _ in range(100)]  # 3,000 calls of 50 ms: 38 s on 4 slots
     await asyncio.gather(*(client.submit(e) for e in floods))
     await asyncio.sleep(1.0)  # wait-ok: the issue's scenario, the light turn comes 1 s later
     # The light tenant's turns one after the other, well inside the flood (under a second
     # of its 38 s); the median, as for idle: one turn's latency on a shared 2-core machine
     # swings with whatever else is scheduled in that moment.
-    beside = [await _latency(fleet, client, light) for _ in range(5)]
+    beside = [await turn_latency(fleet, client, light) for _ in range(5)]
     loaded = statistics.median(beside)
     # The light calls went ahead of the flood's backlog: when the last of them started,
     # nearly all of the flood's calls were still waiting (in a FIFO, every one of the 3,000
@@ -120,7 +124,7 @@ async def test_backlogged_tenants_share_the_fleet_by_weight(
     admission = Admission(redis, keys)
     await admission.set_limits("tenants", one, Limits(weight=1))
     await admission.set_limits("tenants", three, Limits(weight=3))
-    events = [_turn(t, 10) for _ in range(40) for t in (one, three)]  # 400 calls each
+    events = [fair_turn(t, 10) for _ in range(40) for t in (one, three)]  # 400 calls each
     await asyncio.gather(*(client.submit(e) for e in events))
     results = [await result_of(fleet, client, e.run_id, within=180) for e in events]
     assert {r.status for r in results} == {"completed"}
@@ -136,7 +140,7 @@ async def test_a_planner_killed_while_calls_wait_loses_and_repeats_none(
     fleet: LocalFleet, client: FleetClient, redis: Redis
 ) -> None:
     tenant = f"kill-{uuid.uuid4().hex[:6]}"
-    events = [_turn(tenant, 10) for _ in range(40)]  # 400 calls: 5 s of backlog
+    events = [fair_turn(tenant, 10) for _ in range(40)]  # 400 calls: 5 s of backlog
     await asyncio.gather(*(client.submit(e) for e in events))
     fleet.kill("planner")  # mid-backlog; planner-2 takes its partitions over
     fleet.start("planner", ["planner"])

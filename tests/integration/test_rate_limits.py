@@ -16,7 +16,7 @@ from kernel.stores.keys import Keys
 from tests.conftest import wait_for
 from tests.integration.fair_tools import starts_key
 from tests.integration.side_effects import in_flight_keys
-from tests.integration.test_fairness import _turn
+from tests.integration.test_fairness import fair_turn
 from toolfleet.client import FleetClient
 from toolfleet.testing import LocalFleet, connected_client, result_of
 
@@ -48,7 +48,7 @@ async def test_a_tool_rate_limit_is_never_exceeded_in_any_second(
     admission = Admission(redis, keys)
     await admission.set_limits("tools", "limited", Limits(rate=RATE))
     try:
-        events = [_turn(tenant, 10, "limited") for _ in range(25)]  # 250 calls: 5 s and more
+        events = [fair_turn(tenant, 10, "limited") for _ in range(25)]  # 250 calls: 5 s and more
         await asyncio.gather(*(client.submit(e) for e in events))
         results = [await result_of(fleet, client, e.run_id, within=120) for e in events]
     finally:
@@ -72,7 +72,7 @@ async def test_a_tenant_quota_is_never_exceeded(
     # way back): a quota's slots are held from admission to release, so with short bodies
     # the slots are full while fewer bodies than the quota overlap, and "reached" would
     # measure scheduling jitter instead of the quota.
-    events = [_turn(tenant, 10, ms=QUOTA_BODY_MS) for _ in range(6)]  # 60 calls, 10 slots
+    events = [fair_turn(tenant, 10, ms=QUOTA_BODY_MS) for _ in range(6)]  # 60 calls, 10 slots
     await asyncio.gather(*(client.submit(e) for e in events))
     results = [await result_of(fleet, client, e.run_id, within=120) for e in events]
     assert {r.status for r in results} == {"completed"}
@@ -88,7 +88,7 @@ async def test_an_http_429_slows_the_tools_rate_buckets(
     admission = Admission(redis, keys)
     await admission.set_limits("tools", "rate_limited", Limits(rate=RATE, tenant_rate=RATE))
     try:
-        await client.submit(_turn(tenant, 1, "rate_limited"))
+        await client.submit(fair_turn(tenant, 1, "rate_limited"))
 
         async def slowed() -> bool:
             count = await redis.hget(keys.admission("stats"), "throttled:o:rate_limited")
