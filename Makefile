@@ -114,6 +114,12 @@ bench-kafka: setup
 	  { $(BIN)/python -m pip install -q -e '.[dev,bench]' && touch $(VENV)/.bench-installed; }
 	$(BIN)/python -m bench.kafka_clients $(BENCH_ARGS)
 
+## bench-mcp: the MCP front door against FleetClient, the same one-call turn both ways in one
+## run: idle p50/p99 and calls/s under 50 callers (bench/results/mcp-door.md; about 2 minutes)
+.PHONY: bench-mcp
+bench-mcp: setup
+	$(BIN)/python -m bench.mcp_door $(BENCH_ARGS)
+
 ## fuzz: 5,000 hostile messages on every inbound topic; prints the figures
 fuzz: setup
 	TOOLFLEET_FUZZ_MESSAGES=5000 $(BIN)/pytest -q -s tests/integration/test_fuzz.py
