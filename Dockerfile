@@ -1,12 +1,13 @@
 # syntax=docker/dockerfile:1.7
 # toolfleet's image: every service (`toolfleet planner|aggregator|reconciler|worker ...`)
-# and the console (`toolfleet console`).
+# the console (`toolfleet console`) and the MCP front door (`toolfleet mcp`).
 # Build:  docker build -t toolfleet:0.1.0 .
 # A worker pool that runs your tools needs them in its image: see examples/worker-image.
-# EXTRAS: the optional parts it carries (docs/install.md): the console, OTLP export and the
-# Agents SDK for SDK tools on workers; --build-arg EXTRAS=console,otlp leaves the SDK out.
+# EXTRAS: the optional parts it carries (docs/install.md): the console, the MCP door, OTLP
+# export and the Agents SDK for SDK tools on workers; --build-arg EXTRAS=console,mcp,otlp
+# leaves the SDK out.
 ARG PYTHON_VERSION=3.11.7
-ARG EXTRAS=agents,console,otlp
+ARG EXTRAS=agents,console,mcp,otlp
 
 FROM python:${PYTHON_VERSION}-slim-bookworm AS build
 ARG EXTRAS

@@ -5,10 +5,11 @@
 #   docker/steps.sh check          what the image's entrypoint must do: toolfleet --help, and
 #                                  each installed extra's part imports
 # TOOLFLEET_EXTRAS names the extras the image carries (comma separated; the Dockerfile's EXTRAS
-# build argument): by default the console, OTLP export and the Agents SDK (SDK tools on workers).
+# build argument): by default the console, the MCP door, OTLP export and the Agents SDK (SDK
+# tools on workers).
 set -euo pipefail
 step="$1"
-extras="${TOOLFLEET_EXTRAS-agents,console,otlp}"
+extras="${TOOLFLEET_EXTRAS-agents,console,mcp,otlp}"
 case "$step" in
   wheels)
     out="$2"
@@ -24,12 +25,13 @@ case "$step" in
     toolfleet worker --help >/dev/null
     toolfleet console --help >/dev/null
     python -c "import toolfleet, executors, planner, aggregator, reconciler, schemas, kernel"
-    if [[ ",$extras," == *,all,* ]]; then extras="agents,console,otlp,containers"; fi
+    if [[ ",$extras," == *,all,* ]]; then extras="agents,console,mcp,otlp,containers"; fi
     IFS=, read -ra wanted <<<"$extras"
     for extra in "${wanted[@]}"; do
       case "$extra" in
         agents) python -c "from toolfleet.agents import FleetRunner" ;;
         console) python -c "from toolfleet.app.console import create_app" ;;
+        mcp) toolfleet mcp --help >/dev/null && python -c "from toolfleet.app.mcp import create_app" ;;
         otlp) python -c "import opentelemetry.exporter.otlp.proto.http.trace_exporter" ;;
         containers) python -c "import testcontainers.kafka, testcontainers.redis" ;;
         *) echo "unknown extra: $extra" >&2; exit 2 ;;

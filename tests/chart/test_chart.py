@@ -174,6 +174,7 @@ def test_every_deployment_is_ready_for_production() -> None:
     rendered = _render(FULL)
     deployments = _deployments(rendered)
     console = deployments.pop("fleet-toolfleet-console")
+    door = deployments.pop("fleet-toolfleet-mcp")
     assert set(deployments) == {
         "fleet-toolfleet-planner", "fleet-toolfleet-aggregator", "fleet-toolfleet-reconciler",
         "fleet-toolfleet-worker-default", "fleet-toolfleet-worker-payments-eu",
@@ -187,6 +188,18 @@ def test_every_deployment_is_ready_for_production() -> None:
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TOOLFLEET_TRACE_URL_TEMPLATE"].endswith("traceId={trace_id}")
     assert "fleet-toolfleet-console" not in _deployments(_render())  # off by default
+    assert door["spec"]["replicas"] == 3
+    pod = door["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["topologySpreadConstraints"]
+    (container,) = pod["containers"]
+    assert container["args"] == ["mcp", "--host", "0.0.0.0", "--port", "8090"]
+    assert container["ports"] == [{"name": "http", "containerPort": 8090}]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, probe
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"secretRef": {"name": "toolfleet-kafka"}} in container["envFrom"]
+    assert "fleet-toolfleet-mcp" not in _deployments(_render())  # off by default
     for name, deployment in deployments.items():
         labels = deployment["spec"]["template"]["metadata"]["labels"]
         assert labels["app.kubernetes.io/instance"] == "fleet", name
@@ -202,7 +215,7 @@ def test_every_deployment_is_ready_for_production() -> None:
         assert container["resources"]["requests"], name
         assert {"secretRef": {"name": "toolfleet-kafka"}} in container["envFrom"], name
     kinds = [o["kind"] for o in _objects(rendered)]
-    assert kinds.count("PodDisruptionBudget") == 4  # every component with more than one pod
+    assert kinds.count("PodDisruptionBudget") == 5  # every component with more than one pod
     assert {"ServiceAccount", "Service", "ServiceMonitor", "PrometheusRule", "Job"} <= set(kinds)
     assert "ConfigMap" in kinds  # the Grafana dashboard (tests/chart/test_dashboards.py)
 

@@ -55,6 +55,7 @@ USER_SECRETS = {
     "toolfleet-console-oidc": {"client-secret": "s"},
     "toolfleet-console-session": {"session-secret": "s" * 32},
     "toolfleet-console-tokens": {"tokens.json": "[]"},
+    "toolfleet-mcp-tokens": {"tokens.json": "[]"},
 }
 """The Secrets ci/full-values.yaml names, created before the install as the chart's README
 asks (the chart reads them; it never creates them)."""

@@ -1,16 +1,19 @@
 """What the chart's values turn into: the defaults give a running fleet, the console's
-access (console.auth) is wired from Secrets and required, KEDA authenticates to a secured
-Kafka with the services' Secrets, the NetworkPolicies, extraObjects, and a plain
+access (console.auth) and the MCP door's (mcp.auth) are wired from Secrets and required,
+KEDA authenticates to a secured Kafka with the services' Secrets, the NetworkPolicies,
+extraObjects, and a plain
 ``helm template`` (no ``--kube-version``) with the helm ``make chart-tools`` builds.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from executors import ToolRegistry
@@ -18,6 +21,7 @@ from kernel.settings import Settings
 from tests.chart.test_chart import CHART, FULL, KUBERNETES, _deployments, _helm, _objects, _render
 
 CONSOLE_ON = ("console.enabled=true",)
+MCP_TOKENS = ("mcp.enabled=true", "mcp.auth.tokens.existingSecret=agents")
 
 
 def _fails(*args: str) -> str:
@@ -64,6 +68,58 @@ def test_openid_connect_needs_a_client_id_and_a_session_secret() -> None:
     assert "/console/auth" in _fails(*oidc)
     stderr = _fails(*oidc, "--set", "console.auth.oidc.clientId=c", "--skip-schema-validation")
     assert "console.auth.sessionSecret.existingSecret" in stderr
+
+
+def _door_env(rendered: str) -> dict[str, dict[str, Any]]:
+    door = _deployments(rendered)["fleet-toolfleet-mcp"]
+    return {e["name"]: e for e in door["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_an_enabled_mcp_door_without_a_way_in_is_refused_naming_mcp_auth() -> None:
+    assert "/mcp/auth" in _fails("--set", "mcp.enabled=true")
+    stderr = _fails("--set", "mcp.enabled=true", "--skip-schema-validation")
+    assert "mcp.auth: the MCP door is enabled with no way to authenticate its callers" in stderr
+    oidc = ("--set", "mcp.enabled=true", "--set", "mcp.auth.oidc.issuer=https://idp")
+    assert "/mcp/publicUrl" in _fails(*oidc)
+    stderr = _fails(*oidc, "--skip-schema-validation")
+    assert "mcp.publicUrl: the door accepts access tokens of mcp.auth.oidc.issuer" in stderr
+
+
+def test_the_mcp_door_reads_its_tokens_from_a_secret_as_the_settings_name_them() -> None:
+    env = _door_env(_render(FULL))
+    assert env["TOOLFLEET_MCP_TOKENS"] == {
+        "name": "TOOLFLEET_MCP_TOKENS",
+        "valueFrom": {"secretKeyRef": {"name": "toolfleet-mcp-tokens", "key": "tokens.json"}},
+    }  # never inlined
+    assert env["TOOLFLEET_MCP_PUBLIC_URL"]["value"] == "https://mcp.example.com/mcp"
+    assert env["TOOLFLEET_CONSOLE_OIDC_ISSUER"]["value"] == (
+        "https://login.example.com/realms/platform"
+    )
+    assert env["TOOLFLEET_CONSOLE_OIDC_ROLES_CLAIM"]["value"] == "toolfleet_roles"
+    tokens_only = _door_env(_render(sets=MCP_TOKENS))
+    assert "TOOLFLEET_CONSOLE_OIDC_ISSUER" not in tokens_only
+    assert "TOOLFLEET_MCP_PUBLIC_URL" not in tokens_only
+    known = {f"TOOLFLEET_{name.upper()}" for name in Settings.model_fields}
+    assert {n for n in (*env, *tokens_only) if n.startswith("TOOLFLEET_")} - known == set()
+
+
+@pytest.mark.parametrize("sets", [MCP_TOKENS, ()], ids=["tokens", "full"])
+def test_the_door_starts_on_the_environment_the_chart_gives_it(
+    sets: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The door's own start-up checks (``create_app``) accept what the chart renders: its
+    Secret-held tokens, the issuer and the public URL it needs with them."""
+    from toolfleet.app.mcp import create_app
+
+    rendered = _render(*(() if sets else (FULL,)), sets=sets)
+    tokens = '[{"name": "a", "sha256": "' + "0" * 64 + '", "role": "operator", "tenants": ["t"]}]'
+    for name in [n for n in os.environ if n.startswith("TOOLFLEET_")]:
+        monkeypatch.delenv(name)
+    for name, entry in _door_env(rendered).items():
+        monkeypatch.setenv(name, entry.get("value", tokens))
+    settings = Settings()
+    assert settings.mcp_tokens is not None
+    assert create_app(settings) is not None
 
 
 def test_the_console_reads_its_secrets_from_secrets_as_the_settings_name_them() -> None:
@@ -178,6 +234,7 @@ def test_the_network_policies_admit_only_what_the_values_name() -> None:
         "fleet-toolfleet-egress",
         "fleet-toolfleet-ingress",
         "fleet-toolfleet-console",
+        "fleet-toolfleet-mcp",
         "fleet-toolfleet-worker-payments-eu-egress",
     }
     egress = policies["fleet-toolfleet-egress"]
@@ -195,6 +252,14 @@ def test_the_network_policies_admit_only_what_the_values_name() -> None:
     }
     assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
     assert console["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "console"
+    door = policies["fleet-toolfleet-mcp"]
+    (rule,) = door["ingress"]
+    agents = {"namespaceSelector": {"matchLabels": {"toolfleet.dev/agents": "true"}}}
+    assert rule["from"] == [agents]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert door["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "mcp"
+    (kept_out,) = policies["fleet-toolfleet-ingress"]["podSelector"]["matchExpressions"]
+    assert kept_out["values"] == ["console", "mcp"]  # each takes its own callers
     pool = policies["fleet-toolfleet-worker-payments-eu-egress"]
     assert pool["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == (
         "worker-payments-eu"
@@ -213,6 +278,8 @@ def test_a_network_policy_that_would_lock_out_the_console_or_prometheus_is_refus
     on = ("--set", "networkPolicy.enabled=true")
     console = ("--set", "console.enabled=true", "--set", "console.auth.tokens.existingSecret=t")
     assert "networkPolicy.console.from: name who may reach the console" in _fails(*on, *console)
+    door = ("--set", "mcp.enabled=true", "--set", "mcp.auth.tokens.existingSecret=t")
+    assert "networkPolicy.mcp.from: name who may reach the MCP door" in _fails(*on, *door)
     monitor = ("--set", "metrics.serviceMonitor.enabled=true")
     assert "networkPolicy.metrics.from: metrics.serviceMonitor is enabled" in _fails(*on, *monitor)
 

@@ -457,4 +457,4 @@ def test_the_image_installs_the_extras_docs_install_md_names() -> None:
     (image,) = re.findall(r"^ARG EXTRAS=(\S+)$", dockerfile, flags=re.MULTILINE)
     assert f'extras="${{TOOLFLEET_EXTRAS-{image}}}"' in steps  # make image-check's default
     assert f"installs `toolfleet[{image}]`" in docs
-    assert {"console", "otlp"} <= set(image.split(","))  # the chart runs both
+    assert {"console", "mcp", "otlp"} <= set(image.split(","))  # the chart runs them all
