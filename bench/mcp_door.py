@@ -27,8 +27,8 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
 import secrets
-import socket
 import statistics
 import time
 import uuid
@@ -106,11 +106,19 @@ def _door_call(client: Client) -> Call:
     return call
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+async def _door_url(fleet: LocalFleet, within: float = 60) -> str:
+    """The door's MCP URL, as ``toolfleet mcp --port 0`` prints it once it serves."""
+    deadline = time.monotonic() + within
+    while True:
+        fleet.check()
+        found = re.search(r"^mcp: (http://\S+)$", fleet.logs("mcp"), flags=re.MULTILINE)
+        if found:
+            return found.group(1)
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the door did not start within {within:.0f} s:\n{fleet.logs('mcp')}"
+            )
+        await asyncio.sleep(0.2)  # polling interval of a deadline-bounded wait
 
 
 def _tokens(token: str) -> str:
@@ -136,21 +144,6 @@ async def _door_client(url: str, token: str) -> AsyncIterator[Client]:
                 raise RuntimeError("the door did not list bench_noop within 60 s")
             await asyncio.sleep(0.2)  # polling interval of a deadline-bounded wait
         yield client
-
-
-async def _healthy(base: str, fleet: LocalFleet, within: float = 60) -> None:
-    deadline = time.monotonic() + within
-    async with httpx2.AsyncClient(timeout=5) as http:
-        while True:
-            fleet.check()
-            try:
-                if (await http.get(f"{base}/healthz")).status_code == 200:
-                    return
-            except httpx2.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the door did not answer {base}/healthz:\n{fleet.logs('mcp')}")
-            await asyncio.sleep(0.2)  # polling interval of a deadline-bounded wait
 
 
 def _cuts(samples: list[float]) -> tuple[float, float]:
@@ -215,16 +208,15 @@ async def _run(args: argparse.Namespace) -> str:
     settings = base.model_copy(update={"topic_prefix": f"mcpdoor-{uuid.uuid4().hex[:6]}."})
     await ensure_topics(settings)
     token = secrets.token_urlsafe(32)
-    port = _free_port()
     extra = {"TOOLFLEET_MCP_TOKENS": _tokens(token)}
     with LocalFleet(settings, tools="bench.tools:tools", workers=2, extra_env=extra) as fleet:
-        fleet.start("mcp", ["mcp", "--host", "127.0.0.1", "--port", str(port)])
+        fleet.start("mcp", ["mcp", "--host", "127.0.0.1", "--port", "0"])
         door = psutil.Process(fleet.pid("mcp"))
-        await _healthy(f"http://127.0.0.1:{port}", fleet)
+        url = await _door_url(fleet)
         progress("fleet and door up; warming both ways")
         async with (
             connected_client(fleet, settings) as fleet_client,
-            _door_client(f"http://127.0.0.1:{port}/mcp", token) as door_client,
+            _door_client(url, token) as door_client,
         ):
             ways = {
                 FLEET: _fleet_call(fleet_client),
