@@ -58,7 +58,15 @@ from kernel.errors import (
 )
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.effects import counts_against_circuit, effect_of_probe, fleet_retries
-from kernel.rules.outcomes import WORKER_LOST, ended, identity, lost
+from kernel.rules.outcomes import (
+    WORKER_LOST,
+    ended,
+    identity,
+    lost,
+    missed_schedule_to_start,
+    not_started_in_time,
+)
+from kernel.rules.state_versions import spec_for_readers
 from kernel.rules.texts import CIRCUIT_OPEN, UNKNOWN_OUTCOME, unknown_outcome_text
 from kernel.rules.versions import version_ref
 from kernel.settings import Settings
@@ -67,7 +75,15 @@ from kernel.stores.door import Stores
 from kernel.stores.ledger import CallFailure
 from kernel.stores.registry import announce_tools
 from kernel.stores.tasks import new_task_id
-from kernel.tools import Tool, ToolFailure, ToolRegistry, run_call, run_compensate, run_probe
+from kernel.tools import (
+    HEARTBEAT_WRITE_S,
+    Tool,
+    ToolFailure,
+    ToolRegistry,
+    run_call,
+    run_compensate,
+    run_probe,
+)
 from schemas import CallError, CallOutcome, CancelRequest, ExecutionCommand, HumanTask
 
 T = TypeVar("T")
@@ -84,14 +100,18 @@ class WorkerLimits:
     per_worker: int = 100
     lease_s: float = 30.0
     """How long a silent holder keeps a call (and its slots); renewed every third of it."""
+    heartbeat_write_s: float = HEARTBEAT_WRITE_S
+    """The least interval between two ledger writes of one call's heartbeat details."""
 
 
 class _NotStarted(ToolfleetError):
-    """The ledger refused the attempt; carries its verdict."""
+    """The ledger refused the attempt; carries its verdict (and, for an attempt that never
+    starts because it waited too long, the outcome already stored)."""
 
-    def __init__(self, verdict: str) -> None:
+    def __init__(self, verdict: str, outcome: CallOutcome | None = None) -> None:
         super().__init__(f"ledger verdict {verdict}")
         self.verdict = verdict
+        self.outcome = outcome
 
 
 class Worker:
@@ -166,7 +186,10 @@ class Worker:
             await self.registry.close()
 
     async def _serve(self) -> None:
-        specs = self.registry.specs(self.pool)
+        # What the version in force lets the registry's readers read (the earlier release's
+        # planners may still run); the tools' own timeouts hold here whatever is published.
+        in_force = await self.stores.schema().in_force(fresh_read=True)
+        specs = [spec_for_readers(spec, in_force) for spec in self.registry.specs(self.pool)]
         await self.stores.publish_tools(specs)
         await self.bus.start()
         self.progress.start()
@@ -370,6 +393,9 @@ class Worker:
 
         async def gate() -> None:
             with phase(self._tracer, "gate"):
+                late = await self._not_started_in_time(tool, command)
+                if late is not None:
+                    raise _NotStarted("not_started_in_time", late)
                 verdict = await self._begin(command, tool.version)
             if verdict != "run":
                 raise _NotStarted(verdict)
@@ -377,6 +403,14 @@ class Worker:
 
         async def record_upstream(ref: str) -> None:
             await _persist(lambda: self.ledger.record_upstream_ref(command, ref))
+
+        async def heartbeat(details: str) -> None:
+            try:
+                await self.ledger.heartbeat(
+                    command, details, worker_id=self.worker_id, lease_s=self.limits.lease_s
+                )
+            except TRANSIENT_ERRORS as exc:  # the next heartbeat writes again
+                DEPENDENCIES.failed(exc)
 
         raised: list[ToolFailure] = []  # what user code raised (logged by the runner)
         try:
@@ -393,8 +427,12 @@ class Worker:
                 on_failure=raised.append,
                 progress=self.progress.offer,
                 progress_interval_s=self.settings.progress_min_interval_s,
+                heartbeat=heartbeat,
+                heartbeat_interval_s=self.limits.heartbeat_write_s,
             )
         except _NotStarted as refused:
+            if refused.outcome is not None:
+                return refused.outcome  # stored as finished: published and committed next
             return await self._refused(command, refused.verdict)
         except asyncio.CancelledError:
             if (command.tenant_id, command.run_id) not in self._cancelled_runs:
@@ -432,6 +470,24 @@ class Worker:
         if verdict == "stale":
             log.info("dropping a fenced-off attempt's outcome", extra={"call": command.call_id})
             return None
+        return outcome
+
+    async def _not_started_in_time(
+        self, tool: Tool, command: ExecutionCommand
+    ) -> CallOutcome | None:
+        """The outcome of an attempt that waited past its tool's schedule-to-start timeout,
+        stored as finished without the call ever starting; None when it may start (in time,
+        or another worker's verdict on the call decides: ``begin`` then says what)."""
+        seconds = tool.schedule_to_start
+        if seconds is None or not missed_schedule_to_start(command, seconds, time.time()):
+            return None
+        outcome = not_started_in_time(command, self.worker_id, seconds)
+        if await _persist(lambda: self.ledger.never_started(outcome, seconds)) != "ok":
+            return None
+        log.info(
+            "call not started: past its schedule-to-start timeout",
+            extra={"schedule_to_start_s": seconds},
+        )
         return outcome
 
     def _as_reported(

@@ -30,6 +30,7 @@ Catch the branch that says what you can do about it::
     ├── NotExecuted                      (kernel.rules.effects) raised by a tool: upstream refused
     ├── ToolExecutionError               a tool failed in a way that fails the turn
     │   ├── ToolTimeoutError             (kernel.tools) the SDK's timeout, as in-process
+    │   │   └── HeartbeatTimeoutError    no heartbeat within the tool's heartbeat timeout
     │   ├── ToolCancelledError           (kernel.tools) the tool itself was cancelled
     │   ├── ToolInputGuardrailTripwireTriggered   (kernel.tools)
     │   └── ToolOutputGuardrailTripwireTriggered  (kernel.tools)

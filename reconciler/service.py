@@ -34,6 +34,7 @@ from kernel.errors import InvalidMessageError, ToolfleetError
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.effects import probe_answer
 from kernel.rules.outcomes import lost
+from kernel.rules.state_versions import for_readers
 from kernel.rules.texts import COMPENSATED, DEFAULT_ERROR, unknown_outcome_text
 from kernel.settings import Settings
 from kernel.stores.admitting import Admitter
@@ -108,6 +109,7 @@ class Reconciler:
         self.auth = DecisionAuth.of(settings)
         self.tick_s = tick_s
         self.recon = stores.reconciling()
+        self.schema = stores.schema()
         self._loop: ConsumeLoop | None = None
         self._stopping = asyncio.Event()
 
@@ -323,7 +325,9 @@ class Reconciler:
             return
         # A retry is a new attempt at the upstream: admitted like a first one (quotas, rate
         # limits, a 429's slow-down), so it reaches Kafka when it can run.
-        await self.admitter.submit([_command(entry, "execute", issued[1], attempt=issued[0])])
+        command = _command(entry, "execute", issued[1], attempt=issued[0])
+        # It carries the earlier attempt's heartbeat details once workers all read them.
+        await self.admitter.submit([for_readers(command, await self.schema.in_force())])
         await self.admitter.confirm()
 
     async def _send_compensation(self, tenant: str, run: str, call_id: str) -> None:

@@ -12,6 +12,7 @@ from schemas.inbound import (
     TurnConfig,
 )
 from schemas.internal import (
+    LONG_RUNNING_SPEC_FIELDS,
     CallError,
     CallOutcome,
     CallStatus,
@@ -50,6 +51,7 @@ EXPORTED_MODELS: tuple[type[WireModel], ...] = (
 
 __all__ = [
     "EXPORTED_MODELS",
+    "LONG_RUNNING_SPEC_FIELDS",
     "SCHEMA_VERSION",
     "AgentRef",
     "ApprovalDecision",

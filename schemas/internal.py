@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from schemas._base import Message, WireModel
 from schemas.inbound import RunContextCopy, TurnConfig
@@ -198,6 +198,12 @@ class ExecutionCommand(Message):
         "status, a hosted agent's attribution), for the tool's view of its call; as "
         "run_context, payload of the first dispatch only.",
     )
+    heartbeat_details: str | None = Field(
+        default=None,
+        max_length=65_536,
+        description="For a later attempt of a call: the details (JSON text) an earlier "
+        "attempt sent last with ctx.heartbeat, from the ledger (state version 3).",
+    )
     issued_at: float
 
 
@@ -373,6 +379,10 @@ class DeadLetter(WireModel):
     )
 
 
+LONG_RUNNING_SPEC_FIELDS: tuple[str, ...] = ("schedule_to_start_s", "heartbeat_timeout_s")
+"""ToolSpec fields of state version 3, left out of the JSON when unset."""
+
+
 class ToolSpec(WireModel):
     """A tool as a worker pool publishes it to the registry in Redis for the planner."""
 
@@ -406,6 +416,29 @@ class ToolSpec(WireModel):
         description="Exception types the tool declares definite failures (not executed).",
     )
     has_classify: bool = Field(default=False, description="The tool maps its own exceptions.")
+    schedule_to_start_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="A call not started this long after its command was issued never starts "
+        "(not executed). Published from state version 3; left out when None.",
+    )
+    heartbeat_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="A running body that sends no heartbeat for this long is cancelled (effect "
+        "unknown). Published from state version 3; left out when None.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset_long_running(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # A service of state version 2 refuses fields it does not know, even as null: a spec
+        # without these timeouts is written exactly as version 2 wrote it.
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in LONG_RUNNING_SPEC_FIELDS:
+                if data.get(name) is None:
+                    data.pop(name, None)
+        return data
 
     @property
     def lookup_key(self) -> str:

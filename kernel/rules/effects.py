@@ -145,12 +145,34 @@ CLASSIFICATION: tuple[tuple[str, str, str], ...] = (
     ("read/write timeout, connection reset or closed, HTTP 408/409/5xx, the fleet's timeout, "
      "a lost worker, a broker error after start, any other exception", "unknown",
      "probe first"),
+    ("start-to-close timeout: the body ran past the tool's timeout and was cancelled",
+     "unknown", "probe first"),
+    ("heartbeat timeout: the body sent no heartbeat within the tool's heartbeat timeout and "
+     "was cancelled while running", "unknown", "probe first"),
+    ("schedule-to-start timeout: not started within the tool's schedule-to-start timeout "
+     "(never started)", "not_executed", "no (permanent)"),
     ("a probe, a guardrail or an operator finds the effect wrong", "wrong_effect",
      "compensate"),
 )  # fmt: skip
-"""(failure after ``started``, effect for a tool that is not read_only, would trying again
-help): the table docs/concepts/effects.md and ``toolfleet tools describe`` print, in the order
-``classify_exception`` applies it."""
+"""(failure signal, effect for a tool that is not read_only, would trying again help): the
+table docs/concepts/effects.md and ``toolfleet tools describe`` print. Every row but the
+schedule-to-start one is a failure after ``started``; the exception rows are in the order
+``classify_exception`` applies them, the timeout rows are ``timeout_verdict``'s."""
+
+TimeoutKind = Literal["schedule_to_start", "start_to_close", "heartbeat"]
+"""Temporal's kinds of per-tool timeout (schedule-to-close is the turn's deadline)."""
+
+
+def timeout_verdict(kind: TimeoutKind) -> EffectVerdict:
+    """What a call that ran out of ``kind`` of time proves (see CLASSIFICATION): one that was
+    never started took no effect and is not tried again (the model is told); one cancelled
+    while its body ran may have applied anything (``effect_for_class`` then makes a read_only
+    tool's not_executed)."""
+    if kind == "schedule_to_start":
+        return EffectVerdict.not_executed("not started within its schedule-to-start timeout")
+    if kind == "heartbeat":
+        return EffectVerdict.unknown("no heartbeat within its heartbeat timeout while running")
+    return EffectVerdict.unknown("ran past its start-to-close timeout")
 
 
 def classify_exception(

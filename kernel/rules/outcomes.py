@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from kernel.rules.effects import effect_for_class
-from kernel.rules.texts import NEVER_STARTED_DEADLINE, unknown_outcome_text
+from kernel.rules.effects import effect_for_class, timeout_verdict
+from kernel.rules.texts import NEVER_STARTED_DEADLINE, NOT_STARTED_IN_TIME, unknown_outcome_text
 from schemas import CallError, CallOutcome, ExecutionCommand, ToolSpec
 
 
@@ -82,4 +82,29 @@ def past_deadline(command: ExecutionCommand) -> CallOutcome:
             type="DeadlineExceeded", message="the turn's deadline passed before the call started"
         ),
         source="planner",
+    )
+
+
+def missed_schedule_to_start(command: ExecutionCommand, seconds: float | None, now: float) -> bool:
+    """Whether ``command`` waited past its tool's schedule-to-start timeout (None: it has
+    none): counted from when the command was issued, so admission's wait counts."""
+    return seconds is not None and now - command.issued_at > seconds
+
+
+def not_started_in_time(
+    command: ExecutionCommand, worker_id: str | None, seconds: float
+) -> CallOutcome:
+    """A call that waited past its tool's schedule-to-start timeout: it never starts, and what
+    that proves is ``timeout_verdict("schedule_to_start")``'s."""
+    verdict = timeout_verdict("schedule_to_start")
+    return CallOutcome(
+        **identity(command, worker_id),
+        status="timed_out",
+        effect=verdict.effect,
+        retry=verdict.retry,
+        output=NOT_STARTED_IN_TIME.format(name=command.tool_name, seconds=seconds),
+        error=CallError(
+            type="ScheduleToStartTimeout",
+            message=f"not started within {seconds:g} s of the command's issue",
+        ),
     )

@@ -25,9 +25,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from schemas import ExecutionCommand
+from schemas import LONG_RUNNING_SPEC_FIELDS, ExecutionCommand, ToolSpec
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 """The state version this release writes once it is in force."""
 
 OLDEST_READ = 1
@@ -38,10 +38,14 @@ VERSIONS: dict[int, str] = {
     2: "an agent run's context travels with its calls (ExecutionCommand.run_context and "
     "tool_call, CallOutcome.run_context, a TurnResult call's run_context); services of "
     "version 1 refuse messages that carry them",
+    3: "tools that run for hours: a retry carries the heartbeat details of the call's earlier "
+    "attempt (ExecutionCommand.heartbeat_details), and the tool registry publishes "
+    "schedule-to-start and heartbeat timeouts (ToolSpec.schedule_to_start_s and "
+    "heartbeat_timeout_s); services of version 2 refuse commands and specs that carry them",
 }
 """What each state version brought, for ``toolfleet migrate`` and docs/upgrading.md."""
 
-FEATURES: dict[str, int] = {"run_context": 2}
+FEATURES: dict[str, int] = {"run_context": 2, "long_running": 3}
 """What a service writes only once a state version is in force: feature -> version."""
 
 CLIENT_ID = re.compile(r"\.state(\d+)$")
@@ -68,10 +72,26 @@ def carries(in_force: int, feature: str) -> bool:
 
 def for_readers(command: ExecutionCommand, in_force: int) -> ExecutionCommand:
     """``command`` as the workers of the version in force read it: until version 2 is in
-    force, without the run context and the call item (a version-1 worker refuses them)."""
-    if carries(in_force, "run_context") or (command.run_context is None and not command.tool_call):
-        return command
-    return command.model_copy(update={"run_context": None, "tool_call": None})
+    force, without the run context and the call item (a version-1 worker refuses them);
+    until version 3 is, without the heartbeat details (a version-2 worker refuses them)."""
+    update: dict[str, object] = {}
+    if not carries(in_force, "run_context") and (
+        command.run_context is not None or command.tool_call
+    ):
+        update |= {"run_context": None, "tool_call": None}
+    if not carries(in_force, "long_running") and command.heartbeat_details is not None:
+        update["heartbeat_details"] = None
+    return command.model_copy(update=update) if update else command
+
+
+def spec_for_readers(spec: ToolSpec, in_force: int) -> ToolSpec:
+    """``spec`` as the services of the version in force read the registry: until version 3
+    is in force, without its schedule-to-start and heartbeat timeouts (a version-2 service
+    refuses a spec that has them; the worker that serves the tool applies them anyway)."""
+    if carries(in_force, "long_running"):
+        return spec
+    unset = {name: None for name in LONG_RUNNING_SPEC_FIELDS if getattr(spec, name) is not None}
+    return spec.model_copy(update=unset) if unset else spec
 
 
 def record_version(raw: str | int | None) -> int:
@@ -221,8 +241,8 @@ def plan(marker: Marker | None, *, used: bool, finish: bool, earlier: Sequence[s
 
 
 def _moves(version: int) -> list[str]:
-    """The data moves from ``version`` to this release's. None so far: version 2 changed no
-    record already written (version 1 records are read as they are)."""
+    """The data moves from ``version`` to this release's. None so far: versions 2 and 3
+    changed no record already written (earlier records are read as they are)."""
     if version >= STATE_VERSION:
         return []
     return [f"records of version {version} are read as they are: no data to move"]

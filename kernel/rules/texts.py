@@ -41,6 +41,15 @@ NEVER_STARTED_DEADLINE = (
 )
 """A call still waiting for admission at its turn's deadline (toolfleet's own text)."""
 
+HEARTBEAT_TIMEOUT = "Tool '{name}' sent no heartbeat for {seconds:g} seconds and was stopped."
+"""A body cancelled by its heartbeat timeout (toolfleet's own text, in the SDK's manner)."""
+
+NOT_STARTED_IN_TIME = (
+    "Tool '{name}' was not started within {seconds:g} seconds of the call (its "
+    "schedule-to-start timeout). It had no effect."
+)
+"""A call that waited longer than its tool's schedule-to-start timeout: never started."""
+
 TOOL_NOT_FOUND = "Tool '{name}' not found."
 """The SDK's text for a call of a tool that is not there (``return_error_to_model``)."""
 

@@ -65,7 +65,8 @@ def command_for(
     upstream_ref: str | None = None,
 ) -> ExecutionCommand:
     """The one way a command for a call is built, by the planner and the reconciler alike:
-    the call's identity and its turn's policy come from what the ledger records."""
+    the call's identity and its turn's policy come from what the ledger records. A later
+    attempt of a call that sent heartbeats carries their newest details."""
     policy = call.policy
     now = time.time()
     return ExecutionCommand(
@@ -89,6 +90,9 @@ def command_for(
         deadline_at=now + policy.deadline_s if policy.deadline_s else None,
         capped=policy.capped,
         upstream_ref=upstream_ref,
+        heartbeat_details=(
+            call.heartbeat_details if kind == "execute" and isinstance(call, LedgerEntry) else None
+        ),
         issued_at=now,
     )
 
@@ -244,6 +248,11 @@ class LedgerEntry:
     """The OpenTelemetry trace (32 hex digits) of the turn that planned the call."""
     failure: CallFailure | None = None
     """What the tool raised in its latest failed attempt (type, message, traceback)."""
+    heartbeat_details: str | None = None
+    """The newest details (JSON) a running attempt sent with ``ctx.heartbeat``: a later
+    attempt is given them."""
+    heartbeat_at: float | None = None
+    """When they were written (Unix time)."""
 
     @property
     def arguments_digest(self) -> str:
@@ -281,6 +290,8 @@ class LedgerEntry:
             policy=CallPolicy.decode(h.get("policy")),
             trace_id=h.get("trace_id") or None,
             failure=CallFailure.decode(h.get("failure")),
+            heartbeat_details=h.get("heartbeat") or None,
+            heartbeat_at=float(h["heartbeat_at"]) if h.get("heartbeat_at") else None,
         )
 
 
@@ -292,6 +303,8 @@ _DISPATCH = script("ledger/dispatch")
 _BEGIN = script("ledger/begin")
 _UPSTREAM_REF = script("ledger/upstream_ref")
 _RENEW = script("ledger/renew")
+_HEARTBEAT = script("ledger/heartbeat")
+_NEVER_STARTED = script("ledger/never_started")
 _FINISH = script("ledger/finish")
 _SETTLE = script("ledger/settle")
 _RESOLVE = script("ledger/resolve")
@@ -316,6 +329,8 @@ class Ledger:
             partial(self._batch, self._begin, 2), per_slot_group=slot_bound(redis)
         )
         self._renew = _RENEW.register(redis)
+        self._heartbeat = _HEARTBEAT.register(redis)
+        self._never_started = _NEVER_STARTED.register(redis)
         self._upstream_ref = _UPSTREAM_REF.register(redis)
         self._finish = _FINISH.register(redis)
         self._finishes: SlotGroupBatches[_Step, tuple[bytes]] = SlotGroupBatches(
@@ -520,6 +535,42 @@ class Ledger:
                 args=[token, worker_id, lease_s, lease_member(tenant_id, run_id, call_id)],
             )
         )
+
+    async def heartbeat(
+        self, command: ExecutionCommand, details: str, *, worker_id: str, lease_s: float
+    ) -> bool:
+        """Keep the newest heartbeat ``details`` (JSON) of the running attempt of ``command``
+        and extend its lease; False when that attempt is no longer this worker's (fenced
+        off, finished)."""
+        tenant, run, call = command.tenant_id, command.run_id, command.call_id
+        return bool(
+            await self._heartbeat(
+                keys=[self.keys.call(tenant, run, call), self.lease_index(tenant, run)],
+                args=[
+                    command.fencing_token,
+                    worker_id,
+                    lease_s,
+                    lease_member(tenant, run, call),
+                    details,
+                ],
+            )
+        )
+
+    async def never_started(self, outcome: CallOutcome, schedule_to_start_s: float) -> str:
+        """Store ``outcome`` of an attempt that waited past its schedule-to-start timeout,
+        only while nothing has started the call: ``ok``, ``stale``, ``missing``, or the state
+        that forbade it (``started``, ``finished``, ``committed``)."""
+        tenant, run, call = outcome.tenant_id, outcome.run_id, outcome.call_id
+        reply = await self._never_started(
+            keys=[self.keys.call(tenant, run, call), self.keys.audit(tenant, run, call)],
+            args=[
+                outcome.fencing_token,
+                outcome.model_dump_json(exclude_none=True),
+                time.time(),
+                schedule_to_start_s,
+            ],
+        )
+        return text(reply)
 
     async def record_upstream_ref(self, command: ExecutionCommand, ref: str) -> bool:
         """Store the upstream reference the running attempt of ``command`` recorded (durable

@@ -7,6 +7,7 @@ the worker, the SDK adapter and ``toolfleet.testing`` use them from here.
 from kernel.rules.effects import EffectVerdict, NotExecuted
 from kernel.tools._context import ProbeResult, ProbeState, ToolContext, current_tool_context
 from kernel.tools._errors import (
+    HeartbeatTimeoutError,
     ToolCancelledError,
     ToolInputGuardrailTripwireTriggered,
     ToolOutputGuardrailTripwireTriggered,
@@ -21,6 +22,7 @@ from kernel.tools._guardrails import (
     OutputGuardrail,
     guardrail_name,
 )
+from kernel.tools._heartbeat import HEARTBEAT_WRITE_S, MAX_DETAILS_BYTES, HeartbeatWriter
 from kernel.tools._progress import ProgressSink
 from kernel.tools._recovery import run_compensate, run_probe
 from kernel.tools._registry import ToolRegistry
@@ -39,6 +41,8 @@ from kernel.tools._tool import (
 )
 
 __all__ = [
+    "HEARTBEAT_WRITE_S",
+    "MAX_DETAILS_BYTES",
     "ApprovalFunction",
     "CallHooks",
     "CompensateFunction",
@@ -47,6 +51,8 @@ __all__ = [
     "FunctionToolAdapter",
     "GuardrailBehavior",
     "GuardrailResult",
+    "HeartbeatTimeoutError",
+    "HeartbeatWriter",
     "InputGuardrail",
     "NotExecuted",
     "OnUnknown",

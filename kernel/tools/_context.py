@@ -11,6 +11,7 @@ from typing import Any
 
 from kernel.errors import ToolfleetError
 from kernel.rules.effects import ProbeAnswer
+from kernel.tools._heartbeat import Heartbeats, details_json, parse_details
 from kernel.tools._progress import ProgressReporter, Report, checked_report
 from kernel.tools.run_context import CarriedRunContext
 from schemas import ExecutionCommand
@@ -51,6 +52,31 @@ class _Progress:
             loop.call_soon_threadsafe(reporter.report, report)
 
 
+class _Beats:
+    """Where one attempt's heartbeats go, shared by every copy of its context."""
+
+    def __init__(self, heartbeats: Heartbeats | None, earlier: str | None) -> None:
+        self.heartbeats = heartbeats
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.earlier = earlier
+        """The details an earlier attempt of the call sent last (JSON), if any."""
+
+    def hand(self, raw: str) -> None:
+        """To the attempt's heartbeats, on the loop that runs the call (from any thread)."""
+        heartbeats, loop = self.heartbeats, self.loop
+        if heartbeats is None or loop is None:
+            return  # outside a worker (a direct call, a test): nobody watches
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            heartbeats.beat(raw)
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed: the call is long over
+            loop.call_soon_threadsafe(heartbeats.beat, raw)
+
+
 @dataclass(frozen=True)
 class ToolContext:
     """The identity of one call attempt, passed as the optional first parameter of a tool.
@@ -83,6 +109,7 @@ class ToolContext:
     """The agent run's context the command carried, and the tool's copy of it (an Agents SDK
     tool is given the copy as its run context)."""
     _progress: _Progress = field(default_factory=lambda: _Progress(None), repr=False, compare=False)
+    _beats: _Beats = field(default_factory=lambda: _Beats(None, None), repr=False, compare=False)
 
     @property
     def upstream_ref(self) -> str | None:
@@ -132,6 +159,29 @@ class ToolContext:
         wait either)."""
         self._progress.hand(checked_report(done, total, message))
 
+    async def heartbeat(self, details: Any = None) -> None:
+        """Say the call is alive, and how far it got: ``details``, any JSON value (at most
+        16 KiB as JSON: a cursor or a checkpoint's id, not the data).
+
+        Resets the call's heartbeat watchdog: a tool declared with ``heartbeat=N`` whose body
+        sends no heartbeat for N seconds is cancelled, and its effect is unknown (probed).
+        Returns at once: the worker keeps the newest details in the call's ledger entry (at
+        most one write per couple of seconds, and the newest when the call ends), and a later
+        attempt of the call is given them as ``heartbeat_details``. Outside a worker it only
+        checks the details.
+        """
+        self._beats.hand(details_json(details))
+
+    def heartbeat_blocking(self, details: Any = None) -> None:
+        """``heartbeat`` for a sync tool, which runs in a worker thread (it does not wait)."""
+        self._beats.hand(details_json(details))
+
+    @property
+    def heartbeat_details(self) -> Any:
+        """The details the call's earlier attempt sent last with ``heartbeat`` (None: none):
+        a retry resumes from them, as Temporal's ``activity.info().heartbeat_details``."""
+        return parse_details(self._beats.earlier)
+
     @classmethod
     def from_command(
         cls,
@@ -141,16 +191,20 @@ class ToolContext:
         args: dict[str, Any] | None = None,
         record_upstream: UpstreamRecorder | None = None,
         progress: ProgressReporter | None = None,
+        heartbeats: Heartbeats | None = None,
     ) -> ToolContext:
         """Build the context of the attempt a command describes; ``record_upstream`` is how
         the worker writes an upstream reference durably, ``progress`` where the attempt's
-        progress reports go."""
+        progress reports go, ``heartbeats`` where its heartbeats go."""
         upstream = _UpstreamRef(command.upstream_ref, record_upstream)
         if record_upstream is not None:
             upstream.loop = asyncio.get_running_loop()
         reporting = _Progress(progress)
         if progress is not None:
             reporting.loop = asyncio.get_running_loop()
+        beats = _Beats(heartbeats, command.heartbeat_details)
+        if heartbeats is not None:
+            beats.loop = asyncio.get_running_loop()
         return cls(
             tenant_id=command.tenant_id,
             run_id=command.run_id,
@@ -167,6 +221,7 @@ class ToolContext:
             _upstream=upstream,
             _run_context=CarriedRunContext(command.run_context, command.tool_call),
             _progress=reporting,
+            _beats=beats,
         )
 
 

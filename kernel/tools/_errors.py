@@ -7,7 +7,7 @@ operator reading an outcome sees the same words the SDK would have raised in-pro
 from __future__ import annotations
 
 from kernel.errors import ToolExecutionError
-from kernel.rules.texts import timeout_text
+from kernel.rules.texts import HEARTBEAT_TIMEOUT, timeout_text
 
 
 def default_tool_timeout_error_message(*, tool_name: str, timeout_seconds: float) -> str:
@@ -29,6 +29,21 @@ class ToolTimeoutError(ToolExecutionError):
         super().__init__(
             default_tool_timeout_error_message(tool_name=tool_name, timeout_seconds=timeout_seconds)
         )
+
+
+class HeartbeatTimeoutError(ToolTimeoutError):
+    """A running tool sent no heartbeat within its heartbeat timeout and was cancelled.
+
+    A ToolTimeoutError, so ``timeout_error_function`` and ``timeout_behavior`` treat it as
+    any timeout; its message says which kind it was.
+    """
+
+    def __init__(self, tool_name: str, timeout_seconds: float) -> None:
+        super().__init__(tool_name, timeout_seconds)
+        self.args = (HEARTBEAT_TIMEOUT.format(name=tool_name, seconds=timeout_seconds),)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class ToolCancelledError(ToolExecutionError):

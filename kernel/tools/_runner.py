@@ -52,11 +52,12 @@ from typing import Any, Literal
 from pydantic_core import PydanticSerializationError, to_json, to_jsonable_python
 
 from kernel.errors import ModelBehaviorError
-from kernel.rules.effects import effect_for_class
+from kernel.rules.effects import TimeoutKind, effect_for_class, timeout_verdict
 from kernel.rules.texts import OUTPUT_TOO_LARGE, RUN_ERROR, TOOL_DISABLED_ON_WORKER
 from kernel.tools._capture import Captured, abandon, capture, error_of, text_of
 from kernel.tools._context import _CURRENT, ToolContext, UpstreamRecorder
 from kernel.tools._errors import (
+    HeartbeatTimeoutError,
     ToolCancelledError,
     ToolInputGuardrailTripwireTriggered,
     ToolOutputGuardrailTripwireTriggered,
@@ -64,6 +65,7 @@ from kernel.tools._errors import (
 )
 from kernel.tools._failures import TOOL_FAILURES, ToolFailure
 from kernel.tools._guardrails import GuardrailResult, check_guardrail_result, guardrail_name
+from kernel.tools._heartbeat import HEARTBEAT_WRITE_S, Heartbeats, HeartbeatWriter, overdue_in
 from kernel.tools._progress import PROGRESS_MIN_INTERVAL_S, ProgressReporter, ProgressSink
 from kernel.tools._tool import Tool
 from schemas import (
@@ -151,6 +153,8 @@ async def run_call(
     on_failure: Callable[[ToolFailure], None] | None = None,
     progress: ProgressSink | None = None,
     progress_interval_s: float = PROGRESS_MIN_INTERVAL_S,
+    heartbeat: HeartbeatWriter | None = None,
+    heartbeat_interval_s: float = HEARTBEAT_WRITE_S,
 ) -> CallOutcome:
     """Run one call of ``tool`` as ``command`` describes and return its outcome.
 
@@ -167,6 +171,9 @@ async def run_call(
     progress events (``ctx.report_progress``), at most one per ``progress_interval_s``, the
     newest report held back in between and sent at the latest when the call ends; it must
     not wait (the worker queues them for its producer). Progress never enters the outcome.
+    ``heartbeat`` writes the newest details the tool sent with ``ctx.heartbeat`` (at most one
+    write per ``heartbeat_interval_s``, the newest pending one when the call ends); a tool
+    with a heartbeat timeout is watched whether or not they are written.
     """
     loop = asyncio.get_running_loop()
     run = _CallRun(
@@ -185,6 +192,7 @@ async def run_call(
             if progress is None
             else ProgressReporter(command, progress, min_interval_s=progress_interval_s)
         ),
+        heartbeats=Heartbeats(heartbeat, min_interval_s=heartbeat_interval_s),
     )
     return await run.run()
 
@@ -206,9 +214,11 @@ class _CallRun:
         phase: Phase,
         on_failure: Callable[[ToolFailure], None] | None = None,
         progress: ProgressReporter | None = None,
+        heartbeats: Heartbeats | None = None,
     ) -> None:
         self.phase = phase
         self.progress = progress
+        self.heartbeats = heartbeats or Heartbeats(None)
         self.on_failure = on_failure
         self.tool = tool
         self.cancel_call = cancel_call
@@ -217,7 +227,11 @@ class _CallRun:
         self.hooks = hooks
         self.on_started = on_started
         self.ctx = ToolContext.from_command(
-            command, worker_id=worker_id, record_upstream=record_upstream, progress=progress
+            command,
+            worker_id=worker_id,
+            record_upstream=record_upstream,
+            progress=progress,
+            heartbeats=self.heartbeats,
         )
         self.started_at: float | None = None
         self.max_output_bytes = max_output_bytes
@@ -245,6 +259,9 @@ class _CallRun:
             _CURRENT.reset(current)
             if self.progress is not None:
                 self.progress.close()  # the newest report held back goes out now
+            # The newest details go to the ledger before the call's end does (a retry
+            # resumes from them); not while the whole call is being cancelled.
+            await self.heartbeats.close(flush=not self.parent_cancelled())
         if self.parent_cancelled():
             # User code swallowed a cancellation meant for the whole call: honour it anyway.
             raise asyncio.CancelledError
@@ -342,6 +359,7 @@ class _CallRun:
         child.add_done_callback(wake)
         self.cancel_call.add_done_callback(wake)
         timer = loop.call_later(self.tool.timeout, wake) if self.tool.timeout else None
+        watchdog = _Watchdog(self.heartbeats, self.tool.heartbeat_timeout, wake)
         try:
             await woken
         except asyncio.CancelledError:
@@ -351,12 +369,14 @@ class _CallRun:
             self.cancel_call.remove_done_callback(wake)
             if timer is not None:
                 timer.cancel()
-        timed_out = False
+            watchdog.cancel()
+        timed_out: TimeoutKind | None = None
         if not child.done():
             # Tool-local cancellation: the body is cancelled as if it had cancelled itself.
             # A timeout: let the tool unwind, as the SDK's wait_for does, so it is not still
             # running when the slot it holds is given to the next call.
-            timed_out = not self.cancel_call.done()
+            if not self.cancel_call.done():
+                timed_out = "heartbeat" if watchdog.lapsed else "start_to_close"
             child.cancel()
             try:
                 await asyncio.wait({child})
@@ -368,12 +388,14 @@ class _CallRun:
         captured = cancelled if child.cancelled() else child.result()
         return await self._body(captured, timed_out)
 
-    async def _body(self, captured: Captured, timed_out: bool) -> _Body:
+    async def _body(self, captured: Captured, timed_out: TimeoutKind | None) -> _Body:
         exc = captured.error
         if exc is None:
             return _Body("succeeded", "applied", captured.value)
         if isinstance(exc, asyncio.CancelledError):
-            return await (self._timed_out() if timed_out else self._cancelled(exc))
+            if timed_out is not None:
+                return await self._timed_out(timed_out)
+            return await self._cancelled(exc)
         self._failed(exc)
         if isinstance(exc, Exception):
             error = error_of(exc, text_of(exc))
@@ -391,18 +413,23 @@ class _CallRun:
         # as the SDK's failure handlers only take Exceptions; the turn fails.
         raise _TurnFailed("failed", "unknown", error_of(exc, text_of(exc) or type(exc).__name__))
 
-    async def _timed_out(self) -> _Body:
-        seconds = self.tool.timeout or 0.0
-        timeout_error = ToolTimeoutError(self.tool.name, seconds)
+    async def _timed_out(self, kind: TimeoutKind) -> _Body:
+        timeout_error: ToolTimeoutError
+        if kind == "heartbeat":
+            seconds = self.tool.heartbeat_timeout or 0.0
+            timeout_error = HeartbeatTimeoutError(self.tool.name, seconds)
+        else:
+            timeout_error = ToolTimeoutError(self.tool.name, self.tool.timeout or 0.0)
+        effect = timeout_verdict(kind).effect  # the body was running: unknown
         error = error_of(timeout_error, str(timeout_error))
         if self.tool.timeout_behavior == "raise_exception":
-            raise _TurnFailed("timed_out", "unknown", error)
+            raise _TurnFailed("timed_out", effect, error)
         if self.tool.timeout_error_function is None:
-            return _Body("timed_out", "unknown", str(timeout_error), error)
+            return _Body("timed_out", effect, str(timeout_error), error)
         text = await self._user(
-            self.tool.timeout_error_function, self.ctx, timeout_error, effect="unknown"
+            self.tool.timeout_error_function, self.ctx, timeout_error, effect=effect
         )
-        return _Body("timed_out", "unknown", text, error)
+        return _Body("timed_out", effect, text, error)
 
     async def _cancelled(self, exc: asyncio.CancelledError) -> _Body:
         """The tool cancelled itself (or something it awaited): a failure like any other."""
@@ -563,6 +590,43 @@ class _CallRun:
             started_at=self.started_at,
             finished_at=time.time(),
         )
+
+
+class _Watchdog:
+    """Wakes the call when its body has sent no heartbeat for ``timeout_s`` (None: never).
+
+    One timer at a time, set for the moment the body would be overdue if it sent nothing
+    more; when it fires early (a heartbeat came meanwhile) it is set again from the last one.
+    """
+
+    def __init__(
+        self, heartbeats: Heartbeats, timeout_s: float | None, wake: Callable[[], None]
+    ) -> None:
+        self.lapsed = False
+        self._heartbeats = heartbeats
+        self._timeout_s = timeout_s
+        self._wake = wake
+        self._timer: asyncio.TimerHandle | None = None
+        if timeout_s is not None:
+            heartbeats.restart()
+            self._timer = asyncio.get_running_loop().call_later(timeout_s, self._check)
+
+    def _check(self) -> None:
+        assert self._timeout_s is not None
+        beats = self._heartbeats
+        left = overdue_in(beats.last_beat, self._timeout_s, beats.clock())
+        if left <= 0:
+            self._timer = None
+            self.lapsed = True
+            self._wake()
+            return
+        self._timer = asyncio.get_running_loop().call_later(left, self._check)
+
+    def cancel(self) -> None:
+        """The body ended (or the call was woken otherwise): stop watching."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 def _loose_arguments(raw: str) -> dict[str, Any]:

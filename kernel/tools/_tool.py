@@ -95,6 +95,12 @@ class FleetOptions(TypedDict, total=False):
     unattended: str | None
     """Run a gated tool without approval anyway, for this reason (published to the registry
     and printed by ``toolfleet tools review``)."""
+    schedule_to_start: float | None
+    """Seconds from the call's command being issued (admission waits included) to its start:
+    a call not started by then never starts (not_executed, the model is told)."""
+    heartbeat: float | None
+    """Seconds a running body may go without ``ctx.heartbeat``: then it is cancelled and its
+    effect is unknown (probed). Async functions only."""
 
 
 class ToolOptions(FleetOptions, total=False):
@@ -107,7 +113,9 @@ class ToolOptions(FleetOptions, total=False):
     namespace: str | None
     """The model calls the tool ``namespace.name``."""
     timeout: float | None
-    """Seconds, async functions only."""
+    """Seconds, async functions only: the start-to-close timeout."""
+    start_to_close: float | None
+    """Temporal's name for ``timeout`` (give one of them, or both equal)."""
     timeout_behavior: TimeoutBehavior
     """"error_as_result" (default: the SDK's timeout text, or ``timeout_error_function``) or
     "raise_exception" (the turn fails with ToolTimeoutError)."""
@@ -220,7 +228,15 @@ class Tool:
         self.description = description if description is not None else inspect.getdoc(func) or ""
         self.effect: EffectClass = _choice(self.name, "effect", effect, _EFFECTS)
         self.is_async = _is_async(func)
-        self.timeout = _check_timeout(self.name, options.get("timeout"), self.is_async)
+        self.timeout = _check_timeout(
+            self.name, _start_to_close(self.name, options), self.is_async, "timeout"
+        )
+        self.heartbeat_timeout = _check_timeout(
+            self.name, options.get("heartbeat"), self.is_async, "heartbeat"
+        )
+        self.schedule_to_start = _check_timeout(
+            self.name, options.get("schedule_to_start"), True, "schedule_to_start"
+        )
         self.timeout_behavior: TimeoutBehavior = _choice(
             self.name, "timeout_behavior", timeout_behavior, _TIMEOUT_BEHAVIORS
         )
@@ -329,6 +345,8 @@ class Tool:
             unattended_reason=self.unattended_reason,
             definite_errors=[f"{t.__module__}.{t.__qualname__}" for t in self.definite_errors],
             has_classify=self.classify_function is not None,
+            schedule_to_start_s=self.schedule_to_start,
+            heartbeat_timeout_s=self.heartbeat_timeout,
         )
 
     @property
@@ -405,22 +423,36 @@ def _check_name(what: str, value: object, tool: str) -> None:
         )
 
 
-def _check_timeout(name: str, timeout: object, is_async: bool) -> float | None:
+def _start_to_close(name: str, options: ToolOptions) -> float | None:
+    """``timeout`` or its other name ``start_to_close``; both given must agree."""
+    timeout, start_to_close = options.get("timeout"), options.get("start_to_close")
+    if timeout is not None and start_to_close is not None and timeout != start_to_close:
+        raise ConfigurationError(
+            f"tool {name!r}: timeout and start_to_close are one setting (the start-to-close "
+            f"timeout) and differ ({timeout!r}, {start_to_close!r}): give one of them"
+        )
+    return timeout if timeout is not None else start_to_close
+
+
+def _check_timeout(
+    name: str, timeout: object, is_async: bool, option: str = "timeout"
+) -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
         raise ConfigurationError(
-            f"tool {name!r}: timeout must be a positive number in seconds or None."
+            f"tool {name!r}: {option} must be a positive number in seconds or None."
         )
     seconds = float(timeout)
     if not math.isfinite(seconds):
-        raise ConfigurationError(f"tool {name!r}: timeout must be a finite number.")
+        raise ConfigurationError(f"tool {name!r}: {option} must be a finite number.")
     if seconds <= 0:
-        raise ConfigurationError(f"tool {name!r}: timeout must be greater than 0.")
+        raise ConfigurationError(f"tool {name!r}: {option} must be greater than 0.")
     if not is_async:
         raise ConfigurationError(
-            f"tool {name!r}: timeout is only supported for async tool functions; a sync "
-            "function runs in a thread that cannot be stopped. Make it async or drop the timeout."
+            f"tool {name!r}: {option} is only supported for async tool functions; a sync "
+            f"function runs in a thread that cannot be stopped. Make it async or drop the "
+            f"{option}."
         )
     return seconds
 

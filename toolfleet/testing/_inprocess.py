@@ -31,6 +31,7 @@ from kernel.adapters.redis import connect_redis
 from kernel.adapters.security import kafka_options
 from kernel.adapters.topics import command_topic, ensure_topics
 from kernel.errors import UnavailableError, UsageError
+from kernel.rules.state_versions import spec_for_readers
 from kernel.settings import Settings
 from kernel.stores.door import Stores
 from kernel.stores.keys import Keys
@@ -181,7 +182,9 @@ class InProcessFleet:
         and the services that cache it read it again on their next turn; clients learn it from
         the tools topic (its version is newer than any before it)."""
         assert self._redis is not None
-        spec = tool.spec(self.pool)
+        # As a worker publishes it: what the services of the version in force read.
+        in_force = await Stores(self._redis, self.settings).schema().in_force(fresh_read=True)
+        spec = spec_for_readers(tool.spec(self.pool), in_force)
         await replace_tool(self._redis, self.keys, spec)
         if self._client is not None:  # before it, the starting workers announce what is served
             await announce_tools(self._client.bus, [spec])

@@ -226,6 +226,56 @@ def test_upstream_ref_is_recorded_for_the_running_attempt_only(lua: Lua, r: redi
     assert r.llen(AUDIT) == 0  # in the entry, for a plain run
 
 
+def test_heartbeat_keeps_the_running_attempts_details_and_extends_its_lease(
+    lua: Lua, r: redis.Redis
+) -> None:
+    _create(lua)
+    beat = [1, "w1", 60, MEMBER, '{"page": 3}']
+    assert lua("ledger/heartbeat", [CALL, LEASES], beat) == 0  # not started
+    assert "heartbeat" not in _entry(r)
+    _begin(lua, lease_s=1)
+    assert lua("ledger/heartbeat", [CALL, LEASES], [2, "w1", 60, MEMBER, "{}"]) == 0  # fenced
+    assert lua("ledger/heartbeat", [CALL, LEASES], [1, "w2", 60, MEMBER, "{}"]) == 0  # not its
+    assert "heartbeat" not in _entry(r)
+    assert lua("ledger/heartbeat", [CALL, LEASES], beat) == 1
+    entry = _entry(r)
+    assert entry["heartbeat"] == '{"page": 3}' and float(entry["heartbeat_at"]) > 0
+    lease = r.zscore(LEASES, MEMBER)
+    assert lease is not None and lease > time.time() + 55
+    assert float(entry["lease_until"]) == lease
+    assert _finish(lua) == "ok"
+    later = [1, "w1", 60, MEMBER, '{"page": 4}']
+    assert lua("ledger/heartbeat", [CALL, LEASES], later) == 0  # finished: too late
+    assert _entry(r)["heartbeat"] == '{"page": 3}'  # a retry is given the last one written
+
+
+def _never_started(lua: Lua, token: int = 1) -> str:
+    outcome = json.dumps({"status": "timed_out", "effect": "not_executed"})
+    return str(lua("ledger/never_started", [CALL, AUDIT], [token, outcome, 107.0, 5]).decode())
+
+
+def test_never_started_ends_an_attempt_only_while_nothing_started_it(
+    lua: Lua, r: redis.Redis
+) -> None:
+    assert _never_started(lua) == "missing"
+    _create(lua)
+    assert _never_started(lua, token=2) == "stale"
+    assert _never_started(lua) == "ok"
+    entry = _entry(r)
+    assert entry["state"] == "finished" and "started_at" not in entry
+    assert json.loads(entry["outcome"])["effect"] == "not_executed"
+    assert _events(r)[-1] == "not_started_in_time" and entry["keep"] == "1"
+    assert _begin(lua)[0] == "done"  # a redelivered command never starts it now
+    assert _never_started(lua) == "finished"
+
+
+def test_never_started_leaves_a_started_call_to_its_holder(lua: Lua, r: redis.Redis) -> None:
+    _create(lua)
+    _begin(lua)
+    assert _never_started(lua) == "started"
+    assert _entry(r)["state"] == "started" and "outcome" not in _entry(r)
+
+
 # -- finish, commit, settle -------------------------------------------------------------------
 
 
