@@ -4,6 +4,7 @@ a whole rolling upgrade: tests/upgrade/."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import uuid
@@ -17,7 +18,9 @@ from kernel.settings import Settings
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
 from kernel.stores.schema import StateSchema, StateVersionError
-from toolfleet.testing import LocalFleet
+from schemas import LONG_RUNNING_SPEC_FIELDS, ToolSpec
+from tests.integration.test_long_running import TENANT, Upstream, one_call, registry
+from toolfleet.testing import InProcessFleet, LocalFleet
 
 pytestmark = pytest.mark.integration
 
@@ -136,3 +139,26 @@ async def test_an_operators_command_refuses_state_of_a_newer_release(
     listed = _toolfleet(fresh, "tasks", "list")
     assert listed.returncode == 1
     assert "written by a newer toolfleet" in listed.stderr
+
+
+async def test_until_version_3_is_in_force_specs_and_retries_are_as_version_2_reads_them(
+    settings: Settings, redis: Redis
+) -> None:
+    """A rolling upgrade from version 2: the new release's worker publishes its tools without
+    the timeouts a version-2 planner would refuse (it applies them itself), and a retry does
+    not carry the heartbeat details a version-2 worker would refuse: it starts over."""
+    upstream = Upstream()
+    fleet = InProcessFleet(settings, registry(upstream))
+    await StateSchema(redis, fleet.keys).write(Marker(2, by="an upgrade in progress"))
+    async with fleet:
+        raw = await redis.hget(fleet.keys.tools, "sync_pages")
+        assert raw is not None
+        published = json.loads(raw)
+        version_2_fields = set(ToolSpec.model_fields) - set(LONG_RUNNING_SPEC_FIELDS)
+        assert set(published) <= version_2_fields, set(published) - version_2_fields
+        event = one_call("sync_pages", {"pages": 6})
+        result = await fleet.client.run_turn(event, within=60)
+        assert result.outputs[0].output == "synced pages 0..5 in attempt 2"
+        assert upstream.given == [(1, None), (2, None)]
+        entry = await redis.hget(fleet.keys.call(TENANT, event.run_id, "c1"), "heartbeat")
+        assert entry is not None  # kept in the ledger all the same (readers ignore the field)

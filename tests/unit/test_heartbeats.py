@@ -29,16 +29,7 @@ from kernel.rules.effects import (
     timeout_verdict,
 )
 from kernel.rules.outcomes import missed_schedule_to_start, not_started_in_time
-from kernel.rules.state_versions import (
-    FEATURES,
-    STATE_VERSION,
-    VERSIONS,
-    carries,
-    for_readers,
-    spec_for_readers,
-)
 from kernel.tools._heartbeat import Heartbeats, overdue_in
-from schemas import ExecutionCommand, RunContextCopy, ToolSpec
 from tests.unit.test_runner import command
 
 BUDGETS = Budgets(max_attempts=3, probe_budget=4, circuit_error_rate=0.5, circuit_window_s=60)
@@ -246,41 +237,3 @@ def test_schedule_to_start_counts_from_the_commands_issue() -> None:
         "Tool 'tool' was not started within 5 seconds of the call (its schedule-to-start "
         "timeout). It had no effect."
     )
-
-
-# -- state version 3 ---------------------------------------------------------------------------
-
-
-def _retry(**fields: Any) -> ExecutionCommand:
-    return command(attempt=2, heartbeat_details='{"page": 7}', **fields)
-
-
-def test_heartbeat_details_travel_only_once_version_3_is_in_force() -> None:
-    assert STATE_VERSION >= 3 and FEATURES["long_running"] == 3 and 3 in VERSIONS
-    assert not carries(2, "long_running") and carries(3, "long_running")
-    retried = _retry()
-    assert for_readers(retried, 3) is retried
-    assert for_readers(retried, 2).heartbeat_details is None
-    assert b"heartbeat_details" not in for_readers(retried, 2).encode()
-    plain = command()
-    assert for_readers(plain, 2) is plain  # nothing to leave out: the same command
-
-
-def test_version_1_readers_lose_both_the_run_context_and_the_details() -> None:
-    both = _retry(run_context=RunContextCopy(value='{"user": "u"}'), tool_call={"id": "fc_1"})
-    for_v1 = for_readers(both, 1)
-    assert (for_v1.run_context, for_v1.tool_call, for_v1.heartbeat_details) == (None, None, None)
-    for_v2 = for_readers(both, 2)
-    assert for_v2.run_context is not None and for_v2.heartbeat_details is None
-
-
-def test_a_spec_with_the_new_timeouts_is_published_as_version_2_reads_it() -> None:
-    spec = make(_noop, schedule_to_start=30, heartbeat=2, timeout=5).spec("default")
-    old = spec_for_readers(spec, 2)
-    raw = json.loads(old.model_dump_json())
-    assert "schedule_to_start_s" not in raw and "heartbeat_timeout_s" not in raw
-    assert raw["timeout_s"] == 5
-    new = json.loads(spec_for_readers(spec, 3).model_dump_json())
-    assert (new["schedule_to_start_s"], new["heartbeat_timeout_s"]) == (30, 2)
-    # A version-2 reader's model is this one without the new fields: it reads what we write.
-    assert ToolSpec.model_validate_json(old.model_dump_json()) == old

@@ -3,6 +3,7 @@ does (kernel.rules.state_versions, pure)."""
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
@@ -22,9 +23,10 @@ from kernel.rules.state_versions import (
     plan,
     record_version,
     refusal,
+    spec_for_readers,
     version_of_client,
 )
-from schemas import ExecutionCommand, RunContextCopy
+from schemas import ExecutionCommand, RunContextCopy, ToolSpec
 
 BASELINE = Path(__file__).resolve().parents[2] / "kernel" / "stores" / "baseline.toml"
 
@@ -196,3 +198,44 @@ def test_migrate_refuses_state_this_release_does_not_read(version: int) -> None:
     for finish in (False, True):
         decided = plan(Marker(version), used=True, finish=finish)
         assert decided.target is None and decided.refuse == refusal(version)
+
+
+# --- version 3: tools that run for hours -----------------------------------------------------
+
+
+def _retry(**fields: object) -> ExecutionCommand:
+    return _command(attempt=2, heartbeat_details='{"page": 7}', **fields)
+
+
+def test_heartbeat_details_travel_only_once_version_3_is_in_force() -> None:
+    assert STATE_VERSION >= 3 and FEATURES["long_running"] == 3 and 3 in VERSIONS
+    assert not carries(2, "long_running") and carries(3, "long_running")
+    retried = _retry()
+    assert for_readers(retried, 3) is retried
+    assert for_readers(retried, 2).heartbeat_details is None
+    assert b"heartbeat_details" not in for_readers(retried, 2).encode()
+    plain = _command()
+    assert for_readers(plain, 2) is plain  # nothing to leave out: the same command
+
+
+def test_version_1_readers_lose_both_the_run_context_and_the_details() -> None:
+    both = _retry(run_context=RunContextCopy(value='{"user": "u"}'), tool_call={"id": "fc_1"})
+    for_v1 = for_readers(both, 1)
+    assert (for_v1.run_context, for_v1.tool_call, for_v1.heartbeat_details) == (None, None, None)
+    for_v2 = for_readers(both, 2)
+    assert for_v2.run_context is not None and for_v2.heartbeat_details is None
+
+
+def test_a_spec_with_the_new_timeouts_is_published_as_version_2_reads_it() -> None:
+    spec = ToolSpec(
+        name="t", pool="default", parameters={}, timeout_s=5, schedule_to_start_s=30,
+        heartbeat_timeout_s=2,
+    )  # fmt: skip
+    old = spec_for_readers(spec, 2)
+    raw = json.loads(old.model_dump_json())
+    assert "schedule_to_start_s" not in raw and "heartbeat_timeout_s" not in raw
+    assert raw["timeout_s"] == 5
+    new = json.loads(spec_for_readers(spec, 3).model_dump_json())
+    assert (new["schedule_to_start_s"], new["heartbeat_timeout_s"]) == (30, 2)
+    # A version-2 reader's model is this one without the new fields: it reads what we write.
+    assert ToolSpec.model_validate_json(old.model_dump_json()) == old
