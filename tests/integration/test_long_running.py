@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -23,7 +25,7 @@ from kernel.settings import Settings
 from kernel.stores.ledger import Ledger
 from schemas import AgentRef, ModelResponseEvent
 from tests.conftest import wait_for
-from toolfleet.testing import InProcessFleet
+from toolfleet.testing import InProcessFleet, LocalFleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
 
@@ -132,6 +134,24 @@ async def test_a_tool_that_stops_heartbeating_is_stopped_and_its_probe_finds_the
         finished = next(e for e in chain if e["event"] == "finished")
         assert (finished["status"], finished["effect"]) == ("timed_out", "unknown")
         assert any("probe" in e["event"] for e in chain), chain
+
+        described = await asyncio.to_thread(_describe, fleet.settings, "export_report")
+        assert "timeouts: schedule-to-start none, start-to-close none, heartbeat 0.5 s" in (
+            described
+        )
+        rows = {line.strip().split(":")[0]: line.split(" | ") for line in described.splitlines()}
+        assert rows["heartbeat timeout"][1:3] == ["unknown", "maybe"]
+        assert rows["schedule-to-start timeout"][1:3] == ["not_executed", "no"]
+
+
+def _describe(settings: Settings, tool: str) -> str:
+    """``toolfleet tools describe TOOL`` on the fleet's namespace, as an operator runs it."""
+    env = LocalFleet(settings, tools="tests.integration.fleet_tools:tools").env()
+    done = subprocess.run(
+        [sys.executable, "-m", "toolfleet", "tools", "describe", tool],
+        env=env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    return done.stdout
 
 
 async def test_a_retry_is_given_the_heartbeat_details_of_the_attempt_before_it(

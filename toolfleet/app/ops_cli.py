@@ -259,6 +259,7 @@ def _print_review(spec: ToolSpec, settings: Settings) -> None:
     click.echo(
         f"  definite errors: {definite}; classify hook: {'yes' if spec.has_classify else 'no'}"
     )
+    click.echo(f"  timeouts: {_timeouts(spec)}")
     rows = [("signal", "effect", "may have applied", "first action", "forbidden",
              "human takes over")]  # fmt: skip
     rows += [
@@ -267,6 +268,18 @@ def _print_review(spec: ToolSpec, settings: Settings) -> None:
     ]
     for row in rows:
         click.echo("  " + " | ".join(row))
+
+
+def _timeouts(spec: ToolSpec) -> str:
+    """Temporal's kinds, as the tool declared them ('none' for one it did not)."""
+
+    def seconds(value: float | None) -> str:
+        return "none" if value is None else f"{value:g} s"
+
+    return (
+        f"schedule-to-start {seconds(spec.schedule_to_start_s)}, start-to-close "
+        f"{seconds(spec.timeout_s)}, heartbeat {seconds(spec.heartbeat_timeout_s)}"
+    )
 
 
 def _budgets(settings: Settings) -> Budgets:
