@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 
 from executors import ProbeResult, ToolContext, ToolRegistry
 from executors.worker import WorkerLimits
+from kernel.adapters.redis import text
 from kernel.settings import Settings
 from kernel.stores.ledger import Ledger
 from schemas import AgentRef, ModelResponseEvent
@@ -109,7 +110,7 @@ def registry(upstream: Upstream) -> ToolRegistry:
 
 async def _raw(redis: Redis, fleet: InProcessFleet, run_id: str) -> dict[str, str]:
     entry = await redis.hgetall(fleet.keys.call(TENANT, run_id, "c1"))
-    return {k.decode(): v.decode() for k, v in entry.items()}
+    return {text(k): text(v) for k, v in entry.items()}
 
 
 async def test_a_tool_that_stops_heartbeating_is_stopped_and_its_probe_finds_the_effect(
