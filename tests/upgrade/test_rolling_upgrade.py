@@ -43,6 +43,7 @@ import redis.asyncio
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from kernel.adapters.topics import ensure_topics
+from kernel.rules.state_versions import STATE_VERSION
 from kernel.settings import Settings
 from schemas import ApprovalDecision, ModelResponseEvent, TurnResult
 from tests.conftest import aggregator_caught_up, purge_namespace, wait_for
@@ -525,7 +526,7 @@ class Scenario:
         # Every service runs the current release: the post-upgrade Job raises the state
         # version, and the run context's change comes back (within the services' refresh).
         finished = await self.migrate("--finish")
-        assert "done: state version 2 in force" in finished, finished
+        assert f"done: state version {STATE_VERSION} in force" in finished, finished
 
         async def context_comes_back() -> bool:
             upgraded = await self.step(client, "upgraded")
