@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -56,27 +57,29 @@ from kernel.errors import (
     ToolNotFoundError,
     UnreplicatedWriteError,
 )
-from kernel.rules.auth import DecisionAuth
+from kernel.rules.auth import CompletionHandle, DecisionAuth
 from kernel.rules.effects import counts_against_circuit, effect_of_probe, fleet_retries
 from kernel.rules.outcomes import (
     WORKER_LOST,
+    completed,
     ended,
     identity,
     lost,
     missed_schedule_to_start,
     not_started_in_time,
 )
-from kernel.rules.state_versions import spec_for_readers
+from kernel.rules.state_versions import carries, spec_for_readers
 from kernel.rules.texts import CIRCUIT_OPEN, UNKNOWN_OUTCOME, unknown_outcome_text
 from kernel.rules.versions import version_ref
 from kernel.settings import Settings
 from kernel.stores.admitting import CREDIT_HEADER, Admitter
 from kernel.stores.door import Stores
-from kernel.stores.ledger import CallFailure
+from kernel.stores.ledger import CallFailure, command_for
 from kernel.stores.registry import announce_tools
 from kernel.stores.tasks import new_task_id
 from kernel.tools import (
     HEARTBEAT_WRITE_S,
+    Deferred,
     Tool,
     ToolFailure,
     ToolRegistry,
@@ -84,7 +87,14 @@ from kernel.tools import (
     run_compensate,
     run_probe,
 )
-from schemas import CallError, CallOutcome, CancelRequest, ExecutionCommand, HumanTask
+from schemas import (
+    CallError,
+    CallOutcome,
+    CancelRequest,
+    CompletionMessage,
+    ExecutionCommand,
+    HumanTask,
+)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -147,6 +157,7 @@ class Worker:
         )
         self.circuits = stores.circuits()
         self.tasks = stores.tasks()
+        self.schema = stores.schema()
         self.auth = DecisionAuth.of(settings)
         self._after_publish = AfterPublish(self.ledger, self.circuits)
         self.progress = ProgressPublisher(bus)
@@ -224,9 +235,14 @@ class Worker:
             group=f"cancel-listeners.{self.worker_id}",
             auto_offset_reset="latest",
         )
+        # Completions of the pool's deferred calls: one group per pool, so any worker of it
+        # takes them, the one that started the call long gone or not.
+        completions = self.bus.consumer(["completions"], group=f"completions.{self.pool}")
         await commands.start()
         await cancels.start()
+        await completions.start()
         listener = asyncio.create_task(self._listen_for_cancellations(cancels))
+        completer = asyncio.create_task(self._take_completions(completions))
         renewer = asyncio.create_task(self._renew_leases())
         registrar = asyncio.create_task(self._register_capacity())
         leaving = asyncio.create_task(self._leave_pool_when_stopping(registrar))
@@ -238,11 +254,13 @@ class Worker:
             self._stopping.set()
             await leaving
             listener.cancel()
+            completer.cancel()
             renewer.cancel()
             with contextlib.suppress(*TRANSIENT_ERRORS):
                 await self.admitter.drain()  # what its last passes admitted is on Kafka
             await commands.stop()
             await cancels.stop()
+            await completions.stop()
             await self.progress.stop()  # the last progress reports, before the producer goes
             await self.bus.stop()
 
@@ -404,14 +422,9 @@ class Worker:
         async def record_upstream(ref: str) -> None:
             await _persist(lambda: self.ledger.record_upstream_ref(command, ref))
 
-        async def heartbeat(details: str) -> None:
-            try:
-                await self.ledger.heartbeat(
-                    command, details, worker_id=self.worker_id, lease_s=self.limits.lease_s
-                )
-            except TRANSIENT_ERRORS as exc:  # the next heartbeat writes again
-                DEPENDENCIES.failed(exc)
-
+        # A call is deferred only once every worker knows the ledger state (version 3).
+        deferrals: list[Deferred] = []
+        can_defer = carries(await self.schema.in_force(), "long_running")
         raised: list[ToolFailure] = []  # what user code raised (logged by the runner)
         try:
             outcome = await run_call(
@@ -427,8 +440,10 @@ class Worker:
                 on_failure=raised.append,
                 progress=self.progress.offer,
                 progress_interval_s=self.settings.progress_min_interval_s,
-                heartbeat=heartbeat,
+                heartbeat=partial(self._heartbeat, command),
                 heartbeat_interval_s=self.limits.heartbeat_write_s,
+                completion_handle=partial(self._completion_handle, command) if can_defer else None,
+                on_deferred=deferrals.append if can_defer else None,
             )
         except _NotStarted as refused:
             if refused.outcome is not None:
@@ -448,6 +463,21 @@ class Worker:
             self._running.pop(key, None)
         latency = labelled(CALL_LATENCY, self.pool, tool_label(command.tool_name))
         latency.observe(time.monotonic() - began)
+        if deferrals:
+            await self._defer(command, deferrals[0], slots)
+            return None
+        return await self._end(tool, command, outcome, raised, slots)
+
+    async def _end(
+        self,
+        tool: Tool,
+        command: ExecutionCommand,
+        outcome: CallOutcome,
+        raised: list[ToolFailure],
+        slots: _Slots,
+    ) -> CallOutcome | None:
+        """The call ran (or waits for approval): its end in the ledger, its slots freed; the
+        outcome to publish, None for a fenced-off attempt's."""
         if outcome.status == "pending_approval":
             await asyncio.gather(
                 _persist(
@@ -471,6 +501,79 @@ class Worker:
             log.info("dropping a fenced-off attempt's outcome", extra={"call": command.call_id})
             return None
         return outcome
+
+    async def _heartbeat(self, command: ExecutionCommand, details: str) -> None:
+        """Keep a running call's newest heartbeat details (best-effort: the next one retries)."""
+        try:
+            await self.ledger.heartbeat(
+                command, details, worker_id=self.worker_id, lease_s=self.limits.lease_s
+            )
+        except TRANSIENT_ERRORS as exc:
+            DEPENDENCIES.failed(exc)
+
+    def _completion_handle(self, command: ExecutionCommand) -> str:
+        """The signed handle that completes the running attempt of ``command`` later."""
+        handle = CompletionHandle(
+            command.tenant_id, command.run_id, command.call_id, command.attempt,
+            command.fencing_token, command.pool,
+        )  # fmt: skip
+        return handle.encode(self.auth.handle_key(command.tenant_id))
+
+    async def _defer(self, command: ExecutionCommand, deferred: Deferred, slots: _Slots) -> None:
+        """The body handed its work over: the call waits in the ledger for its completion,
+        holding no slot; nothing is published until the completion comes."""
+        until = time.time() + deferred.complete_within_s
+        held = await _persist(
+            lambda: self.ledger.defer(command, worker_id=self.worker_id, until=until)
+        )
+        await slots.free()
+        if not held:
+            log.info("a fenced-off attempt deferred; its call is another's now")
+            return
+        log.info("call deferred", extra={"complete_within_s": deferred.complete_within_s})
+
+    async def _take_completions(self, consumer: AIOKafkaConsumer) -> None:
+        """End deferred calls of this pool with the completions that arrive for them."""
+        async for record in consumer:
+            try:
+                await self._complete(CompletionMessage.decode(record.value or b""))
+            except InvalidMessageError as refused:
+                log.warning("completion refused", extra={"reason": refused.reason})
+            tp = TopicPartition(record.topic, record.partition)
+            await _persist(lambda: consumer.commit({tp: record.offset + 1}))  # noqa: B023
+
+    async def _complete(self, message: CompletionMessage) -> None:
+        """One completion: verified by its handle, stored once, then published."""
+        named = CompletionHandle.read(message.handle)
+        if named.pool != self.pool:
+            return  # another pool's workers take it
+        if named.tenant_id != message.tenant_id:
+            reason = "a completion whose handle names another tenant"
+            raise InvalidMessageError(reason, reason=reason)
+        handle = CompletionHandle.verify(message.handle, self.auth.handle_key(named.tenant_id))
+        tenant, run, call = handle.tenant_id, handle.run_id, handle.call_id
+        entry = (await _persist(lambda: self.ledger.read(tenant, run, [call]))).get(call)
+        if entry is None:
+            return
+        command = command_for(
+            tenant, entry, attempt=handle.attempt, token=handle.fencing_token,
+            tool_version=entry.tool_version,
+        )  # fmt: skip
+        outcome = completed(command, self.worker_id, message.effect, message.output)
+        try:
+            tool = self.registry.get(entry.tool_name, entry.tool_version)
+        except ToolNotFoundError:
+            pass
+        else:
+            outcome = self._as_reported(tool, command, outcome)
+        verdict = await _persist(lambda: self.ledger.complete(outcome, message.completed_by))
+        if verdict == "done" and entry.state == "finished" and entry.outcome is not None:
+            outcome = entry.outcome  # stored by a worker that crashed before publishing it
+        elif verdict != "ok":
+            log.info("completion ignored", extra={"verdict": verdict, "call": call})
+            return
+        await _persist(lambda: self.bus.publish_and_wait("outcomes", outcome.run_id, outcome))
+        await _persist(lambda: self._mark_published(outcome))
 
     async def _not_started_in_time(
         self, tool: Tool, command: ExecutionCommand

@@ -37,7 +37,7 @@ from schemas import (
     TurnPlan,
 )
 
-LedgerState = Literal["planned", "dispatched", "started", "finished", "committed"]
+LedgerState = Literal["planned", "dispatched", "started", "deferred", "finished", "committed"]
 """Where a call stands in the Redis call ledger."""
 
 ApprovalState = Literal["approved", "rejected"]
@@ -329,8 +329,8 @@ def _settled_by_ledger(entry: LedgerView | None, run_id: str) -> bool:
     """
     if entry is None:
         return False
-    if entry.state in ("started", "finished", "committed"):
-        return True
+    if entry.state in ("started", "deferred", "finished", "committed"):
+        return True  # a deferred call's completion settles it
     return entry.state == "dispatched" and entry.run_id not in (None, run_id)
 
 

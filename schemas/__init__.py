@@ -16,6 +16,7 @@ from schemas.internal import (
     CallError,
     CallOutcome,
     CallStatus,
+    CompletionMessage,
     DeadLetter,
     Disposition,
     Effect,
@@ -46,6 +47,7 @@ EXPORTED_MODELS: tuple[type[WireModel], ...] = (
     TaskResolution,
     DeadLetter,
     ProgressEvent,
+    CompletionMessage,
 )
 """The top-level messages whose JSON Schema is published in ``schemas/json/``."""
 
@@ -60,6 +62,7 @@ __all__ = [
     "CallRecord",
     "CallStatus",
     "CancelRequest",
+    "CompletionMessage",
     "DeadLetter",
     "Disposition",
     "Effect",

@@ -318,6 +318,28 @@ PROGRESS_MESSAGE_MAX_BYTES = 1_024
 """Longest message a progress event carries: progress is a gauge for people, not a log."""
 
 
+class CompletionMessage(Message):
+    """The end of a deferred call: the external system that took its work over (or an
+    operator) says what became of it, hours later if need be.
+
+    On topic ``completions``, keyed by run_id. ``handle`` is the completion handle the tool
+    gave out (``ctx.completion_handle()``): it names the call's attempt and is signed with the
+    tenant's decision key, so only a holder of the handle completes the call, and only once
+    (the ledger's fencing: a second completion of the same call changes nothing).
+    """
+
+    topic = "completions"
+
+    handle: str = Field(min_length=1, max_length=4096)
+    effect: Literal["applied", "not_executed", "unknown"] = Field(
+        default="applied",
+        description="applied: the work was done (output is the result); not_executed: it "
+        "provably was not; unknown: nobody can tell (the call is probed).",
+    )
+    output: str | None = Field(default=None, description="What the model is shown.")
+    completed_by: str = Field(default="", max_length=256, description="Who completed it.")
+
+
 class ProgressEvent(Message):
     """How far a running call has got, as its tool reported it (``ctx.report_progress``).
 

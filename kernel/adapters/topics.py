@@ -30,6 +30,7 @@ SHARED_TOPICS = (
     "dead-letter",
     "tools",
     "progress",
+    "completions",
 )
 """Logical names of every topic that does not depend on a worker pool."""
 

@@ -15,10 +15,13 @@ Pure: no I/O beyond reading the key file once.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import json
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import TypeVar
 
 from kernel.errors import ConfigurationError, InvalidMessageError
@@ -69,6 +72,19 @@ class DecisionAuth:
     def _key(self, tenant_id: str) -> bytes | None:
         return self._keys.get(tenant_id, self._keys.get("*"))
 
+    def handle_key(self, tenant_id: str) -> bytes:
+        """The key a tenant's completion handles are signed with: its decision key (with
+        auth off, a fixed local one: a handle is then no credential at all)."""
+        key = self._key(tenant_id)
+        if key is not None:
+            return key
+        if not self.enabled:
+            return b"toolfleet-local-development"
+        raise ConfigurationError(
+            f"no decision key for tenant {tenant_id!r}, so no completion handle can be signed: "
+            "add it to TOOLFLEET_DECISION_KEYS (or TOOLFLEET_DECISION_KEYS_FILE)"
+        )
+
     def sign(self, decision: D) -> D:
         """``decision`` with its signature (unchanged when auth is off)."""
         if not self.enabled:
@@ -98,3 +114,53 @@ class DecisionAuth:
         if not hmac.compare_digest(decision.signature, signature(decision, key)):
             reason = f"forged {kind}: its signature is not the tenant's"
             raise InvalidMessageError(reason, reason=reason)
+
+
+@dataclass(frozen=True)
+class CompletionHandle:
+    """What a deferred call's completion handle names: the attempt it completes, and the
+    pool whose workers take its completion."""
+
+    tenant_id: str
+    run_id: str
+    call_id: str
+    attempt: int
+    fencing_token: int
+    pool: str
+
+    def encode(self, key: bytes) -> str:
+        """The handle: the fields (base64url JSON), a dot, their HMAC-SHA256 under ``key``."""
+        body = json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+        text = base64.urlsafe_b64encode(body).decode().rstrip("=")
+        return f"{text}.{_mac(key, text)}"
+
+    @classmethod
+    def read(cls, handle: str) -> CompletionHandle:
+        """The fields a handle names, unverified (to find its tenant's key);
+        InvalidMessageError when it is no handle."""
+        text, _, _mac_hex = handle.partition(".")
+        try:
+            padded = text + "=" * (-len(text) % 4)
+            data = json.loads(base64.urlsafe_b64decode(padded.encode()))
+            return cls(
+                tenant_id=str(data["tenant_id"]), run_id=str(data["run_id"]),
+                call_id=str(data["call_id"]), attempt=int(data["attempt"]),
+                fencing_token=int(data["fencing_token"]), pool=str(data["pool"]),
+            )  # fmt: skip
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            reason = "not a completion handle: pass the handle the tool gave out, unchanged"
+            raise InvalidMessageError(reason, reason=reason) from None
+
+    @classmethod
+    def verify(cls, handle: str, key: bytes) -> CompletionHandle:
+        """The fields of ``handle`` if ``key`` signed it; InvalidMessageError otherwise."""
+        found = cls.read(handle)
+        text, _, given = handle.partition(".")
+        if not hmac.compare_digest(given, _mac(key, text)):
+            reason = "forged completion handle: its signature is not the tenant's"
+            raise InvalidMessageError(reason, reason=reason)
+        return found
+
+
+def _mac(key: bytes, text: str) -> str:
+    return hmac.new(key, b"completion:" + text.encode(), hashlib.sha256).hexdigest()

@@ -108,3 +108,20 @@ def not_started_in_time(
             message=f"not started within {seconds:g} s of the command's issue",
         ),
     )
+
+
+def completed(
+    command: ExecutionCommand,
+    worker_id: str | None,
+    effect: Literal["applied", "not_executed", "unknown"],
+    output: str | None,
+) -> CallOutcome:
+    """A deferred call's outcome, as its completion says: applied succeeded, anything else
+    failed; an unknown effect is the reconciler's (probed), as any unknown effect."""
+    return CallOutcome(
+        **identity(command, worker_id),
+        status="succeeded" if effect == "applied" else "failed",
+        effect=effect,
+        output=output,
+        resolved=effect != "unknown",
+    )

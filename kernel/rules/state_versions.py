@@ -41,7 +41,9 @@ VERSIONS: dict[int, str] = {
     3: "tools that run for hours: a retry carries the heartbeat details of the call's earlier "
     "attempt (ExecutionCommand.heartbeat_details), and the tool registry publishes "
     "schedule-to-start and heartbeat timeouts (ToolSpec.schedule_to_start_s and "
-    "heartbeat_timeout_s); services of version 2 refuse commands and specs that carry them",
+    "heartbeat_timeout_s); services of version 2 refuse commands and specs that carry them. "
+    "Deferred calls: the ledger state 'deferred' (a worker of version 2 would start such a "
+    "call again), so a tool defers only once version 3 is in force",
 }
 """What each state version brought, for ``toolfleet migrate`` and docs/upgrading.md."""
 

@@ -42,8 +42,10 @@ from kernel.stores.schema import check_record
 from kernel.stores.scripts import script
 from schemas import CallOutcome, ExecutionCommand, TurnConfig
 
-LedgerState = Literal["planned", "dispatched", "started", "finished", "committed"]
-BeginVerdict = Literal["run", "done", "stale", "busy", "unknown", "missing", "cancelled"]
+LedgerState = Literal["planned", "dispatched", "started", "deferred", "finished", "committed"]
+BeginVerdict = Literal[
+    "run", "done", "stale", "busy", "unknown", "deferred", "missing", "cancelled"
+]
 
 
 class _Step(NamedTuple):
@@ -253,6 +255,8 @@ class LedgerEntry:
     attempt is given them."""
     heartbeat_at: float | None = None
     """When they were written (Unix time)."""
+    deferred_until: float | None = None
+    """For a deferred call: when its completion is due (Unix time)."""
 
     @property
     def arguments_digest(self) -> str:
@@ -292,6 +296,7 @@ class LedgerEntry:
             failure=CallFailure.decode(h.get("failure")),
             heartbeat_details=h.get("heartbeat") or None,
             heartbeat_at=float(h["heartbeat_at"]) if h.get("heartbeat_at") else None,
+            deferred_until=float(h["deferred_until"]) if h.get("deferred_until") else None,
         )
 
 
@@ -305,6 +310,8 @@ _UPSTREAM_REF = script("ledger/upstream_ref")
 _RENEW = script("ledger/renew")
 _HEARTBEAT = script("ledger/heartbeat")
 _NEVER_STARTED = script("ledger/never_started")
+_DEFER = script("ledger/defer")
+_COMPLETE = script("ledger/complete")
 _FINISH = script("ledger/finish")
 _SETTLE = script("ledger/settle")
 _RESOLVE = script("ledger/resolve")
@@ -331,6 +338,8 @@ class Ledger:
         self._renew = _RENEW.register(redis)
         self._heartbeat = _HEARTBEAT.register(redis)
         self._never_started = _NEVER_STARTED.register(redis)
+        self._defer = _DEFER.register(redis)
+        self._complete = _COMPLETE.register(redis)
         self._upstream_ref = _UPSTREAM_REF.register(redis)
         self._finish = _FINISH.register(redis)
         self._finishes: SlotGroupBatches[_Step, tuple[bytes]] = SlotGroupBatches(
@@ -568,6 +577,43 @@ class Ledger:
                 outcome.model_dump_json(exclude_none=True),
                 time.time(),
                 schedule_to_start_s,
+            ],
+        )
+        return text(reply)
+
+    async def defer(self, command: ExecutionCommand, *, worker_id: str, until: float) -> bool:
+        """The running attempt of ``command`` handed its work over: the call is ``deferred``
+        until a completion ends it (due by ``until``), out of the lease index; False when the
+        attempt is no longer this worker's."""
+        tenant, run, call = command.tenant_id, command.run_id, command.call_id
+        return bool(
+            await self._defer(
+                keys=[
+                    self.keys.call(tenant, run, call),
+                    self.keys.audit(tenant, run, call),
+                    self.lease_index(tenant, run),
+                ],
+                args=[
+                    command.fencing_token,
+                    worker_id,
+                    lease_member(tenant, run, call),
+                    until,
+                    time.time(),
+                ],
+            )
+        )
+
+    async def complete(self, outcome: CallOutcome, completed_by: str) -> str:
+        """Store the outcome a deferred call's completion brought: ``ok``, ``stale``,
+        ``done`` (completed before), ``missing``, or the state of a call not deferred."""
+        tenant, run, call = outcome.tenant_id, outcome.run_id, outcome.call_id
+        reply = await self._complete(
+            keys=[self.keys.call(tenant, run, call), self.keys.audit(tenant, run, call)],
+            args=[
+                outcome.fencing_token,
+                outcome.model_dump_json(exclude_none=True),
+                time.time(),
+                completed_by,
             ],
         )
         return text(reply)

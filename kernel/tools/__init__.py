@@ -6,6 +6,7 @@ the worker, the SDK adapter and ``toolfleet.testing`` use them from here.
 
 from kernel.rules.effects import EffectVerdict, NotExecuted
 from kernel.tools._context import ProbeResult, ProbeState, ToolContext, current_tool_context
+from kernel.tools._deferred import Deferred
 from kernel.tools._errors import (
     HeartbeatTimeoutError,
     ToolCancelledError,
@@ -46,6 +47,7 @@ __all__ = [
     "ApprovalFunction",
     "CallHooks",
     "CompensateFunction",
+    "Deferred",
     "EffectVerdict",
     "FleetOptions",
     "FunctionToolAdapter",

@@ -19,6 +19,9 @@ from schemas import ExecutionCommand
 UpstreamRecorder = Callable[[str], Awaitable[None]]
 """Writes a call's upstream reference durably (the worker's ledger write)."""
 
+HandleSigner = Callable[[], str]
+"""Gives the completion handle of the running attempt (the worker signs it)."""
+
 
 class _UpstreamRef:
     """The upstream reference of one attempt, shared by every copy of its context."""
@@ -110,6 +113,7 @@ class ToolContext:
     tool is given the copy as its run context)."""
     _progress: _Progress = field(default_factory=lambda: _Progress(None), repr=False, compare=False)
     _beats: _Beats = field(default_factory=lambda: _Beats(None, None), repr=False, compare=False)
+    _handle: HandleSigner | None = field(default=None, repr=False, compare=False)
 
     @property
     def upstream_ref(self) -> str | None:
@@ -176,6 +180,21 @@ class ToolContext:
         """``heartbeat`` for a sync tool, which runs in a worker thread (it does not wait)."""
         self._beats.hand(details_json(details))
 
+    def completion_handle(self) -> str:
+        """The handle that completes this call later: give it to the external system the
+        tool hands its work to, then return ``Deferred(complete_within_s=...)``.
+
+        It names this attempt and is signed with the tenant's decision key: whoever holds it
+        can complete the call (once), so pass it only to the system that does the work. Only
+        on a worker whose deployment runs state version 3 (ToolfleetError otherwise).
+        """
+        if self._handle is None:
+            raise ToolfleetError(
+                "no completion handle here: a call is deferred only on a worker, once the "
+                "deployment's state version 3 is in force (`toolfleet migrate --finish`)"
+            )
+        return self._handle()
+
     @property
     def heartbeat_details(self) -> Any:
         """The details the call's earlier attempt sent last with ``heartbeat`` (None: none):
@@ -192,10 +211,12 @@ class ToolContext:
         record_upstream: UpstreamRecorder | None = None,
         progress: ProgressReporter | None = None,
         heartbeats: Heartbeats | None = None,
+        completion_handle: HandleSigner | None = None,
     ) -> ToolContext:
         """Build the context of the attempt a command describes; ``record_upstream`` is how
         the worker writes an upstream reference durably, ``progress`` where the attempt's
-        progress reports go, ``heartbeats`` where its heartbeats go."""
+        progress reports go, ``heartbeats`` where its heartbeats go, ``completion_handle``
+        how a deferred call's handle is made."""
         upstream = _UpstreamRef(command.upstream_ref, record_upstream)
         if record_upstream is not None:
             upstream.loop = asyncio.get_running_loop()
@@ -222,6 +243,7 @@ class ToolContext:
             _run_context=CarriedRunContext(command.run_context, command.tool_call),
             _progress=reporting,
             _beats=beats,
+            _handle=completion_handle,
         )
 
 

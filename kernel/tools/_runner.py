@@ -55,7 +55,8 @@ from kernel.errors import ModelBehaviorError
 from kernel.rules.effects import TimeoutKind, effect_for_class, timeout_verdict
 from kernel.rules.texts import OUTPUT_TOO_LARGE, RUN_ERROR, TOOL_DISABLED_ON_WORKER
 from kernel.tools._capture import Captured, abandon, capture, error_of, text_of
-from kernel.tools._context import _CURRENT, ToolContext, UpstreamRecorder
+from kernel.tools._context import _CURRENT, HandleSigner, ToolContext, UpstreamRecorder
+from kernel.tools._deferred import Deferred
 from kernel.tools._errors import (
     HeartbeatTimeoutError,
     ToolCancelledError,
@@ -155,6 +156,8 @@ async def run_call(
     progress_interval_s: float = PROGRESS_MIN_INTERVAL_S,
     heartbeat: HeartbeatWriter | None = None,
     heartbeat_interval_s: float = HEARTBEAT_WRITE_S,
+    completion_handle: HandleSigner | None = None,
+    on_deferred: Callable[[Deferred], None] | None = None,
 ) -> CallOutcome:
     """Run one call of ``tool`` as ``command`` describes and return its outcome.
 
@@ -174,6 +177,10 @@ async def run_call(
     ``heartbeat`` writes the newest details the tool sent with ``ctx.heartbeat`` (at most one
     write per ``heartbeat_interval_s``, the newest pending one when the call ends); a tool
     with a heartbeat timeout is watched whether or not they are written.
+    ``completion_handle`` makes the handle of ``ctx.completion_handle()``; a body that returns
+    ``Deferred`` is handed to ``on_deferred`` (its outcome, which says nothing yet, is not to
+    be published), and without ``on_deferred`` it is a failure whose effect is unknown (the
+    work was handed over, and nobody will complete it).
     """
     loop = asyncio.get_running_loop()
     run = _CallRun(
@@ -193,6 +200,8 @@ async def run_call(
             else ProgressReporter(command, progress, min_interval_s=progress_interval_s)
         ),
         heartbeats=Heartbeats(heartbeat, min_interval_s=heartbeat_interval_s),
+        completion_handle=completion_handle,
+        on_deferred=on_deferred,
     )
     return await run.run()
 
@@ -215,7 +224,10 @@ class _CallRun:
         on_failure: Callable[[ToolFailure], None] | None = None,
         progress: ProgressReporter | None = None,
         heartbeats: Heartbeats | None = None,
+        completion_handle: HandleSigner | None = None,
+        on_deferred: Callable[[Deferred], None] | None = None,
     ) -> None:
+        self.on_deferred = on_deferred
         self.phase = phase
         self.progress = progress
         self.heartbeats = heartbeats or Heartbeats(None)
@@ -232,6 +244,7 @@ class _CallRun:
             record_upstream=record_upstream,
             progress=progress,
             heartbeats=self.heartbeats,
+            completion_handle=completion_handle,
         )
         self.started_at: float | None = None
         self.max_output_bytes = max_output_bytes
@@ -302,10 +315,25 @@ class _CallRun:
             await self._user(self.hooks.on_tool_start, self.ctx, tool, effect="not_executed")
         with self.phase("body"):
             body = await self._invoke(args)
+        if body.status == "succeeded" and isinstance(body.output, Deferred):
+            return self._deferral(body.output)
         if not tool.output_guardrails:
             return await self._accept(body)
         with self.phase("guardrails.output"):
             return await self._accept(body)
+
+    def _deferral(self, deferred: Deferred) -> CallOutcome:
+        """The body handed its work over: to the worker, or a failure nobody completes."""
+        if self.on_deferred is not None:
+            self.on_deferred(deferred)
+            # Not published: the completion's outcome is the call's.
+            return self._outcome("succeeded", "unknown", None)
+        error = CallError(
+            type="DeferredNotSupported",
+            message="the tool returned Deferred where no completion can arrive (outside a "
+            "worker, or before state version 3 is in force): its work was handed over",
+        )
+        return self._outcome("failed", "unknown", None, error)
 
     async def _approval_required(self) -> bool:
         policy = self.tool.needs_approval

@@ -147,7 +147,7 @@ def test_committed_id_different_fingerprint_fails_the_turn() -> None:
     assert_turn_error(plan(event(fc("c2"), fc("c1")), ledger=ledger), REUSED_COMPLETED, "c1")
 
 
-@pytest.mark.parametrize("state", ["started", "finished"])
+@pytest.mark.parametrize("state", ["started", "deferred", "finished"])
 def test_in_flight_id_same_fingerprint_attaches_without_second_execution(state: str) -> None:
     result = plan(event(fc("c1")), ledger={"c1": entry("c1", state)})
     assert kinds(result) == ["attach"]

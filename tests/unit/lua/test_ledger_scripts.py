@@ -276,6 +276,50 @@ def test_never_started_leaves_a_started_call_to_its_holder(lua: Lua, r: redis.Re
     assert _entry(r)["state"] == "started" and "outcome" not in _entry(r)
 
 
+def _defer(lua: Lua, token: int = 1, worker: str = "w1") -> int:
+    return int(lua("ledger/defer", [CALL, AUDIT, LEASES], [token, worker, MEMBER, 3700.0, 100.0]))
+
+
+def _complete(lua: Lua, token: int = 1, output: str = "done") -> str:
+    outcome = json.dumps({"status": "succeeded", "effect": "applied", "output": output})
+    return str(lua("ledger/complete", [CALL, AUDIT], [token, outcome, 200.0, "farm"]).decode())
+
+
+def test_defer_parks_the_holders_started_attempt_out_of_the_lease_index(
+    lua: Lua, r: redis.Redis
+) -> None:
+    _create(lua)
+    assert _defer(lua) == 0  # not started
+    _begin(lua)
+    assert _defer(lua, token=2) == 0 and _defer(lua, worker="w2") == 0  # not this holder's
+    assert _defer(lua) == 1
+    entry = _entry(r)
+    assert (entry["state"], entry["deferred_until"], entry["lease_until"]) == (
+        "deferred", "3700.0", "0",
+    )  # fmt: skip
+    assert r.zscore(LEASES, MEMBER) is None  # no lost-worker verdict for it
+    assert _events(r) == ["planned", "dispatched", "started", "deferred"]
+    assert _begin(lua) == ("deferred", "")  # a redelivered command leaves it alone
+    assert _begin(lua, token=2) == ("deferred", "")
+
+
+def test_complete_ends_a_deferred_call_once_and_only_with_its_attempts_token(
+    lua: Lua, r: redis.Redis
+) -> None:
+    assert _complete(lua) == "missing"
+    _create(lua)
+    _begin(lua)
+    assert _complete(lua) == "started"  # not deferred: the running body reports itself
+    _defer(lua)
+    assert _complete(lua, token=2) == "stale"
+    assert _complete(lua) == "ok"
+    entry = _entry(r)
+    assert entry["state"] == "finished" and json.loads(entry["outcome"])["output"] == "done"
+    assert _complete(lua, output="again") == "done"  # a repeated completion changes nothing
+    assert json.loads(_entry(r)["outcome"])["output"] == "done"
+    assert _events(r).count("completed") == 1
+
+
 # -- finish, commit, settle -------------------------------------------------------------------
 
 

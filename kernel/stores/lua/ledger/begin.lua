@@ -3,13 +3,15 @@
 -- token, worker, lease_s, lease member, the tool version it runs ('' for none:
 -- compensations). Returns verdict, stored outcome ('' unless done) per call. Verdicts: run
 -- (started is written), done, stale, busy (another holder's lease runs), unknown (a
--- holder's lease ran out: its effect is unknown), missing, cancelled.
+-- holder's lease ran out: its effect is unknown), deferred (an external system completes
+-- it), missing, cancelled.
 local function begin(entry, audit, leases, cancelled, a, now)
   local h = redis.call('HMGET', entry, 'state', 'fencing_token', 'lease_until', 'outcome',
     'keep')
   local state, token = h[1], tonumber(h[2])
   if not state then return 'missing', '' end
   if state == 'finished' or state == 'committed' then return 'done', h[4] or '' end
+  if state == 'deferred' then return 'deferred', '' end
   if tonumber(ARGV[a]) < token then return 'stale', '' end
   if state == 'started' then
     if tonumber(h[3] or '0') > now then return 'busy', '' end
