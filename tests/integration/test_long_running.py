@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from executors import ProbeResult, ToolContext, ToolRegistry
+from executors import Deferred, ProbeResult, ToolContext, ToolRegistry
 from executors.worker import WorkerLimits
 from kernel.adapters.redis import text
 from kernel.settings import Settings
@@ -104,6 +104,12 @@ def registry(upstream: Upstream) -> ToolRegistry:
         """Worth doing only soon after it was asked for."""
         upstream.started["quick"] += 1
         return "quick"
+
+    @tools.tool(effect="idempotent", on_unknown="report_now")
+    async def hand_over(ctx: ToolContext) -> Deferred:
+        """Hands its work to an external system, to complete the call later."""
+        upstream.started["hand_over"] += 1
+        return Deferred(complete_within_s=600)
 
     return tools
 

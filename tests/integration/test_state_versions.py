@@ -145,8 +145,9 @@ async def test_until_version_3_is_in_force_specs_and_retries_are_as_version_2_re
     settings: Settings, redis: Redis
 ) -> None:
     """A rolling upgrade from version 2: the new release's worker publishes its tools without
-    the timeouts a version-2 planner would refuse (it applies them itself), and a retry does
-    not carry the heartbeat details a version-2 worker would refuse: it starts over."""
+    the timeouts a version-2 planner would refuse (it applies them itself), a retry does not
+    carry the heartbeat details a version-2 worker would refuse (it starts over), and no call
+    is deferred."""
     upstream = Upstream()
     fleet = InProcessFleet(settings, registry(upstream))
     await StateSchema(redis, fleet.keys).write(Marker(2, by="an upgrade in progress"))
@@ -162,3 +163,9 @@ async def test_until_version_3_is_in_force_specs_and_retries_are_as_version_2_re
         assert upstream.given == [(1, None), (2, None)]
         entry = await redis.hget(fleet.keys.call(TENANT, event.run_id, "c1"), "heartbeat")
         assert entry is not None  # kept in the ledger all the same (readers ignore the field)
+
+        # No call is deferred: a version-2 worker would start a deferred call again.
+        handed = await fleet.client.run_turn(one_call("hand_over", {}), within=60)
+        (call,) = handed.calls
+        assert (call.status, call.effect) == ("failed", "unknown"), call
+        assert call.error is not None and call.error.type == "DeferredNotSupported"
