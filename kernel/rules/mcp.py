@@ -12,9 +12,11 @@ idempotency key (the only randomness here).
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from kernel.rules.effects import attendance
 from kernel.rules.texts import TOOL_NOT_FOUND
@@ -225,3 +227,188 @@ def run_id_for(tenant: str, idempotency_key: str | None) -> str:
         )
     digest = hashlib.sha256(f"{tenant}\x1f{idempotency_key}".encode()).hexdigest()
     return f"{_KEYED_PREFIX}{digest[:_KEY_DIGEST_HEX]}"
+
+
+# --- idempotency keys and tasks ----------------------------------------------------------------
+
+META_RELATED_TASK = "io.modelcontextprotocol/related-task"
+"""The ``_meta`` key naming the task a message belongs to (MCP 2025-11-25)."""
+
+META_IMMEDIATE = "io.modelcontextprotocol/model-immediate-response"
+"""The ``_meta`` key of the text a host may show the model while a task runs."""
+
+TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
+"""An MCP task's status (2025-11-25)."""
+
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+"""The statuses a task never leaves."""
+
+TASK_TTL_DEFAULT_MS = 24 * 3600 * 1000
+"""A task's time to live when the client asks for none."""
+
+TASK_TTL_MIN_MS = 60_000
+"""The shortest time to live a task gets, whatever the client asks."""
+
+POLL_INTERVAL_MS = 1_000
+"""The interval the door suggests between a client's ``tasks/get``."""
+
+REPUBLISH_AFTER_S = 5.0
+"""How long a record may stay unsubmitted before a reader publishes its call again: the
+replica that created it died before its publish was acknowledged."""
+
+IDEMPOTENCY_CONFLICT = (
+    "idempotency key {key!r} was used for another call (another tool or other arguments) of "
+    "this tenant: use a new key for a new call"
+)
+"""The error of a call whose idempotency key names another call (JSON-RPC -32602)."""
+
+TASK_NOT_FOUND = "Task not found: {task_id}"
+"""The error of a task id the caller's tenant has no task of (another tenant's too)."""
+
+
+def call_fingerprint(tool: str, arguments: Mapping[str, Any] | None) -> str:
+    """What identifies a call beyond its run: the tool and its arguments (canonical JSON),
+    hashed. The same idempotency key with another fingerprint is another call."""
+    canonical = json.dumps(
+        {"tool": tool, "arguments": dict(arguments or {})},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def idempotency_key_of(meta: Mapping[str, Any] | None) -> str | None:
+    """The client's idempotency key in a request's ``_meta`` (None: none).
+    ValueError when it is there but not a string of 1 to ``IDEMPOTENCY_KEY_MAX``."""
+    if not meta or META_IDEMPOTENCY_KEY not in meta:
+        return None
+    key = meta[META_IDEMPOTENCY_KEY]
+    if not isinstance(key, str) or not 0 < len(key) <= IDEMPOTENCY_KEY_MAX:
+        raise ValueError(
+            f"{META_IDEMPOTENCY_KEY} is a string of 1 to {IDEMPOTENCY_KEY_MAX} characters"
+        )
+    return key
+
+
+def task_ttl_ms(requested: int | None, retention_s: int) -> int | None:
+    """A task's time to live: what the client asked (``TASK_TTL_DEFAULT_MS`` when nothing),
+    at least ``TASK_TTL_MIN_MS``, at most the ledger's retention (``retention_s``: a task
+    cannot outlive what it reads). None (kept for ever) only when the ledger keeps runs for
+    ever (``retention_s`` 0) and the client asked for no limit."""
+    wanted = TASK_TTL_DEFAULT_MS if requested is None else max(requested, TASK_TTL_MIN_MS)
+    if retention_s <= 0:
+        return None if requested is None else wanted
+    return min(wanted, retention_s * 1000)
+
+
+def republish_due(*, submitted: bool, has_entry: bool, created_at: float, now: float) -> bool:
+    """Whether a reader publishes a call's model response again: it was never acknowledged
+    as submitted, the fleet's ledger has no entry of it, and its creator had
+    ``REPUBLISH_AFTER_S`` to do it. Publishing twice is harmless (the same run and call id:
+    the planner's ledger dedupes); never publishing is a lost call."""
+    return not submitted and not has_entry and now - created_at >= REPUBLISH_AFTER_S
+
+
+@dataclass(frozen=True)
+class CallProgress:
+    """Where a task's call stands, as the door read it (its ledger entry; no I/O here)."""
+
+    state: str | None
+    """The ledger entry's state (None: no entry yet)."""
+    pending_approval: bool = False
+    attempts: int = 0
+    outcome: SettledCall | None = None
+    settled: bool = False
+    """The outcome gives the model its answer (``kernel.rules.effects.settles_call``)."""
+
+
+def task_status(
+    tool: str, call: CallProgress, *, cancelled_reason: str | None = None
+) -> tuple[TaskStatus, str | None]:
+    """A task's MCP status and status message.
+
+    A cancelled task stays cancelled (the call's effect, in the result's ``_meta``, tells the
+    truth: cancelling is not undoing). A settled call is completed when it succeeded, failed
+    otherwise (an error result is a failed task on the 2025-11-25 wire). A call waiting for a
+    person's approval is ``input_required``; one whose effect is unknown stays ``working``
+    while the reconciler probes it, and says so.
+    """
+    if cancelled_reason is not None:
+        return "cancelled", cancelled_reason
+    outcome = call.outcome
+    if outcome is not None and call.settled:
+        if outcome.status == "succeeded":
+            return "completed", None
+        return "failed", outcome.output or f"the call ended {outcome.status}"
+    if call.state is None:
+        return "working", "queued"
+    if call.pending_approval:
+        return "input_required", (
+            f"waiting for approval of {tool}: an operator decides (the console, "
+            "`toolfleet approvals`)"
+        )
+    if outcome is not None and outcome.effect in ("unknown", "wrong_effect"):
+        return "working", (
+            f"effect unknown: the reconciler is probing it (attempt {outcome.attempt})"
+        )
+    if call.state == "started":
+        return "working", f"running (attempt {max(call.attempts, 1)})"
+    if outcome is not None and outcome.status != "succeeded":
+        return "working", f"attempt {outcome.attempt} ended {outcome.status}; the fleet retries"
+    return "working", "waiting for a slot"
+
+
+def task_of(
+    task_id: str,
+    status: TaskStatus,
+    message: str | None,
+    *,
+    created_at: str,
+    updated_at: str,
+    ttl_ms: int | None,
+) -> dict[str, Any]:
+    """A ``Task`` (wire names); the times are ISO 8601 (the caller formats them)."""
+    task: dict[str, Any] = {
+        "taskId": task_id,
+        "status": status,
+        "createdAt": created_at,
+        "lastUpdatedAt": updated_at,
+        "ttl": ttl_ms,
+    }
+    if status not in TERMINAL:
+        task["pollInterval"] = POLL_INTERVAL_MS
+    if message:
+        task["statusMessage"] = message
+    return task
+
+
+def created_task_result(task: Mapping[str, Any], tool: str) -> dict[str, Any]:
+    """The answer to a task-augmented ``tools/call``: the task, and, for a client that reads
+    only a ``CallToolResult``, a text saying where its result is."""
+    immediate = (
+        f"{tool} runs as task {task['taskId']}: its result comes from tasks/result "
+        "(any replica of the door answers)"
+    )
+    return {
+        "task": dict(task),
+        "content": [{"type": "text", "text": immediate}],
+        "_meta": {META_IMMEDIATE: immediate},
+    }
+
+
+def cancelled_result(call: SettledCall | None, run_id: str, reason: str) -> dict[str, Any]:
+    """The result of a cancelled task: an error result saying so, its ``_meta`` with what the
+    fleet recorded of the call so far (its effect may well be ``applied``)."""
+    end = call or CallEnd(run_id, "cancelled", "not_executed", None, 0, False)
+    result = call_tool_result(end)
+    result["isError"] = True
+    result["content"] = [{"type": "text", "text": f"cancelled: {reason}"}]
+    return result
+
+
+def related(result: dict[str, Any], task_id: str) -> dict[str, Any]:
+    """``result`` with ``_meta`` naming the task it belongs to."""
+    meta = dict(result.get("_meta") or {})
+    meta[META_RELATED_TASK] = {"taskId": task_id}
+    return {**result, "_meta": meta}

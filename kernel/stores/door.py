@@ -19,6 +19,7 @@ from kernel.stores.circuit import CircuitBreaker
 from kernel.stores.gates import GateStore
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
+from kernel.stores.mcp_tasks import McpTasks
 from kernel.stores.reconciling import ReconcileState
 from kernel.stores.registry import ToolDirectory, publish_tools
 from kernel.stores.schema import StateSchema
@@ -86,6 +87,12 @@ class Stores:
         """The deployment's state version marker, the version in force re-read every
         ``state_version_refresh_s``."""
         return StateSchema(self._redis, self.keys, refresh_s=self.settings.state_version_refresh_s)
+
+    def mcp_tasks(self) -> McpTasks:
+        """The MCP door's records of its calls and each tenant's task index; no record
+        outlives the ledger entries of its run."""
+        retention = self.settings.ledger_retention_s
+        return McpTasks(self._redis, self.keys, max_ttl_ms=retention * 1000 if retention else None)
 
     def unknowns(self, ledger: Ledger) -> UnknownEffects:
         """The index of calls whose effect is unknown (entries read through ``ledger``)."""

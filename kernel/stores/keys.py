@@ -154,6 +154,17 @@ class Keys:
         """Hash: the human tasks of one slot group, by id."""
         return f"{self.namespace}:{{{GROUP_TAGS[group]}}}:tasks"
 
+    # the MCP door
+    def mcp_task(self, tenant_id: str, run_id: str) -> str:
+        """Hash: the MCP door's record of a call it submitted (a task, or a plain call with
+        an idempotency key), in its run's slot group beside the call's ledger entry."""
+        return self._run(tenant_id, run_id, "mcptask")
+
+    def mcp_tasks(self, tenant_id: str) -> str:
+        """Sorted set (one score, ordered by member): a tenant's MCP tasks, newest last;
+        ``tasks/list`` pages through it."""
+        return f"{self.namespace}:{{mcp:{tenant_id}}}:tasks"
+
     @property
     def schema(self) -> str:
         """Hash: the deployment's state version marker (``kernel/stores/schema.py``)."""

@@ -21,6 +21,7 @@ def _run_keys(keys: Keys, tenant: str, run: str) -> list[str]:
         keys.gate(tenant, run, 0), keys.gates(tenant, run), keys.turn(tenant, run, 0),
         keys.turns(tenant, run), keys.leases(keys.group(tenant, run)),
         keys.due(keys.group(tenant, run)), keys.pending(keys.group(tenant, run)),
+        keys.mcp_task(tenant, run),
     ]  # fmt: skip
 
 

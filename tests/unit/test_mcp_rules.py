@@ -13,11 +13,25 @@ from kernel.rules.mcp import (
     CALL_ID,
     IDEMPOTENCY_KEY_MAX,
     META_CALL,
+    POLL_INTERVAL_MS,
+    REPUBLISH_AFTER_S,
+    TASK_TTL_DEFAULT_MS,
+    TASK_TTL_MIN_MS,
+    CallProgress,
     annotations_of,
     call_end_of_turn,
+    call_fingerprint,
     call_tool_result,
+    cancelled_result,
+    created_task_result,
+    idempotency_key_of,
     listed,
+    related,
+    republish_due,
     run_id_for,
+    task_of,
+    task_status,
+    task_ttl_ms,
     tool_of,
     unknown_tool_result,
 )
@@ -249,3 +263,113 @@ def test_a_key_too_short_or_too_long_is_refused(key: str) -> None:
     with pytest.raises(ValueError, match="idempotency key"):
         run_id_for("acme", key)
     run_id_for("acme", "k" * IDEMPOTENCY_KEY_MAX)  # the longest allowed
+
+
+# --- idempotency keys and tasks ----------------------------------------------------------------
+
+
+def test_a_calls_fingerprint_is_its_tool_and_arguments_whatever_their_order() -> None:
+    same = call_fingerprint("weather", {"city": "Oslo", "days": 2})
+    assert same == call_fingerprint("weather", {"days": 2, "city": "Oslo"})
+    assert same != call_fingerprint("weather", {"city": "Rome", "days": 2})
+    assert same != call_fingerprint("forecast", {"city": "Oslo", "days": 2})
+    assert call_fingerprint("weather", None) == call_fingerprint("weather", {})
+
+
+def test_the_idempotency_key_is_read_from_meta_and_checked() -> None:
+    assert idempotency_key_of(None) is None
+    assert idempotency_key_of({"progressToken": 1}) is None
+    assert idempotency_key_of({"io.toolfleet/idempotency-key": "k-1"}) == "k-1"
+    for bad in ("", 7, "x" * (IDEMPOTENCY_KEY_MAX + 1)):
+        with pytest.raises(ValueError, match="string of 1 to 256 characters"):
+            idempotency_key_of({"io.toolfleet/idempotency-key": bad})
+
+
+@pytest.mark.parametrize(
+    ("requested", "retention_s", "expected"),
+    [
+        (None, 7 * 86400, TASK_TTL_DEFAULT_MS),
+        (1_000, 7 * 86400, TASK_TTL_MIN_MS),  # at least a minute
+        (30 * 86400 * 1000, 7 * 86400, 7 * 86400 * 1000),  # never past the ledger's retention
+        (None, 3600, 3600 * 1000),
+        (None, 0, None),  # the ledger keeps runs for ever, the client asked no limit
+        (120_000, 0, 120_000),
+    ],
+)
+def test_a_tasks_ttl_is_clamped_to_what_the_ledger_keeps(
+    requested: int | None, retention_s: int, expected: int | None
+) -> None:
+    assert task_ttl_ms(requested, retention_s) == expected
+
+
+def test_a_call_is_published_again_only_when_its_creator_left_it_unsubmitted() -> None:
+    assert republish_due(submitted=False, has_entry=False, created_at=0.0, now=REPUBLISH_AFTER_S)
+    assert not republish_due(submitted=False, has_entry=False, created_at=0.0, now=1.0)
+    assert not republish_due(submitted=True, has_entry=False, created_at=0.0, now=99.0)
+    assert not republish_due(submitted=False, has_entry=True, created_at=0.0, now=99.0)
+
+
+@pytest.mark.parametrize(
+    ("progress", "cancelled", "expected"),
+    [
+        (CallProgress(state=None), None, ("working", "queued")),
+        (CallProgress(state="planned", pending_approval=True), None, "input_required"),
+        (CallProgress(state="dispatched"), None, ("working", "waiting for a slot")),
+        (CallProgress(state="started", attempts=2), None, ("working", "running (attempt 2)")),
+        (
+            CallProgress(
+                state="finished",
+                outcome=_outcome(status="timed_out", effect="unknown", resolved=False),
+            ),
+            None,
+            ("working", "effect unknown: the reconciler is probing it (attempt 1)"),
+        ),
+        (CallProgress(state="committed", outcome=_outcome(), settled=True), None,
+         ("completed", None)),
+        (
+            CallProgress(
+                state="committed",
+                outcome=_outcome(status="failed", effect="not_executed", output="boom"),
+                settled=True,
+            ),
+            None,
+            ("failed", "boom"),
+        ),
+        (CallProgress(state="committed", outcome=_outcome(), settled=True), "stop",
+         ("cancelled", "stop")),
+        (CallProgress(state="started"), "stop", ("cancelled", "stop")),
+    ],
+)  # fmt: skip
+def test_a_tasks_status_follows_its_calls_ledger_entry(
+    progress: CallProgress, cancelled: str | None, expected: Any
+) -> None:
+    status, message = task_status("book_trip", progress, cancelled_reason=cancelled)
+    if isinstance(expected, str):
+        assert status == expected
+        assert message is not None and "waiting for approval of book_trip" in message
+    else:
+        assert (status, message) == expected
+
+
+def test_a_task_says_when_to_poll_until_it_is_terminal() -> None:
+    times = {"created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:01Z"}
+    working = task_of("mcp-1", "working", "queued", ttl_ms=60_000, **times)
+    assert working == {
+        "taskId": "mcp-1", "status": "working", "statusMessage": "queued",
+        "createdAt": "2026-01-01T00:00:00Z", "lastUpdatedAt": "2026-01-01T00:00:01Z",
+        "ttl": 60_000, "pollInterval": POLL_INTERVAL_MS,
+    }  # fmt: skip
+    assert "pollInterval" not in task_of("mcp-1", "completed", None, ttl_ms=None, **times)
+    created = created_task_result(working, "weather")
+    assert created["task"] == working
+    assert created["content"][0]["text"].startswith("weather runs as task mcp-1")
+
+
+def test_a_cancelled_tasks_result_is_an_error_that_keeps_the_calls_effect() -> None:
+    result = related(cancelled_result(_outcome(), "mcp-1", "stop"), "mcp-1")
+    assert result["isError"] is True
+    assert result["content"] == [{"type": "text", "text": "cancelled: stop"}]
+    assert result["_meta"][META_CALL]["effect"] == "applied"  # cancelling is not undoing
+    assert result["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": "mcp-1"}
+    never = cancelled_result(None, "mcp-2", "stop")
+    assert never["_meta"][META_CALL]["effect"] == "not_executed"

@@ -36,11 +36,14 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from kernel.adapters.redis import connect_redis
 from kernel.settings import Settings
+from kernel.stores.door import Stores
 from toolfleet.app.identity import ROLES
 from toolfleet.app.mcp._calls import CallLimits, Calls
 from toolfleet.app.mcp._gate import Gate
 from toolfleet.app.mcp._server import Door
+from toolfleet.app.mcp._tasks import TaskLimits, Tasks
 from toolfleet.app.mcp._tokens import Verifier
 from toolfleet.client import FleetClient
 
@@ -56,6 +59,8 @@ class DoorOptions:
 
     limits: CallLimits = field(default_factory=CallLimits)
     """How long a plain call waits for its call to settle."""
+    task_limits: TaskLimits = field(default_factory=TaskLimits)
+    """How long ``tasks/result`` waits, and how often a wait reads the ledger again."""
     max_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_SIZE
     """Largest request body accepted (the ``mcp`` package's default, 4 MiB)."""
     directory_within_s: float = 10.0
@@ -80,13 +85,16 @@ def create_app(settings: Settings, options: DoorOptions | None = None) -> Starle
     """The door as an ASGI application over ``settings``' fleet.
 
     Its lifespan starts a ``FleetClient`` (the tool directory is read before the first
-    request is served) and the stateless MCP transport. ConfigurationError when the settings
+    request is served) and the stateless MCP transport; tasks and idempotency keys read and
+    write the fleet's Redis (``REDIS_URL``) through its stores. ConfigurationError when the settings
     give the door no way to authenticate its callers.
     """
     options = options or DoorOptions()
     verifier = Verifier(settings)
     client = FleetClient(settings)
-    door = Door(client, Calls(client, options.limits), version=_toolfleet_version())
+    redis = connect_redis(settings)
+    tasks = Tasks(client, Stores(redis, settings), options.task_limits)
+    door = Door(client, Calls(client, options.limits), tasks, version=_toolfleet_version())
     manager = StreamableHTTPSessionManager(
         app=door.server,
         stateless=True,
@@ -123,14 +131,17 @@ def create_app(settings: Settings, options: DoorOptions | None = None) -> Starle
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        async with client:
-            await client.tool_specs(within=options.directory_within_s)
-            async with manager.run():
-                log.info(
-                    "MCP door serving",
-                    extra={"path": path, "oidc": bool(issuer), "tokens": len(verifier.tokens)},
-                )
-                yield
+        try:
+            async with client:
+                await client.tool_specs(within=options.directory_within_s)
+                async with manager.run():
+                    log.info(
+                        "MCP door serving",
+                        extra={"path": path, "oidc": bool(issuer), "tokens": len(verifier.tokens)},
+                    )
+                    yield
+        finally:
+            await redis.aclose()
 
     return Starlette(
         routes=routes,

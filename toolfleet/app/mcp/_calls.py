@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,10 +59,16 @@ class Calls:
         return await self.settle(spec, run_id, submit=event_for(caller, spec, arguments, run_id))
 
     async def settle(
-        self, spec: ToolSpec, run_id: str, *, submit: ModelResponseEvent | None = None
+        self,
+        spec: ToolSpec,
+        run_id: str,
+        *,
+        submit: ModelResponseEvent | None = None,
+        submitted: Callable[[], Awaitable[Any]] | None = None,
     ) -> dict[str, Any]:
         """The ``CallToolResult`` of call ``c0`` of ``run_id`` once it settled, submitting
-        ``submit`` first (the call's model response) when given.
+        ``submit`` first (the call's model response) when given, and calling ``submitted``
+        once it is published.
 
         The run's outcomes are followed before anything is submitted, so none is missed. A
         call that settled before this was called (a retried call, another replica's) is not
@@ -85,6 +91,8 @@ class Calls:
         try:
             if submit is not None:
                 await self.client.submit(submit)
+                if submitted is not None:
+                    await submitted()
             else:
                 self.client.expect(run_id, 0)
             turn = asyncio.create_task(self.client.result(run_id, 0, within=self.limits.wait_s))
@@ -109,19 +117,42 @@ def event_for(
 ) -> ModelResponseEvent:
     """The model response a ``tools/call`` becomes: turn 0 of ``run_id``, one function call
     ``c0`` of ``spec``, for the caller's tenant, its agent named after the caller."""
+    return event_of(
+        caller.tenant,
+        run_id,
+        created_by=caller.identity.name,
+        name=spec.name,
+        namespace=spec.namespace,
+        arguments=arguments,
+    )
+
+
+def event_of(
+    tenant_id: str,
+    run_id: str,
+    *,
+    created_by: str,
+    name: str,
+    namespace: str | None,
+    arguments: Mapping[str, Any] | None = None,
+    arguments_json: str | None = None,
+) -> ModelResponseEvent:
+    """The model response of a door call (``event_for``), from what the door recorded of it:
+    the same every time, so publishing it again is a replay the planner's ledger dedupes."""
+    text = arguments_json if arguments_json is not None else json.dumps(dict(arguments or {}))
     return ModelResponseEvent(
-        tenant_id=caller.tenant,
+        tenant_id=tenant_id,
         run_id=run_id,
         turn_id=0,
-        agent=AgentRef(name=f"mcp:{caller.identity.name}"),
+        agent=AgentRef(name=f"mcp:{created_by}"),
         response_id=f"resp-{run_id}",
         items=[
             {
                 "type": "function_call",
                 "call_id": CALL_ID,
-                "name": spec.name,
-                "namespace": spec.namespace,
-                "arguments": json.dumps(dict(arguments or {})),
+                "name": name,
+                "namespace": namespace,
+                "arguments": text,
             }
         ],
         config=DOOR_CONFIG,
