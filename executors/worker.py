@@ -539,8 +539,15 @@ class Worker:
                 await self._complete(CompletionMessage.decode(record.value or b""))
             except InvalidMessageError as refused:
                 log.warning("completion refused", extra={"reason": refused.reason})
+            except ToolfleetError as refused:  # no key for its tenant, say: said, not fatal
+                log.warning("completion refused", extra={"reason": str(refused)})
+            except Exception:  # a bug must not stop this pool's completions for good
+                log.exception("completion not handled")
             tp = TopicPartition(record.topic, record.partition)
-            await _persist(lambda: consumer.commit({tp: record.offset + 1}))  # noqa: B023
+            try:
+                await consumer.commit({tp: record.offset + 1})
+            except Exception as exc:  # a rebalance: the next owner takes it again (once)
+                log.info("completion offset not committed", extra={"error": repr(exc)})
 
     async def _complete(self, message: CompletionMessage) -> None:
         """One completion: verified by its handle, stored once, then published."""
