@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx2
@@ -29,11 +29,12 @@ from kernel.adapters.redis import text
 from kernel.settings import Settings
 from kernel.stores.ledger import Ledger
 from tests.conftest import wait_for
+from tests.integration.mcp_task_tools import release_key, runs_key
 from tests.integration.test_mcp_door import free_socket, served, token, tokens_setting
 from toolfleet.app.mcp import DoorOptions, create_app
 from toolfleet.app.mcp._tasks import TaskLimits
 from toolfleet.app.operations import decide_approval
-from toolfleet.testing import InProcessFleet
+from toolfleet.testing import InProcessFleet, LocalFleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
 
@@ -505,3 +506,67 @@ async def test_tasks_are_not_served_on_the_2026_revision(door: str) -> None:
         assert client.session.protocol_version == "2026-07-28"
         with pytest.raises(MCPError, match="served on the 2025-11-25 revision only"):
             await get_task(client, "mcp-anything")
+
+
+# --- replicas --------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A port of 127.0.0.1 free a moment ago, for a door process to listen on."""
+    with free_socket() as sock:
+        port: int = sock.getsockname()[1]
+    return port
+
+
+async def door_up(base: str, fleet: LocalFleet, name: str) -> None:
+    """Wait until the door process ``name`` answers its health check."""
+
+    async def healthy() -> bool:
+        assert fleet.alive(name), fleet.logs(name)[-2000:]
+        async with httpx2.AsyncClient(timeout=2) as http:
+            try:
+                return (await http.get(f"{base}/healthz")).status_code == 200
+            except httpx2.TransportError:
+                return False
+
+    await wait_for(healthy, within=60)
+
+
+@pytest.fixture(scope="module")
+def replicas(settings: Settings, topics: list[str]) -> Iterator[tuple[LocalFleet, list[str]]]:
+    """A fleet of processes (planner, aggregator, reconciler, a worker) and two ``toolfleet
+    mcp`` processes in front of it: the fleet and the doors' MCP URLs."""
+    env = {"TOOLFLEET_MCP_TOKENS": tokens_setting()}
+    with LocalFleet(
+        settings, tools="tests.integration.mcp_task_tools:tools", workers=1, extra_env=env
+    ) as running:
+        ports = [free_port(), free_port()]
+        for name, port in zip(("door-1", "door-2"), ports, strict=True):
+            running.start(name, ["mcp", "--port", str(port)])
+        yield running, [f"http://127.0.0.1:{port}" for port in ports]
+
+
+async def test_a_replica_killed_after_tools_call_leaves_the_result_to_another(
+    replicas: tuple[LocalFleet, list[str]], redis: Redis
+) -> None:
+    fleet, (first, second) = replicas
+    await door_up(first, fleet, "door-1")
+    await door_up(second, fleet, "door-2")
+    key = f"replica-{SESSION}"
+    async with client_of(f"{first}/mcp", "agent-a") as client:
+        task = await start_task(client, "held", {"key": key})
+
+    async def reached_upstream() -> bool:
+        return int(await redis.get(runs_key(key)) or 0) == 1
+
+    await wait_for(reached_upstream, within=120)
+    fleet.kill("door-1")  # SIGKILL: the replica that took the call is gone
+    async with client_of(f"{second}/mcp", "agent-a") as client:
+        assert (await get_task(client, task.task_id)).status == "working"
+        waiting = asyncio.create_task(task_result(client, task.task_id))
+        await redis.set(release_key(key), "1")
+        result = await waiting
+        done = await get_task(client, task.task_id)
+    assert result.is_error is False and text_of(result) == f"done {key}"
+    assert done.status == "completed"
+    assert int(await redis.get(runs_key(key)) or 0) == 1  # the upstream effect happened once
