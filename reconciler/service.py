@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -33,7 +34,7 @@ from kernel.adapters.tracing import continuing
 from kernel.errors import InvalidMessageError, ToolfleetError
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.effects import probe_answer
-from kernel.rules.outcomes import lost
+from kernel.rules.outcomes import DEFERRAL_EXPIRED, WORKER_LOST, lost
 from kernel.rules.state_versions import for_readers
 from kernel.rules.texts import COMPENSATED, DEFAULT_ERROR, unknown_outcome_text
 from kernel.settings import Settings
@@ -476,10 +477,17 @@ class Reconciler:
                 await self._report_unknown(*where)
         for tenant, run, call_id in await self.ledger.expired_leases(now):
             entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)
+            cause = WORKER_LOST
+            if entry is not None and entry.state == "deferred":
+                # Its completion is overdue: from now on a started call whose holder is gone.
+                if not await self.ledger.expire_deferral(tenant, run, call_id):
+                    continue  # completed meanwhile, or its deadline was moved: not due
+                entry, cause = dataclasses.replace(entry, state="started"), DEFERRAL_EXPIRED
             if entry is not None and entry.state == "started":
                 spec = (await self.tools.specs(needed=[entry.tool_name])).get(entry.tool_name)
                 lost_call = lost(_command(entry, "execute", entry.fencing_token), spec,
-                                 worker_id=entry.worker_id, source="reconciler")  # fmt: skip
+                                 worker_id=entry.worker_id, source="reconciler",
+                                 cause=cause)  # fmt: skip
                 await self.bus.publish_and_wait("outcomes", entry.run_id, lost_call)
             await self.ledger.drop_lease(tenant, run, call_id)
 

@@ -33,6 +33,12 @@ WORKER_LOST = CallError(
 )
 """Why a call's effect is unknown when its worker vanished after ``started``."""
 
+DEFERRAL_EXPIRED = CallError(
+    type="DeferralExpired",
+    message="the deferred call's completion did not arrive within its complete_within_s",
+)
+"""Why a deferred call's effect is unknown once its completion is overdue."""
+
 
 def lost(
     command: ExecutionCommand,

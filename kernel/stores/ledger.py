@@ -312,6 +312,7 @@ _HEARTBEAT = script("ledger/heartbeat")
 _NEVER_STARTED = script("ledger/never_started")
 _DEFER = script("ledger/defer")
 _COMPLETE = script("ledger/complete")
+_EXPIRE_DEFERRAL = script("ledger/expire_deferral")
 _FINISH = script("ledger/finish")
 _SETTLE = script("ledger/settle")
 _RESOLVE = script("ledger/resolve")
@@ -340,6 +341,7 @@ class Ledger:
         self._never_started = _NEVER_STARTED.register(redis)
         self._defer = _DEFER.register(redis)
         self._complete = _COMPLETE.register(redis)
+        self._expire_deferral = _EXPIRE_DEFERRAL.register(redis)
         self._upstream_ref = _UPSTREAM_REF.register(redis)
         self._finish = _FINISH.register(redis)
         self._finishes: SlotGroupBatches[_Step, tuple[bytes]] = SlotGroupBatches(
@@ -583,8 +585,8 @@ class Ledger:
 
     async def defer(self, command: ExecutionCommand, *, worker_id: str, until: float) -> bool:
         """The running attempt of ``command`` handed its work over: the call is ``deferred``
-        until a completion ends it (due by ``until``), out of the lease index; False when the
-        attempt is no longer this worker's."""
+        until a completion ends it, due by ``until`` (its lease index member is due then:
+        ``expire_deferral``); False when the attempt is no longer this worker's."""
         tenant, run, call = command.tenant_id, command.run_id, command.call_id
         return bool(
             await self._defer(
@@ -600,6 +602,20 @@ class Ledger:
                     until,
                     time.time(),
                 ],
+            )
+        )
+
+    async def expire_deferral(self, tenant_id: str, run_id: str, call_id: str) -> bool:
+        """A deferred call whose completion is overdue becomes a started call whose holder is
+        gone (a later completion finds it no longer deferred); False when it is not deferred
+        or not due yet."""
+        return bool(
+            await self._expire_deferral(
+                keys=[
+                    self.keys.call(tenant_id, run_id, call_id),
+                    self.keys.audit(tenant_id, run_id, call_id),
+                ],
+                args=[time.time()],
             )
         )
 

@@ -21,15 +21,29 @@ def handed_key(call_id: str) -> str:
     return f"test:deferred:handed:{call_id}"
 
 
+def farm_key(idempotency_key: str) -> str:
+    """The render farm's record of a job: ``queued``, or ``done:<output>``."""
+    return f"test:deferred:farm:{idempotency_key}"
+
+
 @tools.tool(effect="non_idempotent")
-async def render_video(ctx: ToolContext, title: str) -> Deferred:
+async def render_video(ctx: ToolContext, title: str, within: float = 3600) -> Deferred:
     """Queues a render on the render farm, which completes the call when it is done."""
-    handed = {"handle": ctx.completion_handle(), "pid": os.getpid(), "title": title}
-    await async_side_effects().set(handed_key(ctx.call_id), json.dumps(handed))
-    return Deferred(complete_within_s=3600)
+    handed = {"handle": ctx.completion_handle(), "pid": os.getpid(), "title": title,
+              "key": ctx.idempotency_key}  # fmt: skip
+    store = async_side_effects()
+    await store.set(farm_key(ctx.idempotency_key), "queued")
+    await store.set(handed_key(ctx.call_id), json.dumps(handed))
+    return Deferred(complete_within_s=within)
 
 
 @render_video.probe
 async def find_render(ctx: ToolContext) -> ProbeResult:
-    """The farm's queue by idempotency key (not reached in these tests)."""
-    return ProbeResult.unknown("the render farm has no lookup")
+    """The farm's record of the job, by idempotency key."""
+    record = await async_side_effects().get(farm_key(ctx.idempotency_key))
+    if record is None:
+        return ProbeResult.not_applied()
+    text = record.decode()
+    if text.startswith("done:"):
+        return ProbeResult.applied(text.removeprefix("done:"))
+    return ProbeResult.unknown("still queued on the render farm")

@@ -2,7 +2,8 @@
 and returns ``Deferred``; its worker frees the call's slot and exits; the external system
 completes the call hours later (here: at once) with a signed completion on ``completions``,
 and the other worker of the pool settles the turn. A repeated or forged completion changes
-nothing."""
+nothing. A completion that never comes: once overdue, the call's effect is unknown and its
+probe settles it; a late completion changes nothing."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
 from schemas import CompletionMessage, ModelResponseEvent
 from tests.conftest import wait_for
-from tests.integration.deferred_tools import handed_key
+from tests.integration.deferred_tools import farm_key, handed_key
 from tests.integration.test_pipeline import turn
 from toolfleet.client import FleetClient
 from toolfleet.testing import LocalFleet, connected_client
@@ -104,3 +105,35 @@ async def test_a_deferred_call_is_completed_after_the_worker_that_started_it_exi
     events = [e["event"] for e in await ledger.audit("acme", run, call_id)]
     assert events.count("started") == 1 and events.count("completed") == 1, events
     assert events.index("deferred") < events.index("completed")
+
+
+async def test_an_overdue_completion_makes_the_effect_unknown_and_the_probe_settles_it(
+    fleet: LocalFleet, client: FleetClient, redis: Redis, bus: KafkaBus, settings: Settings
+) -> None:
+    ledger = Ledger(redis, Keys.of(settings))
+    event = turn(("c1", "render_video", {"title": "trailer", "within": 1}))
+    run, call_id = event.run_id, event.function_calls[0].call_id
+    await client.submit(event)
+    handed = await _handed(redis, event)
+    # The farm finished the job but never called back: the probe finds it.
+    await redis.set(farm_key(handed["key"]), "done:rendered trailer.mp4")
+    result = await client.result(run, 0, within=60)
+    assert result.outputs[0].output == "rendered trailer.mp4"
+    assert (result.calls[0].status, result.calls[0].effect) == ("succeeded", "applied")
+    events = [e["event"] for e in await ledger.audit("acme", run, call_id)]
+    assert events.index("deferred") < events.index("deferral_expired"), events
+    assert any("probe" in e for e in events), events
+
+    # The callback arrives at last: the call is settled already, and stays as it is.
+    late = CompletionMessage(tenant_id="acme", handle=handed["handle"], output="late")
+    await bus.publish_and_wait("completions", run, late)
+    nudge = turn(("c2", "render_video", {"title": "nudge"}), run_id=run).model_copy(
+        update={"turn_id": 1}
+    )
+    await client.submit(nudge)
+    finish = late.model_copy(update={"handle": (await _handed(redis, nudge))["handle"]})
+    await bus.publish_and_wait("completions", run, finish)
+    assert (await client.result(run, 1, within=60)).outputs[0].output == "late"
+    entry = (await ledger.read("acme", run, [call_id]))[call_id]
+    assert entry.outcome is not None and entry.outcome.output == "rendered trailer.mp4"
+    assert "completed" not in [e["event"] for e in await ledger.audit("acme", run, call_id)]

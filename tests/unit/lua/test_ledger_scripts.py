@@ -285,7 +285,7 @@ def _complete(lua: Lua, token: int = 1, output: str = "done") -> str:
     return str(lua("ledger/complete", [CALL, AUDIT], [token, outcome, 200.0, "farm"]).decode())
 
 
-def test_defer_parks_the_holders_started_attempt_out_of_the_lease_index(
+def test_defer_parks_the_holders_started_attempt_until_its_deadline(
     lua: Lua, r: redis.Redis
 ) -> None:
     _create(lua)
@@ -295,12 +295,29 @@ def test_defer_parks_the_holders_started_attempt_out_of_the_lease_index(
     assert _defer(lua) == 1
     entry = _entry(r)
     assert (entry["state"], entry["deferred_until"], entry["lease_until"]) == (
-        "deferred", "3700.0", "0",
+        "deferred", "3700.0", "3700.0",
     )  # fmt: skip
-    assert r.zscore(LEASES, MEMBER) is None  # no lost-worker verdict for it
+    assert r.zscore(LEASES, MEMBER) == 3700.0  # due for the reconciler at its deadline
     assert _events(r) == ["planned", "dispatched", "started", "deferred"]
     assert _begin(lua) == ("deferred", "")  # a redelivered command leaves it alone
     assert _begin(lua, token=2) == ("deferred", "")
+
+
+def test_an_overdue_deferral_becomes_a_started_call_whose_holder_is_gone(
+    lua: Lua, r: redis.Redis
+) -> None:
+    _create(lua)
+    _begin(lua)
+    assert lua("ledger/expire_deferral", [CALL, AUDIT], [5000.0]) == 0  # not deferred
+    _defer(lua)
+    assert lua("ledger/expire_deferral", [CALL, AUDIT], [3600.0]) == 0  # not due yet
+    assert _entry(r)["state"] == "deferred"
+    assert lua("ledger/expire_deferral", [CALL, AUDIT], [3701.0]) == 1
+    entry = _entry(r)
+    assert (entry["state"], entry["lease_until"]) == ("started", "0")
+    assert _events(r)[-1] == "deferral_expired"
+    assert _begin(lua)[0] == "unknown"  # as a call whose worker was lost
+    assert _complete(lua) == "started"  # a late completion changes nothing
 
 
 def test_complete_ends_a_deferred_call_once_and_only_with_its_attempts_token(
