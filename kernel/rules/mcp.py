@@ -144,10 +144,11 @@ class CallEnd:
 
 APPROVAL_WAIT = (
     "{tool} waits for approval: an operator approves or rejects call {call_id} of run "
-    "{run_id} (the console, or `toolfleet approvals`). This door does not resume an approved "
-    "call yet: call the tool again once it may run."
+    "{run_id} (the console, or `toolfleet approvals`). A plain call answers now: to get the "
+    "result after the decision, call the tool as a task, or with an idempotency key "
+    "(io.toolfleet/idempotency-key) and the same key again once it was decided."
 )
-"""What a plain call of a tool that waits for a person's approval answers (for now)."""
+"""What a plain call of a tool that waits for a person's approval answers."""
 
 
 def call_end_of_turn(result: TurnResult, tool: str) -> CallEnd:

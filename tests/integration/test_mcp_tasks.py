@@ -475,6 +475,37 @@ async def test_a_rejected_approval_fails_the_task(
     assert failed.status == "failed"
 
 
+async def test_a_keyed_plain_call_of_a_gated_tool_answers_once_decided(
+    door: str, fleet: InProcessFleet, redis: Redis
+) -> None:
+    meta: Any = {KEY_META: f"gated-{SESSION}"}
+    async with client_of(door, "agent-a") as client:
+        waiting = await client.call_tool("book_trip", {"city": "Puno"}, meta=meta)
+        assert call_meta(waiting)["status"] == "pending_approval"
+        assert "with an idempotency key" in text_of(waiting)
+        await decide_approval(
+            redis,
+            fleet.client.bus,
+            fleet.settings,
+            tenant_id=TENANT_A,
+            run_id=call_meta(waiting)["run_id"],
+            call_id="c0",
+            approve=True,
+            decided_by="console:alice",
+        )
+
+        async def decided() -> bool:
+            entry = await Ledger(redis, fleet.keys).decisions(
+                TENANT_A, call_meta(waiting)["run_id"]
+            )
+            return "c0" in entry.per_call
+
+        await wait_for(decided, within=60)  # the planner recorded the operator's decision
+        again = await client.call_tool("book_trip", {"city": "Puno"}, meta=meta)
+    assert again.is_error is False and text_of(again) == "booked Puno"
+    assert call_meta(again)["run_id"] == call_meta(waiting)["run_id"]
+
+
 async def test_an_unknown_effect_stays_working_while_probed_then_completes(
     door: str, redis: Redis
 ) -> None:

@@ -80,6 +80,8 @@ class Seen:
     entry: LedgerEntry | None
     status: TaskStatus
     message: str | None
+    decided: bool = False
+    """The call waits for approval, but its decision was made: its turn is being resumed."""
 
     @property
     def outcome(self) -> CallOutcome | None:
@@ -185,15 +187,17 @@ class Tasks:
             progress,
             cancelled_reason=record.cancel_reason or ("cancelled" if record.cancelled_at else None),
         )
+        decided = False
         if act and status not in TERMINAL:
-            await self._act(record, entry)
-        return Seen(record, entry, status, message)
+            decided = await self._act(record, entry)
+        return Seen(record, entry, status, message, decided)
 
     async def _on_unknown(self, tool: str) -> str:
         spec = (await self.client.tool_specs()).get(tool)
         return spec.on_unknown if spec is not None else "reconcile_then_report"
 
-    async def _act(self, record: DoorRecord, entry: LedgerEntry | None) -> None:
+    async def _act(self, record: DoorRecord, entry: LedgerEntry | None) -> bool:
+        """Publish or resume what needs it; whether the call's approval was decided."""
         now = time.time()
         if republish_due(
             submitted=record.submitted_at is not None,
@@ -203,17 +207,18 @@ class Tasks:
         ):
             log.info("MCP door republishes an unsubmitted call", extra={"run_id": record.run_id})
             await self.submit(record, self._event(record))
-            return
+            return False
         if entry is None or not entry.pending_approval or entry.approval is not None:
-            return
+            return False
         decisions = await self.ledger.decisions(record.tenant_id, record.run_id)
         if CALL_ID not in decisions.per_call and record.tool not in decisions.sticky:
-            return
+            return False
         if record.resumed_at is not None and now - record.resumed_at < REPUBLISH_AFTER_S:
-            return  # resumed a moment ago: the planner has it
+            return True  # resumed a moment ago: the planner has it
         log.info("MCP door resumes a decided call", extra={"run_id": record.run_id})
         await self.store.mark_resumed(record.tenant_id, record.run_id, now)
         await self.client.submit(self._event(record).model_copy(update={"resume": True}))
+        return True
 
     def _event(self, record: DoorRecord) -> ModelResponseEvent:
         return event_of(
@@ -260,7 +265,7 @@ class Tasks:
                 seen = await self.see(await self._fresh(record))
                 if seen.status in TERMINAL:
                     return self._result(seen, task=task)
-                if until_approval and seen.status == "input_required":
+                if until_approval and seen.status == "input_required" and not seen.decided:
                     return self._approval_wait(seen)
                 left = deadline - loop.time()
                 if left <= 0:
