@@ -83,6 +83,7 @@ from kernel.tools import (
     Tool,
     ToolFailure,
     ToolRegistry,
+    accept_completion,
     run_call,
     run_compensate,
     run_probe,
@@ -570,8 +571,13 @@ class Worker:
         try:
             tool = self.registry.get(entry.tool_name, entry.tool_version)
         except ToolNotFoundError:
-            pass
+            pass  # not served here any more: the completion's word, unchecked
         else:
+            if message.effect == "applied":  # as the body's return: output guardrails, hooks
+                outcome = await accept_completion(
+                    tool, command, message.output or "", worker_id=self.worker_id,
+                    hooks=self.registry.hooks,
+                )  # fmt: skip
             outcome = self._as_reported(tool, command, outcome)
         verdict = await _persist(lambda: self.ledger.complete(outcome, message.completed_by))
         if verdict == "done" and entry.state == "finished" and entry.outcome is not None:

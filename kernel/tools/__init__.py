@@ -27,7 +27,7 @@ from kernel.tools._heartbeat import HEARTBEAT_WRITE_S, MAX_DETAILS_BYTES, Heartb
 from kernel.tools._progress import ProgressSink
 from kernel.tools._recovery import run_compensate, run_probe
 from kernel.tools._registry import ToolRegistry
-from kernel.tools._runner import CallHooks, output_text, run_call
+from kernel.tools._runner import CallHooks, accept_completion, output_text, run_call
 from kernel.tools._sdk import FunctionToolAdapter, is_function_tool
 from kernel.tools._tool import (
     ApprovalFunction,
@@ -73,6 +73,7 @@ __all__ = [
     "ToolOutputGuardrailTripwireTriggered",
     "ToolRegistry",
     "ToolTimeoutError",
+    "accept_completion",
     "current_tool_context",
     "default_tool_error_function",
     "default_tool_timeout_error_message",

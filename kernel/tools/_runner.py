@@ -206,6 +206,33 @@ async def run_call(
     return await run.run()
 
 
+async def accept_completion(
+    tool: Tool,
+    command: ExecutionCommand,
+    output: str,
+    *,
+    worker_id: str,
+    hooks: CallHooks | None = None,
+) -> CallOutcome:
+    """A deferred call's completion that says the work was applied, accepted as the body's
+    return value would have been: the tool's output guardrails (their rejection or tripwire
+    decides the call, as for a returned body), then ``hooks.on_tool_end``, then the outcome.
+    ``command`` is the call's attempt that deferred it (rebuilt from the ledger)."""
+    loop = asyncio.get_running_loop()
+    run = _CallRun(
+        tool, command, worker_id, hooks, None, cancel_call=loop.create_future(), phase=_no_phase
+    )
+    with contextlib.suppress(ModelBehaviorError):  # the guardrails see what parses
+        run.ctx = dataclasses.replace(run.ctx, args=tool.parse_arguments(command.arguments))
+    current = _CURRENT.set(run.ctx)
+    try:
+        return await run._accept(_Body("succeeded", "applied", output))
+    except _TurnFailed as failed:
+        return run._outcome(failed.status, failed.effect, None, failed.error, True)
+    finally:
+        _CURRENT.reset(current)
+
+
 class _CallRun:
     """The state of one run_call: the context, when it started, and who may cancel it."""
 

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from executors import Deferred, ToolContext, ToolRegistry, run_call
+from executors import (
+    CallHooks,
+    Deferred,
+    GuardrailResult,
+    Tool,
+    ToolContext,
+    ToolRegistry,
+    accept_completion,
+    run_call,
+)
 from kernel.errors import InvalidMessageError, ToolfleetError
 from kernel.rules.auth import CompletionHandle, DecisionAuth
 from kernel.rules.outcomes import completed
@@ -84,3 +93,38 @@ def test_a_completion_is_the_calls_outcome() -> None:
     assert completed(ran, "w2", "not_executed", "refused").status == "failed"
     unknown = completed(ran, "w2", "unknown", None)
     assert (unknown.status, unknown.resolved) == ("failed", False)  # the reconciler's now
+
+
+async def test_an_applied_completion_passes_the_tools_output_guardrails_and_hooks() -> None:
+    ended: list[str] = []
+
+    class Hooks(CallHooks):
+        async def on_tool_end(self, ctx: ToolContext, tool: Tool, output: str) -> None:
+            ended.append(f"{ctx.args['title']}: {output}")
+
+    def screen(ctx: ToolContext, args: dict[str, object], output: object) -> GuardrailResult:
+        if "secret" in str(output):
+            return GuardrailResult.reject_content("withheld")
+        return GuardrailResult.allow()
+
+    async def render(ctx: ToolContext, title: str) -> Deferred:
+        return Deferred(complete_within_s=60)
+
+    tool = ToolRegistry().tool(name="tool", unattended="a unit test", output_guardrails=[screen])(
+        render
+    )
+    deferred = command('{"title": "launch"}', attempt=2, fencing_token=5)
+    fine = await accept_completion(
+        tool, deferred, "rendered launch.mp4", worker_id="w2", hooks=Hooks()
+    )
+    assert (fine.status, fine.effect, fine.output, fine.attempt) == (
+        "succeeded", "applied", "rendered launch.mp4", 2,
+    )  # fmt: skip
+    assert ended == ["launch: rendered launch.mp4"]
+    withheld = await accept_completion(tool, deferred, "the secret cut", worker_id="w2")
+    assert (withheld.status, withheld.effect, withheld.output) == (
+        "rejected",
+        "applied",
+        "withheld",
+    )
+    assert [v.behavior for v in withheld.guardrails] == ["reject_content"]
