@@ -29,11 +29,13 @@ setup-demo: $(DEMO_STAMP)
 	$(BIN)/toolfleet infra up
 
 ## setup: virtualenv, Python packages, redis-server, chromium and the OIDC provider (npm; the
-## console's browser and login tests), Kafka jars; then start Kafka and Redis
+## console's browser and login tests), the TypeScript MCP SDK (npm; the MCP door's tests),
+## Kafka jars; then start Kafka and Redis
 setup: $(STAMP)
 	bash scripts/install-redis.sh
 	bash scripts/install-chromium.sh
 	sh scripts/install-oidc-provider.sh
+	sh scripts/install-mcp-ts.sh
 	$(BIN)/toolfleet infra up
 
 ## chart-tools: helm and kubeconform (go install), etcd (Debian), kube-apiserver (built from

@@ -11,8 +11,10 @@ so a test holds a call where it needs it without sleeping.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -601,3 +603,61 @@ async def test_a_replica_killed_after_tools_call_leaves_the_result_to_another(
     assert result.is_error is False and text_of(result) == f"done {key}"
     assert done.status == "completed"
     assert int(await redis.get(runs_key(key)) or 0) == 1  # the upstream effect happened once
+
+
+# --- the official TypeScript SDK -------------------------------------------------------------
+
+MCP_TS = Path(__file__).parent / "mcp_ts"
+"""The TypeScript SDK's client (``scripts/install-mcp-ts.sh`` installs its packages)."""
+
+
+async def ts_client(url: str, name: str, *step: str) -> dict[str, Any]:
+    """One step of ``mcp_ts/client.mjs`` (its own connection, ``name``'s token): its JSON."""
+    assert (MCP_TS / "node_modules").is_dir(), "run scripts/install-mcp-ts.sh (make setup)"
+    proc = await asyncio.create_subprocess_exec(
+        "node",
+        str(MCP_TS / "client.mjs"),
+        url,
+        token(name),
+        *step,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    answer: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    assert "error" not in answer, answer
+    return answer
+
+
+async def test_the_typescript_sdk_calls_runs_a_task_lists_and_cancels(door: str) -> None:
+    plain = await ts_client(door, "agent-a", "plain", "weather", '{"city": "Tbilisi"}')
+    assert plain["isError"] is False and plain["text"] == "Tbilisi: 21°C, clear"
+    assert plain["meta"]["io.toolfleet/call"]["status"] == "succeeded"
+
+    streamed = (await ts_client(door, "agent-a", "stream", "weather", '{"city": "Baku"}'))[
+        "messages"
+    ]
+    assert streamed[0]["type"] == "taskCreated" and streamed[-1]["type"] == "result"
+    assert streamed[-1]["text"] == "Baku: 21°C, clear"
+    assert streamed[-1]["meta"]["io.toolfleet/call"]["effect"] == "applied"
+    done_id = streamed[0]["taskId"]
+    assert (await ts_client(door, "agent-a", "get", done_id))["task"]["status"] == "completed"
+
+    gated = (await ts_client(door, "agent-a", "create", "book_trip", '{"city": "Riga"}'))["task"]
+    gated_id = gated["taskId"]
+
+    async def input_required() -> bool:
+        seen = await ts_client(door, "agent-a", "get", gated_id)
+        return bool(seen["task"]["status"] == "input_required")
+
+    await wait_for(input_required, within=60)
+    listed = {t["taskId"] for t in (await ts_client(door, "agent-a", "list"))["tasks"]}
+    assert {done_id, gated_id} <= listed  # the first page: the newest two
+    cancelled = await ts_client(door, "agent-a", "cancel", gated_id)
+    assert cancelled["task"]["status"] == "cancelled"
+    result = await ts_client(door, "agent-a", "result", gated_id)
+    assert result["isError"] is True and result["text"].startswith("cancelled: ")
+    assert result["meta"]["io.toolfleet/call"]["effect"] == "not_executed"
+    theirs = {t["taskId"] for t in (await ts_client(door, "agent-b", "list"))["tasks"]}
+    assert not {done_id, gated_id} & theirs
