@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -611,9 +613,22 @@ MCP_TS = Path(__file__).parent / "mcp_ts"
 """The TypeScript SDK's client (``scripts/install-mcp-ts.sh`` installs its packages)."""
 
 
+@pytest.fixture(scope="module")
+async def ts_installed() -> None:
+    """The TypeScript SDK installed as its lock file pins it (at once when it is)."""
+    assert shutil.which("node"), "node is missing: install Node.js 20 or later"
+    install = await asyncio.to_thread(
+        subprocess.run,
+        ["sh", str(MCP_TS.parents[2] / "scripts" / "install-mcp-ts.sh")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert install.returncode == 0, f"npm ci failed: {install.stderr}"
+
+
 async def ts_client(url: str, name: str, *step: str) -> dict[str, Any]:
     """One step of ``mcp_ts/client.mjs`` (its own connection, ``name``'s token): its JSON."""
-    assert (MCP_TS / "node_modules").is_dir(), "run scripts/install-mcp-ts.sh (make setup)"
     proc = await asyncio.create_subprocess_exec(
         "node",
         str(MCP_TS / "client.mjs"),
@@ -630,7 +645,9 @@ async def ts_client(url: str, name: str, *step: str) -> dict[str, Any]:
     return answer
 
 
-async def test_the_typescript_sdk_calls_runs_a_task_lists_and_cancels(door: str) -> None:
+async def test_the_typescript_sdk_calls_runs_a_task_lists_and_cancels(
+    door: str, ts_installed: None
+) -> None:
     plain = await ts_client(door, "agent-a", "plain", "weather", '{"city": "Tbilisi"}')
     assert plain["isError"] is False and plain["text"] == "Tbilisi: 21°C, clear"
     assert plain["meta"]["io.toolfleet/call"]["status"] == "succeeded"
