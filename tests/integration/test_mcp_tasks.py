@@ -22,6 +22,10 @@ from typing import Any
 import httpx2
 import mcp_types as types
 import pytest
+from agents import Agent, Runner
+from agents.mcp import MCPServerStreamableHttp
+from agents.mcp.util import MCPToolMetaContext
+from agents.testing import ScriptedModel, assistant_message, function_call
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -30,6 +34,7 @@ from redis.asyncio import Redis
 
 from executors import ProbeResult, ToolContext, ToolRegistry
 from kernel.adapters.redis import text
+from kernel.rules.mcp import run_id_for
 from kernel.settings import Settings
 from kernel.stores.ledger import Ledger
 from tests.conftest import wait_for
@@ -678,3 +683,35 @@ async def test_the_typescript_sdk_calls_runs_a_task_lists_and_cancels(
     assert result["meta"]["io.toolfleet/call"]["effect"] == "not_executed"
     theirs = {t["taskId"] for t in (await ts_client(door, "agent-b", "list"))["tasks"]}
     assert not {done_id, gated_id} & theirs
+
+
+# --- the Agents SDK's MCP client -------------------------------------------------------------
+
+
+async def test_the_agents_sdk_sends_an_idempotency_key_per_model_tool_call(
+    door: str, fleet: InProcessFleet, redis: Redis
+) -> None:
+    """docs/mcp.md's recipe: ``tool_meta_resolver`` names each call by the model's tool call
+    id, so the SDK's own retries (``max_retry_attempts``) find the first call."""
+    run_key = f"sdk-run-{SESSION}"
+
+    def idempotency_key(context: MCPToolMetaContext) -> dict[str, Any]:
+        call_id = getattr(context.run_context, "tool_call_id", None)
+        return {KEY_META: f"{run_key}:{call_id}"} if call_id else {}
+
+    model = ScriptedModel(
+        [[function_call("weather", {"city": "Lima"}, call_id="w1")], [assistant_message("done")]]
+    )
+    async with MCPServerStreamableHttp(
+        {"url": door, "headers": {"Authorization": f"Bearer {token('agent-a')}"}},
+        name="fleet",
+        client_session_timeout_seconds=60,
+        max_retry_attempts=3,
+        tool_meta_resolver=idempotency_key,
+    ) as server:
+        agent = Agent(name="traveller", model=model, mcp_servers=[server])
+        result = await Runner.run(agent, "How is the weather in Lima?")
+    assert result.final_output == "done"
+    run = run_id_for(TENANT_A, f"{run_key}:w1")  # the call ran as the key's run
+    entry = (await Ledger(redis, fleet.keys).read(TENANT_A, run, ["c0"]))["c0"]
+    assert entry.outcome is not None and entry.outcome.output == "Lima: 21°C, clear"
