@@ -715,3 +715,49 @@ async def test_the_agents_sdk_sends_an_idempotency_key_per_model_tool_call(
     run = run_id_for(TENANT_A, f"{run_key}:w1")  # the call ran as the key's run
     entry = (await Ledger(redis, fleet.keys).read(TENANT_A, run, ["c0"]))["c0"]
     assert entry.outcome is not None and entry.outcome.output == "Lima: 21°C, clear"
+
+
+async def test_a_waiting_tasks_result_streams_the_tasks_status_changes(
+    door: str, fleet: InProcessFleet, redis: Redis
+) -> None:
+    async with client_of(door, "agent-a") as client:
+        task = await start_task(client, "book_trip", {"city": "Tartu"})
+        await status_becomes(client, task.task_id, "input_required")
+    body = {"jsonrpc": "2.0", "id": 9, "method": "tasks/result",
+            "params": {"taskId": task.task_id}}  # fmt: skip
+    headers = {
+        "Authorization": f"Bearer {token('agent-a')}",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2025-11-25",
+    }
+    events: list[dict[str, Any]] = []
+    async with (
+        httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=120)) as http,
+        http.stream("POST", door, json=body, headers=headers) as answer,
+    ):
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        # Only a reader of the task resumes it after the decision: this request is the only
+        # one, so it sees the task waiting first, whenever it starts, and every change after.
+        await decide_approval(
+            redis,
+            fleet.client.bus,
+            fleet.settings,
+            tenant_id=TENANT_A,
+            run_id=task.task_id,
+            call_id="c0",
+            approve=True,
+            decided_by="console:alice",
+        )
+        async for line in answer.aiter_lines():
+            if line.startswith("data:") and line[5:].strip():
+                events.append(json.loads(line[5:]))
+                if "id" in events[-1]:
+                    break  # the response: nothing follows on this stream
+    statuses = [e["params"] for e in events if e.get("method") == "notifications/tasks/status"]
+    assert statuses and statuses[-1]["status"] == "completed"
+    assert {s["status"] for s in statuses} <= {"working", "completed"}
+    assert all(s["taskId"] == task.task_id for s in statuses)
+    changes = [(s["status"], s.get("statusMessage")) for s in statuses]
+    assert len(changes) == len(set(changes))  # each change once
+    assert events[-1]["id"] == 9 and events[-1]["result"]["content"][0]["text"] == "booked Tartu"

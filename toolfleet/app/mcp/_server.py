@@ -248,8 +248,25 @@ class Door:
     async def task_result(
         self, ctx: ServerRequestContext[Any, Any], params: types.GetTaskPayloadRequestParams
     ) -> dict[str, Any]:
-        """``tasks/result``: the call's result once the task is terminal."""
-        return await self.tasks.result(self._tasks_caller(ctx, "tasks/result"), params.task_id)
+        """``tasks/result``: the call's result once the task is terminal. While it waits, each
+        change of the task's status goes down this request's stream as
+        ``notifications/tasks/status`` (the stream this replica holds; a client polling
+        ``tasks/get`` elsewhere learns the same)."""
+        caller = self._tasks_caller(ctx, "tasks/result")
+
+        async def notify(task: dict[str, Any]) -> None:
+            params = types.TaskStatusNotificationParams.model_validate(task)
+            try:
+                # Not in the package's union of server notifications (2.x dropped tasks from
+                # its tables); the session sends any notification model as it is.
+                await ctx.session.send_notification(
+                    types.TaskStatusNotification(params=params),  # type: ignore[arg-type]
+                    related_request_id=ctx.request_id,
+                )
+            except Exception:  # a client gone meanwhile: its result waits for its next ask
+                log.debug("task status not sent", exc_info=True)
+
+        return await self.tasks.result(caller, params.task_id, notify)
 
     async def list_tasks(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -58,6 +58,9 @@ from toolfleet.app.mcp._gate import Caller
 from toolfleet.client import FleetClient
 
 log = logging.getLogger(__name__)
+
+StatusSink = Callable[[dict[str, Any]], Awaitable[None]]
+"""Takes a task (wire names) whose status changed: ``notifications/tasks/status``."""
 
 
 @dataclass(frozen=True)
@@ -246,11 +249,17 @@ class Tasks:
     # -- waiting --------------------------------------------------------------------------
 
     async def settled(
-        self, record: DoorRecord, *, until_approval: bool = False, task: bool = True
+        self,
+        record: DoorRecord,
+        *,
+        until_approval: bool = False,
+        task: bool = True,
+        notify: StatusSink | None = None,
     ) -> dict[str, Any]:
         """The call's ``CallToolResult`` once its task is terminal (wire names), waiting up
         to ``TaskLimits.wait_s``. With ``until_approval`` a call waiting for a person's
-        approval answers at once (a plain call, as the door's first answer said)."""
+        approval answers at once (a plain call, as the door's first answer said). ``notify``
+        is given the task each time its status or message changes while this waits."""
         loop = asyncio.get_running_loop()
         arrived: asyncio.Queue[CallOutcome] = asyncio.Queue()
 
@@ -260,9 +269,13 @@ class Tasks:
 
         stop = await self.client.follow(record.run_id, 0, on_outcome)
         deadline = loop.time() + self.limits.wait_s
+        shown: tuple[str, str | None] | None = None
         try:
             while True:
                 seen = await self.see(await self._fresh(record))
+                if notify is not None and shown not in (None, (seen.status, seen.message)):
+                    await notify(self.task(seen))
+                shown = (seen.status, seen.message)
                 if seen.status in TERMINAL:
                     return self._result(seen, task=task)
                 if until_approval and seen.status == "input_required" and not seen.decided:
@@ -305,9 +318,12 @@ class Tasks:
         """``tasks/get``."""
         return self.task(await self.see(await self.find(caller, task_id)))
 
-    async def result(self, caller: Caller, task_id: str) -> dict[str, Any]:
-        """``tasks/result``: the call's result once the task is terminal."""
-        return await self.settled(await self.find(caller, task_id))
+    async def result(
+        self, caller: Caller, task_id: str, notify: StatusSink | None = None
+    ) -> dict[str, Any]:
+        """``tasks/result``: the call's result once the task is terminal; ``notify`` is given
+        the task as its status changes meanwhile."""
+        return await self.settled(await self.find(caller, task_id), notify=notify)
 
     async def list(self, caller: Caller, cursor: str | None) -> dict[str, Any]:
         """``tasks/list``: a page of the caller's tenant's tasks, newest first."""
