@@ -137,3 +137,23 @@ async def test_an_overdue_completion_makes_the_effect_unknown_and_the_probe_sett
     entry = (await ledger.read("acme", run, [call_id]))[call_id]
     assert entry.outcome is not None and entry.outcome.output == "rendered trailer.mp4"
     assert "completed" not in [e["event"] for e in await ledger.audit("acme", run, call_id)]
+
+
+async def test_an_operator_completes_a_deferred_call_by_hand(
+    fleet: LocalFleet, client: FleetClient, redis: Redis
+) -> None:
+    event = turn(("c1", "render_video", {"title": "poster"}))
+    run, call_id = event.run_id, event.function_calls[0].call_id
+    await client.submit(event)
+    await _handed(redis, event)  # deferred: the farm has it, and never answers
+    done = fleet.cli(
+        "calls", "complete", call_id, "--tenant", "acme", "--run", run,
+        "--output", "rendered by hand", "--by", "ops@example.com",
+    )  # fmt: skip
+    assert f"sent: completion of {call_id} (applied)" in done.stdout
+    result = await client.result(run, 0, within=60)
+    assert result.outputs[0].output == "rendered by hand"
+    assert (result.calls[0].status, result.calls[0].effect) == ("succeeded", "applied")
+    again = fleet.cli("calls", "complete", call_id, "--tenant", "acme", "--run", run,
+                      "--by", "ops@example.com", check=False)  # fmt: skip
+    assert again.returncode != 0 and "not deferred" in again.stderr

@@ -16,7 +16,16 @@ from toolfleet.app.console import console
 from toolfleet.app.infra.cli import infra
 from toolfleet.app.mcp import mcp
 from toolfleet.app.migrate import migrate
-from toolfleet.app.ops_cli import approvals, inspect, smoke, tasks, tenants, tools, topics
+from toolfleet.app.ops_cli import (
+    approvals,
+    calls,
+    inspect,
+    smoke,
+    tasks,
+    tenants,
+    tools,
+    topics,
+)
 from toolfleet.app.service import run_service
 
 _EXTRA_OF = {
@@ -64,6 +73,7 @@ def main() -> None:
 main.add_command(infra)
 main.add_command(tasks)
 main.add_command(inspect)
+main.add_command(calls)
 main.add_command(tools)
 main.add_command(tenants)
 main.add_command(topics)

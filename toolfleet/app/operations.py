@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 
 from kernel.adapters.bus import Bus
 from kernel.errors import UsageError
-from kernel.rules.auth import DecisionAuth
+from kernel.rules.auth import CompletionHandle, DecisionAuth
 from kernel.rules.versions import VersionChoice, choose_version, version_order, version_ref
 from kernel.settings import Settings
 from kernel.stores.circuit import CircuitBreaker
@@ -40,12 +40,13 @@ from kernel.stores.registry import (
     unpin_version,
 )
 from kernel.stores.tasks import StoredTask, TaskStore
-from schemas import ApprovalDecision, TaskResolution, ToolSpec
+from schemas import ApprovalDecision, CompletionMessage, TaskResolution, ToolSpec
 
 __all__ = [
     "RESOLUTIONS",
     "AlreadyDecidedError",
     "CallView",
+    "CompletionEffect",
     "NotAllowedError",
     "NotFoundError",
     "PendingApproval",
@@ -54,6 +55,7 @@ __all__ = [
     "ToolVersions",
     "VersionView",
     "call_fields",
+    "complete_call",
     "decide_approval",
     "list_tasks",
     "list_tools",
@@ -232,6 +234,49 @@ async def read_call(
     if entry is None:
         raise NotFoundError(f"no call {call_id} for tenant {tenant_id}")
     return CallView(entry, await ledger.audit(tenant_id, run_id, call_id))
+
+
+CompletionEffect = Literal["applied", "not_executed", "unknown"]
+"""What an operator may say became of a deferred call's work."""
+
+
+async def complete_call(
+    redis: Redis,
+    bus: Bus,
+    settings: Settings,
+    tenant_id: str,
+    call_id: str,
+    *,
+    run_id: str = "",
+    effect: CompletionEffect,
+    output: str | None,
+    completed_by: str,
+    tenant: TenantScope = None,
+) -> CompletionMessage:
+    """Complete a deferred call by hand, as the external system it waits for would: a
+    completion with the handle of the call's current attempt, signed with its tenant's key,
+    published on ``completions`` for the workers of its pool (``run_id`` may be '' with
+    tenant identity scope). Returns what was sent."""
+    view = await read_call(redis, settings, tenant_id, run_id, call_id, tenant=tenant)
+    entry = view.entry
+    if entry.state != "deferred":
+        raise UsageError(
+            f"call {call_id} is {entry.state}, not deferred: only a call whose tool handed "
+            "its work over waits for a completion (`toolfleet inspect call` shows it)"
+        )
+    handle = CompletionHandle(
+        tenant_id, entry.run_id, call_id, entry.attempts, entry.fencing_token,
+        entry.pool or "default",
+    )  # fmt: skip
+    message = CompletionMessage(
+        tenant_id=tenant_id,
+        handle=handle.encode(DecisionAuth.of(settings).handle_key(tenant_id)),
+        effect=effect,
+        output=output,
+        completed_by=completed_by,
+    )
+    await bus.publish_and_wait("completions", entry.run_id, message)
+    return message
 
 
 # --- approvals --------------------------------------------------------------------------------

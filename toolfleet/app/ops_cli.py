@@ -106,6 +106,47 @@ def resolve_task(
 
 
 @click.group()
+def calls() -> None:
+    """Act on calls."""
+
+
+@calls.command("complete")
+@click.argument("call_id")
+@click.option("--tenant", required=True, help="The call's tenant.")
+@click.option(
+    "--run", "run_id", default="", help="The call's run (not needed with tenant identity scope)."
+)
+@click.option(
+    "--effect",
+    type=click.Choice(["applied", "not_executed", "unknown"]),
+    default="applied",
+    show_default=True,
+    help="What became of the work the call handed over.",
+)
+@click.option("--output", default=None, help="What the model is shown.")
+@click.option("--by", "completed_by", required=True, help="Who completes it (for the audit).")
+def complete_call(
+    *, call_id: str, tenant: str, run_id: str, effect: str, output: str | None, completed_by: str
+) -> None:
+    """Complete a deferred call by hand, as the external system it waits for would."""
+
+    async def work(redis: Redis, settings: Settings) -> None:
+        bus = KafkaBus(settings, service="cli")
+        await bus.start()
+        try:
+            await operations.complete_call(
+                redis, bus, settings, tenant, call_id, run_id=run_id,
+                effect=cast(operations.CompletionEffect, effect),
+                output=output, completed_by=completed_by,
+            )  # fmt: skip
+        finally:
+            await bus.stop()
+        click.echo(f"sent: completion of {call_id} ({effect})")
+
+    _with_redis(work)
+
+
+@click.group()
 def inspect() -> None:
     """Look into the ledger."""
 
