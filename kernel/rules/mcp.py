@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from kernel.rules.effects import attendance
+from kernel.rules.limits import json_depth_exceeds
 from kernel.rules.texts import TOOL_NOT_FOUND
 from schemas import CallStatus, Effect, EffectClass, ToolSpec, TurnResult
 
@@ -413,3 +414,15 @@ def related(result: dict[str, Any], task_id: str) -> dict[str, Any]:
     meta = dict(result.get("_meta") or {})
     meta[META_RELATED_TASK] = {"taskId": task_id}
     return {**result, "_meta": meta}
+
+
+def arguments_refusal(arguments: str, *, max_bytes: int, max_depth: int) -> str | None:
+    """Why a call's arguments (JSON text) are over the fleet's limits, which the planner
+    would refuse (a dead letter, no result ever); None when they are within them. The door
+    answers the reason at once instead of waiting for a call that never comes."""
+    size = len(arguments.encode())
+    if size > max_bytes:
+        return f"arguments of {size} bytes, more than TOOLFLEET_MAX_ARGUMENT_BYTES={max_bytes}"
+    if json_depth_exceeds(arguments, max_depth):
+        return f"arguments nested deeper than TOOLFLEET_MAX_JSON_DEPTH={max_depth}"
+    return None

@@ -307,6 +307,20 @@ async def test_the_same_key_for_another_call_is_an_error_and_runs_nothing(
     assert call_meta(theirs)["run_id"] != call_meta(first)["run_id"]
 
 
+async def test_arguments_the_planner_would_refuse_are_an_error_at_once(door: str) -> None:
+    """Over TOOLFLEET_MAX_ARGUMENT_BYTES the planner dead-letters a response and no result
+    ever comes: the door says so at once, plain or as a task, and records nothing."""
+    huge = {"city": "x" * 300_000}
+    async with client_of(door, "agent-a") as client:
+        before = await all_task_ids(client)
+        with pytest.raises(MCPError, match="TOOLFLEET_MAX_ARGUMENT_BYTES") as plain:
+            await client.call_tool("weather", huge)
+        assert plain.value.error.code == types.INVALID_PARAMS
+        with pytest.raises(MCPError, match="TOOLFLEET_MAX_ARGUMENT_BYTES"):
+            await start_task(client, "weather", huge)
+        assert await all_task_ids(client) == before  # no task recorded
+
+
 # --- tasks -----------------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from kernel.rules.mcp import (
     TASK_TTL_MIN_MS,
     CallProgress,
     annotations_of,
+    arguments_refusal,
     call_end_of_turn,
     call_fingerprint,
     call_tool_result,
@@ -373,3 +374,11 @@ def test_a_cancelled_tasks_result_is_an_error_that_keeps_the_calls_effect() -> N
     assert result["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": "mcp-1"}
     never = cancelled_result(None, "mcp-2", "stop")
     assert never["_meta"][META_CALL]["effect"] == "not_executed"
+
+
+def test_arguments_over_the_fleets_limits_are_refused_with_the_setting_to_raise() -> None:
+    assert arguments_refusal('{"city": "Oslo"}', max_bytes=1024, max_depth=4) is None
+    big = arguments_refusal('{"x": "' + "a" * 2000 + '"}', max_bytes=1024, max_depth=4)
+    assert big == "arguments of 2009 bytes, more than TOOLFLEET_MAX_ARGUMENT_BYTES=1024"
+    deep = arguments_refusal('{"a": {"b": {"c": {"d": {"e": 1}}}}}', max_bytes=1024, max_depth=4)
+    assert deep == "arguments nested deeper than TOOLFLEET_MAX_JSON_DEPTH=4"

@@ -17,6 +17,7 @@ dropped connection find its first run (``kernel.rules.mcp.run_id_for``).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -28,6 +29,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from kernel.rules.mcp import (
+    arguments_refusal,
     created_task_result,
     idempotency_key_of,
     listed,
@@ -143,6 +145,18 @@ class Door:
             raise MCPError(types.INVALID_REQUEST, refused.message) from None
         return caller
 
+    def _check_arguments(self, arguments: Mapping[str, Any] | None) -> None:
+        """MCPError (-32602) for arguments the planner would refuse (over the fleet's
+        limits): nothing is recorded or submitted."""
+        settings = self.client.settings
+        why = arguments_refusal(
+            json.dumps(dict(arguments or {})),
+            max_bytes=settings.max_argument_bytes,
+            max_depth=settings.max_json_depth,
+        )
+        if why is not None:
+            raise MCPError(types.INVALID_PARAMS, f"{why}: nothing was run")
+
     async def _spec(self, name: str) -> ToolSpec | None:
         spec = (await self.client.tool_specs()).get(name)
         return spec if spec is not None and spec.enabled else None
@@ -161,6 +175,7 @@ class Door:
         spec = await self._spec(params.name)
         if spec is None:
             return types.CallToolResult.model_validate(unknown_tool_result(params.name))
+        self._check_arguments(params.arguments)
         log.info(
             "MCP tool call",
             extra={"tenant_id": caller.tenant, "tool": spec.lookup_key,
@@ -209,6 +224,7 @@ class Door:
         spec = await self._spec(call.name)
         if spec is None:
             raise MCPError(types.INVALID_PARAMS, TOOL_NOT_FOUND.format(name=call.name[:200]))
+        self._check_arguments(call.arguments)
         run_id = run_id_for(caller.tenant, key)
         requested = call.task.ttl if call.task is not None else None
         new, record, event = await self.tasks.open(
