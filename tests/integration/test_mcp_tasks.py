@@ -14,6 +14,7 @@ import asyncio
 import json
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -34,14 +35,14 @@ from redis.asyncio import Redis
 
 from executors import ProbeResult, ToolContext, ToolRegistry
 from kernel.adapters.redis import text
-from kernel.rules.mcp import run_id_for
+from kernel.rules.mcp import REPUBLISH_AFTER_S, call_fingerprint, run_id_for
 from kernel.settings import Settings
+from kernel.stores.door import Stores
 from kernel.stores.ledger import Ledger
 from tests.conftest import wait_for
 from tests.integration.mcp_task_tools import release_key, runs_key
 from tests.integration.test_mcp_door import free_socket, served, token, tokens_setting
-from toolfleet.app.mcp import DoorOptions, create_app
-from toolfleet.app.mcp._tasks import TaskLimits
+from toolfleet.app.mcp import DoorOptions, TaskLimits, create_app
 from toolfleet.app.operations import decide_approval
 from toolfleet.testing import InProcessFleet, LocalFleet
 
@@ -363,6 +364,37 @@ async def test_a_client_that_went_away_fetches_its_result_on_a_new_connection(
         result = await waiting
     assert text_of(result) == f"done {key}"
     assert await count(redis, key) == 1
+
+
+async def test_a_task_its_replica_recorded_but_never_published_is_published_by_a_reader(
+    door: str, fleet: InProcessFleet, redis: Redis
+) -> None:
+    """The one window where a replica's death matters: after it recorded the task, before
+    its call was published. The record stays unsubmitted; the next reader publishes the same
+    call (same run and call id) once the creator had its time."""
+    run_id = run_id_for(TENANT_A, None)
+    arguments = {"city": "Bern"}
+    store = Stores(redis, fleet.settings).mcp_tasks()
+    await store.create(
+        TENANT_A,
+        run_id,
+        tool="weather",
+        name="weather",
+        namespace=None,
+        arguments=json.dumps(arguments),
+        fingerprint=call_fingerprint("weather", arguments),
+        created_by="token:agent-a",
+        task=True,
+        ttl_ms=120_000,
+        now=time.time() - REPUBLISH_AFTER_S,  # its creator died that long ago
+    )
+    async with client_of(door, "agent-a") as client:
+        assert (await get_task(client, run_id)).status_message == "queued"
+        result = await task_result(client, run_id)
+    assert text_of(result) == "Bern: 21°C, clear"
+    assert (await store.get(TENANT_A, run_id)).submitted_at is not None  # type: ignore[union-attr]
+    entry = (await Ledger(redis, fleet.keys).read(TENANT_A, run_id, ["c0"]))["c0"]
+    assert entry.attempts == 1
 
 
 async def test_tasks_list_shows_the_callers_tenant_only_a_page_at_a_time(door: str) -> None:
