@@ -356,6 +356,8 @@ def task_status(
         )
     if call.state == "started":
         return "working", f"running (attempt {max(call.attempts, 1)})"
+    if call.state == "deferred":
+        return "working", "handed over to another system: waiting for its completion"
     if outcome is not None and outcome.status != "succeeded":
         return "working", f"attempt {outcome.attempt} ended {outcome.status}; the fleet retries"
     return "working", "waiting for a slot"

@@ -317,6 +317,8 @@ def test_a_call_is_published_again_only_when_its_creator_left_it_unsubmitted() -
         (CallProgress(state="planned", pending_approval=True), None, "input_required"),
         (CallProgress(state="dispatched"), None, ("working", "waiting for a slot")),
         (CallProgress(state="started", attempts=2), None, ("working", "running (attempt 2)")),
+        (CallProgress(state="deferred", attempts=1), None,
+         ("working", "handed over to another system: waiting for its completion")),
         (
             CallProgress(
                 state="finished",
