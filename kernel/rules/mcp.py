@@ -23,8 +23,14 @@ from kernel.rules.limits import json_depth_exceeds
 from kernel.rules.texts import TOOL_NOT_FOUND
 from schemas import CallStatus, Effect, EffectClass, ToolSpec, TurnResult
 
-CALL_ID = "c0"
-"""The call id of the one call a ``tools/call`` becomes (turn 0 of its own run)."""
+
+def call_id_of(run_id: str) -> str:
+    """The call id of the one call a ``tools/call`` becomes (turn 0 of its own run): the run
+    id itself, unique per door call, so two calls never share a ledger entry whatever the
+    fleet's identity scope (with ``identity_scope="tenant"`` the ledger keys a call by tenant
+    and call id alone)."""
+    return run_id
+
 
 META_CALL = "io.toolfleet/call"
 """The ``_meta`` key of a result that says what the fleet recorded for the call."""
@@ -166,12 +172,15 @@ def call_end_of_turn(result: TurnResult, tool: str) -> CallEnd:
             result.run_id,
             "pending_approval",
             "not_executed",
-            APPROVAL_WAIT.format(tool=tool, run_id=result.run_id, call_id=CALL_ID),
+            APPROVAL_WAIT.format(
+                tool=tool, run_id=result.run_id, call_id=call_id_of(result.run_id)
+            ),
             0,
             False,
         )
-    record = next((c for c in result.calls if c.call_id == CALL_ID), None)
-    output = next((o.output for o in result.outputs if o.call_id == CALL_ID), None)
+    call_id = call_id_of(result.run_id)
+    record = next((c for c in result.calls if c.call_id == call_id), None)
+    output = next((o.output for o in result.outputs if o.call_id == call_id), None)
     if record is None:
         why = result.error.message if result.error else f"the turn ended {result.status}"
         return CallEnd(result.run_id, "failed", "unknown", why, 0, False)

@@ -23,6 +23,7 @@ from typing import Literal
 from redis.asyncio import Redis
 
 from kernel.adapters.redis import text
+from kernel.rules.mcp import call_id_of
 from kernel.stores.keys import Keys
 from kernel.stores.schema import check_record
 from kernel.stores.scripts import script
@@ -200,7 +201,10 @@ class McpTasks:
         """Mark a task cancelled if its call's ledger outcome is still ``outcome_read`` (the
         raw JSON the door decided on; None: it had none)."""
         reply = await self._cancel(
-            keys=[self.keys.mcp_task(tenant_id, run_id), self.keys.call(tenant_id, run_id, "c0")],
+            keys=[
+                self.keys.mcp_task(tenant_id, run_id),
+                self.keys.call(tenant_id, run_id, call_id_of(run_id)),
+            ],
             args=[repr(at), reason, outcome_read or ""],
         )
         return text(reply)  # type: ignore[return-value]

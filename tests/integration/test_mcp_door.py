@@ -201,7 +201,9 @@ async def test_the_mcp_client_lists_the_fleets_tools_with_annotations_and_calls_
     meta = call_meta(result)
     assert meta["status"] == "succeeded" and meta["effect"] == "applied"
     assert meta["attempts"] == 1 and meta["resolved"] is True
-    entry = (await Ledger(redis, fleet.keys).read(TENANT_A, meta["run_id"], ["c0"]))["c0"]
+    entry = (await Ledger(redis, fleet.keys).read(TENANT_A, meta["run_id"], [meta["run_id"]]))[
+        meta["run_id"]
+    ]
     assert entry.state in ("finished", "committed") and entry.tool_name == "weather"
     assert entry.outcome is not None and entry.outcome.output == "Oslo: 21°C, clear"
 
@@ -259,10 +261,10 @@ async def test_a_call_runs_for_the_tenant_of_the_token_and_no_other(
         run_a = call_meta(await client.call_tool("weather", {"city": "Rome"}))["run_id"]
     async with mcp_client(door, "agent-b") as client:
         run_b = call_meta(await client.call_tool("weather", {"city": "Bonn"}))["run_id"]
-    assert set(await ledger.read(TENANT_A, run_a, ["c0"])) == {"c0"}
-    assert await ledger.read(TENANT_B, run_a, ["c0"]) == {}
-    assert set(await ledger.read(TENANT_B, run_b, ["c0"])) == {"c0"}
-    assert await ledger.read(TENANT_A, run_b, ["c0"]) == {}
+    assert set(await ledger.read(TENANT_A, run_a, [run_a])) == {run_a}
+    assert await ledger.read(TENANT_B, run_a, [run_a]) == {}
+    assert set(await ledger.read(TENANT_B, run_b, [run_b])) == {run_b}
+    assert await ledger.read(TENANT_A, run_b, [run_b]) == {}
 
     # A tenant header cannot take a token outside its tenants.
     refused = await post(
@@ -287,8 +289,8 @@ async def test_a_token_of_several_tenants_names_one_with_the_tenant_header(
     async with mcp_client(door, "both", tenant=TENANT_B) as client:
         run = call_meta(await client.call_tool("weather", {"city": "Kyiv"}))["run_id"]
     ledger = Ledger(redis, fleet.keys)
-    assert set(await ledger.read(TENANT_B, run, ["c0"])) == {"c0"}
-    assert await ledger.read(TENANT_A, run, ["c0"]) == {}
+    assert set(await ledger.read(TENANT_B, run, [run])) == {run}
+    assert await ledger.read(TENANT_A, run, [run]) == {}
 
 
 async def test_a_viewer_lists_but_cannot_call(door: str) -> None:
@@ -343,7 +345,9 @@ async def test_a_call_that_waits_for_approval_says_who_may_approve_it(
     meta = call_meta(result)
     assert (meta["status"], meta["effect"]) == ("pending_approval", "not_executed")
     assert "book_trip waits for approval" in result.content[0].text  # type: ignore[union-attr]
-    entry = (await Ledger(redis, fleet.keys).read(TENANT_A, meta["run_id"], ["c0"]))["c0"]
+    entry = (await Ledger(redis, fleet.keys).read(TENANT_A, meta["run_id"], [meta["run_id"]]))[
+        meta["run_id"]
+    ]
     assert entry.pending_approval and entry.attempts == 0  # held for a person, never run
 
 
@@ -428,7 +432,7 @@ async def test_access_tokens_of_the_identity_provider_issued_for_the_door(
                 result = await client.call_tool("weather", {"city": "Quito"})
             assert result.is_error is False
             run = call_meta(result)["run_id"]
-            entry = (await Ledger(redis, fleet.keys).read(TENANT_A, run, ["c0"]))["c0"]
+            entry = (await Ledger(redis, fleet.keys).read(TENANT_A, run, [run]))[run]
             assert entry.outcome is not None and entry.outcome.output == "Quito: 21°C, clear"
 
             # A token of the same provider for another resource is not the door's.

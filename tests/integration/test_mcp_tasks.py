@@ -393,7 +393,7 @@ async def test_a_task_its_replica_recorded_but_never_published_is_published_by_a
         result = await task_result(client, run_id)
     assert text_of(result) == "Bern: 21°C, clear"
     assert (await store.get(TENANT_A, run_id)).submitted_at is not None  # type: ignore[union-attr]
-    entry = (await Ledger(redis, fleet.keys).read(TENANT_A, run_id, ["c0"]))["c0"]
+    entry = (await Ledger(redis, fleet.keys).read(TENANT_A, run_id, [run_id]))[run_id]
     assert entry.attempts == 1
 
 
@@ -459,7 +459,7 @@ async def test_cancelling_a_running_task_cancels_its_call_on_the_fleet(
         ledger = Ledger(redis, fleet.keys)
 
         async def settled() -> bool:
-            entry = (await ledger.read(TENANT_A, task.task_id, ["c0"])).get("c0")
+            entry = (await ledger.read(TENANT_A, task.task_id, [task.task_id])).get(task.task_id)
             return entry is not None and entry.outcome is not None
 
         await wait_for(settled, within=60)
@@ -498,7 +498,7 @@ async def test_a_task_waiting_for_approval_is_input_required_until_an_operator_d
             fleet.settings,
             tenant_id=TENANT_A,
             run_id=task.task_id,
-            call_id="c0",
+            call_id=task.task_id,
             approve=True,
             decided_by="console:alice",
         )
@@ -519,7 +519,7 @@ async def test_a_rejected_approval_fails_the_task(
             fleet.settings,
             tenant_id=TENANT_A,
             run_id=task.task_id,
-            call_id="c0",
+            call_id=task.task_id,
             approve=False,
             message="not this week",
             decided_by="console:alice",
@@ -544,7 +544,7 @@ async def test_a_keyed_plain_call_of_a_gated_tool_answers_once_decided(
             fleet.settings,
             tenant_id=TENANT_A,
             run_id=call_meta(waiting)["run_id"],
-            call_id="c0",
+            call_id=call_meta(waiting)["run_id"],
             approve=True,
             decided_by="console:alice",
         )
@@ -553,7 +553,7 @@ async def test_a_keyed_plain_call_of_a_gated_tool_answers_once_decided(
             entry = await Ledger(redis, fleet.keys).decisions(
                 TENANT_A, call_meta(waiting)["run_id"]
             )
-            return "c0" in entry.per_call
+            return call_meta(waiting)["run_id"] in entry.per_call
 
         await wait_for(decided, within=60)  # the planner recorded the operator's decision
         again = await client.call_tool("book_trip", {"city": "Puno"}, meta=meta)
@@ -759,7 +759,7 @@ async def test_the_agents_sdk_sends_an_idempotency_key_per_model_tool_call(
         result = await Runner.run(agent, "How is the weather in Lima?")
     assert result.final_output == "done"
     run = run_id_for(TENANT_A, f"{run_key}:w1")  # the call ran as the key's run
-    entry = (await Ledger(redis, fleet.keys).read(TENANT_A, run, ["c0"]))["c0"]
+    entry = (await Ledger(redis, fleet.keys).read(TENANT_A, run, [run]))[run]
     assert entry.outcome is not None and entry.outcome.output == "Lima: 21°C, clear"
 
 
@@ -791,7 +791,7 @@ async def test_a_waiting_tasks_result_streams_the_tasks_status_changes(
             fleet.settings,
             tenant_id=TENANT_A,
             run_id=task.task_id,
-            call_id="c0",
+            call_id=task.task_id,
             approve=True,
             decided_by="console:alice",
         )

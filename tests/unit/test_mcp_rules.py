@@ -10,7 +10,6 @@ import pytest
 
 from kernel.rules.effects import mcp_effect_class
 from kernel.rules.mcp import (
-    CALL_ID,
     IDEMPOTENCY_KEY_MAX,
     META_CALL,
     POLL_INTERVAL_MS,
@@ -22,6 +21,7 @@ from kernel.rules.mcp import (
     arguments_refusal,
     call_end_of_turn,
     call_fingerprint,
+    call_id_of,
     call_tool_result,
     cancelled_result,
     created_task_result,
@@ -123,9 +123,13 @@ def test_only_enabled_tools_are_listed_in_name_order() -> None:
     assert [t["name"] for t in listed(specs)] == ["alpha", "zeta"]
 
 
+CALL = call_id_of("mcp-1")
+"""The door's call in run ``mcp-1`` (the run id itself)."""
+
+
 def _outcome(**fields: Any) -> CallOutcome:
     base: dict[str, Any] = {
-        "tenant_id": "acme", "run_id": "mcp-1", "turn_id": 0, "call_id": CALL_ID,
+        "tenant_id": "acme", "run_id": "mcp-1", "turn_id": 0, "call_id": CALL,
         "tool_name": "lookup", "index": 0, "attempt": 1, "fencing_token": 1,
         "status": "succeeded", "effect": "applied", "output": "found it",
     }  # fmt: skip
@@ -189,8 +193,8 @@ def _turn(**fields: Any) -> TurnResult:
 
 def test_a_completed_turn_ends_its_call_as_recorded() -> None:
     turn = _turn(
-        outputs=[FunctionCallOutput(call_id=CALL_ID, output="done")],
-        calls=[CallRecord(call_id=CALL_ID, tool_name="lookup", status="succeeded",
+        outputs=[FunctionCallOutput(call_id=CALL, output="done")],
+        calls=[CallRecord(call_id=CALL, tool_name="lookup", status="succeeded",
                           effect="applied", attempts=2)],
     )  # fmt: skip
     end = call_end_of_turn(turn, "lookup")
@@ -202,8 +206,8 @@ def test_a_completed_turn_ends_its_call_as_recorded() -> None:
 
 def test_an_unknown_effect_from_a_turn_counts_as_unresolved() -> None:
     turn = _turn(
-        outputs=[FunctionCallOutput(call_id=CALL_ID, output="may have happened")],
-        calls=[CallRecord(call_id=CALL_ID, tool_name="lookup", status="timed_out",
+        outputs=[FunctionCallOutput(call_id=CALL, output="may have happened")],
+        calls=[CallRecord(call_id=CALL, tool_name="lookup", status="timed_out",
                           effect="unknown", attempts=1)],
     )  # fmt: skip
     end = call_end_of_turn(turn, "lookup")
@@ -213,7 +217,7 @@ def test_an_unknown_effect_from_a_turn_counts_as_unresolved() -> None:
 def test_a_failed_call_without_output_says_its_error() -> None:
     turn = _turn(
         status="failed",
-        calls=[CallRecord(call_id=CALL_ID, tool_name="lookup", status="failed",
+        calls=[CallRecord(call_id=CALL, tool_name="lookup", status="failed",
                           effect="not_executed", attempts=1,
                           error=CallError(type="ValueError", message="bad q"))],
     )  # fmt: skip
@@ -231,7 +235,7 @@ def test_a_turn_that_failed_before_its_call_reported_says_unknown() -> None:
 def test_a_call_waiting_for_approval_says_who_may_decide() -> None:
     turn = _turn(
         status="interrupted",
-        interruptions=[Interruption(call_id=CALL_ID, tool_name="pay", arguments="{}")],
+        interruptions=[Interruption(call_id=CALL, tool_name="pay", arguments="{}")],
     )
     end = call_end_of_turn(turn, "pay")
     result = call_tool_result(end)
@@ -384,3 +388,9 @@ def test_arguments_over_the_fleets_limits_are_refused_with_the_setting_to_raise(
     assert big == "arguments of 2009 bytes, more than TOOLFLEET_MAX_ARGUMENT_BYTES=1024"
     deep = arguments_refusal('{"a": {"b": {"c": {"d": {"e": 1}}}}}', max_bytes=1024, max_depth=4)
     assert deep == "arguments nested deeper than TOOLFLEET_MAX_JSON_DEPTH=4"
+
+
+def test_each_door_call_has_a_call_id_of_its_own_in_every_identity_scope() -> None:
+    # Under identity_scope="tenant" the ledger keys a call by tenant and call id alone: a
+    # fixed call id would make every door call of a tenant the same call.
+    assert call_id_of("mcp-1") != call_id_of("mcp-2")

@@ -24,7 +24,7 @@ from typing import Any
 
 from kernel.errors import UnavailableError
 from kernel.rules.effects import settles_call
-from kernel.rules.mcp import CALL_ID, CallEnd, call_end_of_turn, call_tool_result, run_id_for
+from kernel.rules.mcp import CallEnd, call_end_of_turn, call_id_of, call_tool_result, run_id_for
 from schemas import AgentRef, CallOutcome, ModelResponseEvent, ToolSpec, TurnConfig
 from toolfleet.app.mcp._gate import Caller
 from toolfleet.client import FleetClient
@@ -66,7 +66,7 @@ class Calls:
         submit: ModelResponseEvent | None = None,
         submitted: Callable[[], Awaitable[Any]] | None = None,
     ) -> dict[str, Any]:
-        """The ``CallToolResult`` of call ``c0`` of ``run_id`` once it settled, submitting
+        """The ``CallToolResult`` of the call of ``run_id`` once it settled, submitting
         ``submit`` first (the call's model response) when given, and calling ``submitted``
         once it is published.
 
@@ -76,10 +76,11 @@ class Calls:
         """
         loop = asyncio.get_running_loop()
         settled: asyncio.Future[CallOutcome] = loop.create_future()
+        call_id = call_id_of(run_id)
 
         def on_outcome(outcome: CallOutcome) -> None:
             if (
-                outcome.call_id == CALL_ID
+                outcome.call_id == call_id
                 and outcome.kind == "execute"
                 and settles_call(outcome, spec.on_unknown)
                 and not settled.done()
@@ -149,7 +150,7 @@ def event_of(
         items=[
             {
                 "type": "function_call",
-                "call_id": CALL_ID,
+                "call_id": call_id_of(run_id),
                 "name": name,
                 "namespace": namespace,
                 "arguments": text,

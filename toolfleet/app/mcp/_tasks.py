@@ -33,7 +33,6 @@ from mcp.shared.exceptions import MCPError
 from kernel.rules.effects import settles_call
 from kernel.rules.mcp import (
     APPROVAL_WAIT,
-    CALL_ID,
     IDEMPOTENCY_CONFLICT,
     REPUBLISH_AFTER_S,
     TASK_NOT_FOUND,
@@ -42,6 +41,7 @@ from kernel.rules.mcp import (
     CallProgress,
     TaskStatus,
     call_fingerprint,
+    call_id_of,
     call_tool_result,
     cancelled_result,
     related,
@@ -174,7 +174,8 @@ class Tasks:
         """Where the record's call stands now. With ``act``, what only a reader can do is
         done on the way: publish a call whose creator died before it was acknowledged, and
         resume a turn whose approval was decided."""
-        entry = (await self.ledger.read(record.tenant_id, record.run_id, [CALL_ID])).get(CALL_ID)
+        call_id = call_id_of(record.run_id)
+        entry = (await self.ledger.read(record.tenant_id, record.run_id, [call_id])).get(call_id)
         on_unknown = await self._on_unknown(record.tool)
         outcome = entry.outcome if entry is not None else None
         settled = outcome is not None and settles_call(outcome, on_unknown)
@@ -214,7 +215,10 @@ class Tasks:
         if entry is None or not entry.pending_approval or entry.approval is not None:
             return False
         decisions = await self.ledger.decisions(record.tenant_id, record.run_id)
-        if CALL_ID not in decisions.per_call and record.tool not in decisions.sticky:
+        if (
+            call_id_of(record.run_id) not in decisions.per_call
+            and record.tool not in decisions.sticky
+        ):
             return False
         if record.resumed_at is not None and now - record.resumed_at < REPUBLISH_AFTER_S:
             return True  # resumed a moment ago: the planner has it
@@ -262,9 +266,10 @@ class Tasks:
         is given the task each time its status or message changes while this waits."""
         loop = asyncio.get_running_loop()
         arrived: asyncio.Queue[CallOutcome] = asyncio.Queue()
+        call_id = call_id_of(record.run_id)
 
         def on_outcome(outcome: CallOutcome) -> None:
-            if outcome.call_id == CALL_ID and outcome.kind == "execute":
+            if outcome.call_id == call_id and outcome.kind == "execute":
                 arrived.put_nowait(outcome)
 
         stop = await self.client.follow(record.run_id, 0, on_outcome)
@@ -307,7 +312,9 @@ class Tasks:
 
     def _approval_wait(self, seen: Seen) -> dict[str, Any]:
         record = seen.record
-        text = APPROVAL_WAIT.format(tool=record.tool, run_id=record.run_id, call_id=CALL_ID)
+        text = APPROVAL_WAIT.format(
+            tool=record.tool, run_id=record.run_id, call_id=call_id_of(record.run_id)
+        )
         return call_tool_result(
             CallEnd(record.run_id, "pending_approval", "not_executed", text, 0, False)
         )
@@ -369,7 +376,7 @@ class Tasks:
                     CancelRequest(
                         tenant_id=caller.tenant,
                         run_id=record.run_id,
-                        call_id=CALL_ID if started else None,
+                        call_id=call_id_of(record.run_id) if started else None,
                         reason=reason,
                         decided_by=f"mcp:{caller.identity.name}",
                     )
