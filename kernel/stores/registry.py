@@ -73,11 +73,15 @@ async def replace_tool(redis: Redis, keys: Keys, spec: ToolSpec) -> None:
     under a reused name, ``toolfleet.testing.InProcessFleet``)."""
     versions_key = keys.tool_versions(spec.lookup_key)
     raw = spec.model_dump_json()
-    async with redis.pipeline(transaction=True) as pipe:
+
+    async def replace(pipe: Pipeline) -> None:
+        # One hash slot ({tools}): a transaction on a single Redis and on a Cluster alike.
+        pipe.multi()  # type: ignore[no-untyped-call]
         pipe.delete(versions_key)
         pipe.hset(versions_key, spec.version, raw)
         pipe.hset(keys.tools, spec.lookup_key, raw)
-        await pipe.execute()
+
+    await redis.transaction(replace, versions_key)
 
 
 async def live_versions(redis: Redis, keys: Keys, lookup_key: str) -> dict[str, ToolSpec]:
