@@ -11,12 +11,18 @@ event only if its ``(attempt, sequence)`` comes strictly after it, compared atte
   1 again, and is shown because its attempt is higher; once it is shown, the earlier attempt's
   late events are not.
 
+MCP adds a rule of its own (``mcp_notice``): a token's ``progress`` must increase with every
+``notifications/progress``. A retried attempt starts over from 1, so the door sends an event's
+``done`` only while it grows past the last value sent for the token, and names the attempt in
+the message of every notification a retried attempt (2 and later) sends.
+
 Pure: no I/O. ``FleetClient.progress`` keeps a cursor per iterator, the MCP door one per task.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 CallKey = tuple[str, str, str]
@@ -118,3 +124,31 @@ class ProgressCursor:
 
     def __len__(self) -> int:
         return len(self._shown)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One ``notifications/progress`` the MCP door sends (its token aside)."""
+
+    progress: float
+    total: float | None
+    message: str | None
+
+
+def mcp_notice(
+    sent: float | None, *, attempt: int, done: float, total: float | None, message: str | None
+) -> Notice | None:
+    """The notification for a progress event a reader shows (``ProgressCursor.accept``), or
+    None to send nothing.
+
+    ``sent`` is the last ``progress`` sent for the token (None: none yet). MCP asks that
+    ``progress`` increase with every notification of a token, so an event whose ``done`` is
+    not above it is held back: a retried attempt, which starts over, is quiet until it passes
+    what the earlier attempt reached. Every notification of attempt 2 or later says
+    ``attempt N`` at the front of its message, so a client sees that the call was run again.
+    """
+    if sent is not None and done <= sent:
+        return None
+    if attempt > 1:
+        message = f"attempt {attempt}: {message}" if message else f"attempt {attempt}"
+    return Notice(progress=done, total=total, message=message)

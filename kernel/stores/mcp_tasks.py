@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -65,6 +66,12 @@ class DoorRecord:
     cancel_reason: str | None = None
     resumed_at: float | None = None
     """When a reader last resumed the call's turn after an approval decision."""
+    progress_token: str | int | None = None
+    """The ``progressToken`` of the request that created a task: its progress goes out
+    under it for the task's life (None: the client asked for none)."""
+    progress_sent: float | None = None
+    """The last ``progress`` sent under ``progress_token`` (by any replica, on any
+    ``tasks/result`` stream): the next one must be higher."""
 
     @classmethod
     def decode(cls, tenant_id: str, run_id: str, h: dict[str, str]) -> DoorRecord:
@@ -87,7 +94,17 @@ class DoorRecord:
             cancelled_at=float(h["cancelled_at"]) if h.get("cancelled_at") else None,
             cancel_reason=h.get("cancel_reason") or None,
             resumed_at=float(h["resumed_at"]) if h.get("resumed_at") else None,
+            progress_token=_token_of(h.get("progress_token")),
+            progress_sent=float(h["progress_sent"]) if h.get("progress_sent") else None,
         )
+
+
+def _token_of(raw: str | None) -> str | int | None:
+    """A stored progress token (JSON, so a number stays a number); None when there is none."""
+    if not raw:
+        return None
+    token = json.loads(raw)
+    return token if isinstance(token, str | int) and not isinstance(token, bool) else None
 
 
 def _member(created_at: float, run_id: str) -> str:
@@ -139,11 +156,13 @@ class McpTasks:
         task: bool,
         ttl_ms: int | None,
         now: float | None = None,
+        progress_token: str | int | None = None,
     ) -> tuple[Created, DoorRecord]:
         """Record a call the door is about to submit, or find the record its run has: the same
         call (a retry, or the first call seen again), or another call under the same run (an
         idempotency key used twice). A task is indexed for ``tasks/list`` (again on a retry:
-        indexing is idempotent, so a replica that died in between leaves nothing out)."""
+        indexing is idempotent, so a replica that died in between leaves nothing out). A new
+        record keeps ``progress_token``, the token its task's progress goes out under."""
         now = time.time() if now is None else now
         fields: dict[str, str | int] = {
             "v": RECORD_VERSION,
@@ -155,6 +174,8 @@ class McpTasks:
             "ttl_ms": ttl_ms or 0,
             "created_by": created_by,
         }
+        if progress_token is not None:
+            fields["progress_token"] = json.dumps(progress_token)
         reply = await self._create(
             keys=[self.keys.mcp_task(tenant_id, run_id)],
             args=[fingerprint, ttl_ms or 0, "1" if task else "0",
@@ -194,6 +215,11 @@ class McpTasks:
         """Note that a reader resumed the call's turn after its approval was decided."""
         key = self.keys.mcp_task(tenant_id, run_id)
         return bool(await self._mark(keys=[key], args=["resumed_at", repr(at)]))
+
+    async def mark_progress(self, tenant_id: str, run_id: str, progress: float) -> bool:
+        """Note the last ``progress`` sent under the record's progress token."""
+        key = self.keys.mcp_task(tenant_id, run_id)
+        return bool(await self._mark(keys=[key], args=["progress_sent", repr(progress)]))
 
     async def cancel(
         self, tenant_id: str, run_id: str, *, reason: str, outcome_read: str | None, at: float

@@ -51,11 +51,16 @@ class Calls:
         self.limits = limits or CallLimits()
 
     async def call(
-        self, caller: Caller, spec: ToolSpec, arguments: Mapping[str, Any] | None
+        self,
+        caller: Caller,
+        spec: ToolSpec,
+        arguments: Mapping[str, Any] | None,
+        *,
+        run_id: str | None = None,
     ) -> dict[str, Any]:
-        """Run one call of ``spec`` for ``caller``'s tenant, in a run of its own; its
-        ``CallToolResult`` (wire names) once it settled."""
-        run_id = run_id_for(caller.tenant, None)
+        """Run one call of ``spec`` for ``caller``'s tenant, in a run of its own (``run_id``,
+        a fresh one when None); its ``CallToolResult`` (wire names) once it settled."""
+        run_id = run_id or run_id_for(caller.tenant, None)
         return await self.settle(spec, run_id, submit=event_for(caller, spec, arguments, run_id))
 
     async def settle(

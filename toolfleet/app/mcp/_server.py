@@ -13,22 +13,31 @@ subclass, a ``Server.middleware`` entry that answers a task-augmented ``tools/ca
 task at once, and ``tasks/*`` handlers (``Tasks``) answered from the fleet's state. A client's
 idempotency key (``_meta["io.toolfleet/idempotency-key"]``) makes a plain call retried after a
 dropped connection find its first run (``kernel.rules.mcp.run_id_for``).
+
+Progress: a ``tools/call`` whose ``_meta`` carries a ``progressToken`` gets the call's
+progress as ``notifications/progress`` on its stream while it waits (``relayed``); a task
+keeps the token of its task-augmented call, and each ``tasks/result`` stream gets the
+progress reported while it waits, with the task named in ``_meta``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import mcp_types as types
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from kernel.rules.mcp import (
+    META_RELATED_TASK,
     arguments_refusal,
     created_task_result,
     idempotency_key_of,
@@ -37,10 +46,13 @@ from kernel.rules.mcp import (
     task_ttl_ms,
     unknown_tool_result,
 )
+from kernel.rules.progress import Notice
 from kernel.rules.texts import TOOL_NOT_FOUND
+from kernel.stores.mcp_tasks import DoorRecord
 from schemas import ToolSpec
 from toolfleet.app.mcp._calls import Calls
 from toolfleet.app.mcp._gate import CALLER_KEY, Caller, Refused, check_role
+from toolfleet.app.mcp._progress import relayed
 from toolfleet.app.mcp._tasks import Tasks
 from toolfleet.client import FleetClient
 
@@ -61,6 +73,19 @@ def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
 
 def _modern(ctx: ServerRequestContext[Any, Any]) -> bool:
     return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
+def _progress_notification(
+    token: str | int, notice: Notice, meta: dict[str, Any] | None = None
+) -> types.ProgressNotification:
+    params = types.ProgressNotificationParams(
+        progress_token=token,
+        progress=notice.progress,
+        total=notice.total,
+        message=notice.message,
+        _meta=meta,
+    )
+    return types.ProgressNotification(params=params)
 
 
 def _key_of(params: Mapping[str, Any] | None) -> str | None:
@@ -181,29 +206,76 @@ class Door:
             extra={"tenant_id": caller.tenant, "tool": spec.lookup_key,
                    "caller": caller.identity.name, "keyed": key is not None},
         )  # fmt: skip
-        if key is None:
-            result = await self.calls.call(caller, spec, params.arguments)
-            return types.CallToolResult.model_validate(result)
         run_id = run_id_for(caller.tenant, key)
+        async with self._call_progress(ctx, caller.tenant, run_id):
+            if key is None:
+                result = await self.calls.call(caller, spec, params.arguments, run_id=run_id)
+            else:
+                result = await self._keyed(caller, spec, params.arguments, key, run_id)
+        return types.CallToolResult.model_validate(result)
+
+    def _call_progress(
+        self, ctx: ServerRequestContext[Any, Any], tenant: str, run_id: str
+    ) -> AbstractAsyncContextManager[None]:
+        """While a plain call waits: its progress on its request's stream, when the request
+        carried a progress token."""
+        token = progress_token_from_params(ctx.params)
+        if token is None:
+            return contextlib.nullcontext()
+
+        async def send(notice: Notice) -> None:
+            await ctx.session.send_notification(
+                _progress_notification(token, notice), related_request_id=ctx.request_id
+            )
+
+        return relayed(self.client, tenant, run_id, send)
+
+    def _task_progress(
+        self, ctx: ServerRequestContext[Any, Any], record: DoorRecord
+    ) -> AbstractAsyncContextManager[None]:
+        """While a ``tasks/result`` waits: the task's progress on this request's stream, under
+        the token of the call that created it, above the progress already sent for it."""
+        token = record.progress_token
+        if token is None:
+            return contextlib.nullcontext()
+        meta = {META_RELATED_TASK: {"taskId": record.run_id}}
+
+        async def send(notice: Notice) -> None:
+            await ctx.session.send_notification(
+                _progress_notification(token, notice, meta), related_request_id=ctx.request_id
+            )
+            await self.tasks.store.mark_progress(record.tenant_id, record.run_id, notice.progress)
+
+        return relayed(
+            self.client, record.tenant_id, record.run_id, send, sent=record.progress_sent
+        )
+
+    async def _keyed(
+        self,
+        caller: Caller,
+        spec: ToolSpec,
+        arguments: Mapping[str, Any] | None,
+        key: str,
+        run_id: str,
+    ) -> dict[str, Any]:
+        """A plain call with an idempotency key: the key's run, run once."""
         retention = self.tasks.retention_s
         new, record, event = await self.tasks.open(
             caller,
             spec,
-            params.arguments,
+            arguments,
             run_id,
             task=False,
             ttl_ms=retention * 1000 or None,
             key=key,
         )
-        if new:
+        if not new:
+            return await self.tasks.settled(record, until_approval=True, task=False)
 
-            async def submitted() -> None:
-                await self.tasks.store.mark_submitted(caller.tenant, run_id)
+        async def submitted() -> None:
+            await self.tasks.store.mark_submitted(caller.tenant, run_id)
 
-            result = await self.calls.settle(spec, run_id, submit=event, submitted=submitted)
-        else:
-            result = await self.tasks.settled(record, until_approval=True, task=False)
-        return types.CallToolResult.model_validate(result)
+        return await self.calls.settle(spec, run_id, submit=event, submitted=submitted)
 
     async def _task_calls(
         self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
@@ -235,6 +307,7 @@ class Door:
             task=True,
             ttl_ms=task_ttl_ms(requested, self.tasks.retention_s),
             key=key,
+            progress_token=progress_token_from_params(params),
         )
         log.info(
             "MCP task",
@@ -282,7 +355,9 @@ class Door:
             except Exception:  # a client gone meanwhile: its result waits for its next ask
                 log.debug("task status not sent", exc_info=True)
 
-        return await self.tasks.result(caller, params.task_id, notify)
+        record = await self.tasks.find(caller, params.task_id)
+        async with self._task_progress(ctx, record):
+            return await self.tasks.settled(record, notify=notify)
 
     async def list_tasks(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams

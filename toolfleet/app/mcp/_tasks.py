@@ -126,10 +126,12 @@ class Tasks:
         task: bool,
         ttl_ms: int | None,
         key: str | None = None,
+        progress_token: str | int | None = None,
     ) -> tuple[bool, DoorRecord, ModelResponseEvent]:
         """Record a call under ``run_id``: (new, its record, its model response). The same
         call found again (a retried key, a retried task) is not new. MCPError (-32602) when
-        the run holds another call (an idempotency key used for other arguments)."""
+        the run holds another call (an idempotency key used for other arguments). A new
+        task keeps ``progress_token`` for its ``tasks/result`` streams."""
         event = event_of(
             caller.tenant,
             run_id,
@@ -149,6 +151,7 @@ class Tasks:
             created_by=caller.identity.name,
             task=task,
             ttl_ms=ttl_ms,
+            progress_token=progress_token,
         )
         if verdict == "conflict":
             raise MCPError(
