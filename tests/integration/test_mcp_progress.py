@@ -51,6 +51,9 @@ ENV = {"TOOLFLEET_PROGRESS_MIN_INTERVAL_S": "0"}  # lockstep: every report is an
 KEY_META = "io.toolfleet/idempotency-key"
 SESSION = uuid.uuid4().hex[:8]
 
+REVISIONS = {"legacy": "2025-11-25", "auto": "2026-07-28"}
+"""The revision each client mode speaks with the door."""
+
 STEP = re.compile(r"(?:attempt (\d+): )?step (\d+) of (\d+)")
 
 
@@ -80,14 +83,13 @@ async def door(client: FleetClient, settings: Settings) -> AsyncIterator[str]:
         yield f"{base}/mcp"
 
 
-def client_of(url: str, handler: Any = None) -> Client:
+def client_of(url: str, handler: Any = None, *, mode: Any = "legacy") -> Client:
     """The ``mcp`` client of the door as agent-a (tenant door-a), on the 2025-11-25
-    handshake; ``handler`` takes the server's notifications."""
+    handshake (``mode="auto"``: the 2026-07-28 revision); ``handler`` takes the server's
+    notifications."""
     headers = {"Authorization": f"Bearer {token('agent-a')}"}
     http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=180))
-    return Client(
-        streamable_http_client(url, http_client=http), mode="legacy", message_handler=handler
-    )
+    return Client(streamable_http_client(url, http_client=http), mode=mode, message_handler=handler)
 
 
 class Notified:
@@ -184,11 +186,13 @@ async def let_the_retry_pass_what_was_shown(events: Events, redis: Redis, call_i
         await redis.set(ack_key(call_id, *position), 1)
 
 
-async def test_a_plain_call_gets_its_progress_in_order(door: str, redis: Redis) -> None:
-    key = f"progress-plain-{SESSION}"
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_plain_call_gets_its_progress_in_order(door: str, redis: Redis, mode: str) -> None:
+    key = f"progress-plain-{mode}-{SESSION}"
     call_id = run_id_for(TENANT_A, key)  # the door's call id is its run id
     notified = Notified(redis, call_id)
-    async with client_of(door) as mcp:
+    async with client_of(door, mode=mode) as mcp:
+        assert mcp.session.protocol_version == REVISIONS[mode]
         result = await mcp.call_tool(
             "lockstep", {"steps": 4}, progress_callback=notified, meta=keyed(key)
         )

@@ -16,6 +16,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from kernel.errors import ToolfleetError
 from kernel.rules.mcp import call_id_of
 from kernel.rules.progress import Notice, mcp_notice
 from toolfleet.client import FleetClient, RunProgress
@@ -37,17 +38,28 @@ async def relayed(
 ) -> AsyncIterator[None]:
     """Send the progress of ``run_id``'s call through ``send`` while the block runs, from
     the events reported after it began. ``sent`` is the last progress already sent under
-    the token (a task's earlier ``tasks/result`` stream): nothing at or below it is sent."""
-    async with client.progress(run_id, tenant_id=tenant_id) as stream:
-        log.debug("MCP door follows a call's progress", extra={"run_id": run_id})
-        relay = asyncio.create_task(_relay(stream, call_id_of(run_id), send, sent))
-        try:
-            yield
-        finally:
-            stream.close()
-            relay.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await relay
+    the token (a task's earlier ``tasks/result`` stream): nothing at or below it is sent.
+
+    A fleet whose progress cannot be read (no ``progress`` topic) sends none: the call is
+    served all the same, and the door logs why."""
+    stream = client.progress(run_id, tenant_id=tenant_id)
+    try:
+        await stream.open()
+    except ToolfleetError as exc:
+        log.warning(
+            "MCP door sends no progress: %s", exc, extra={"run_id": run_id, "error": str(exc)}
+        )
+        yield
+        return
+    log.debug("MCP door follows a call's progress", extra={"run_id": run_id})
+    relay = asyncio.create_task(_relay(stream, call_id_of(run_id), send, sent))
+    try:
+        yield
+    finally:
+        stream.close()
+        relay.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await relay
 
 
 async def _relay(stream: RunProgress, call_id: str, send: NoticeSink, sent: float | None) -> None:
