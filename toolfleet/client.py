@@ -242,14 +242,19 @@ class FleetClient:
                 isolation_level="read_committed",
             )
             await consumer.start()
-            partitions = await self.bus.producer.partitions_for(topic)
-            assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
-            consumer.assign(assigned)
-            await consumer.seek_to_end(*assigned)
-            for tp in assigned:  # resolved now: nothing submitted after this is missed
-                await consumer.position(tp)
+            await self._from_the_end(consumer, topic)  # nothing submitted after it is missed
             self._outcomes = consumer
             self._outcome_reader = asyncio.create_task(self._read_followed(consumer))
+
+    async def _from_the_end(self, consumer: AIOKafkaConsumer, topic: str) -> None:
+        """Assign ``consumer`` every partition of ``topic``, positioned at its end now (the
+        positions resolved before this returns, not at the first fetch)."""
+        partitions = await self.bus.producer.partitions_for(topic)
+        assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(assigned)
+        await consumer.seek_to_end(*assigned)
+        for tp in assigned:
+            await consumer.position(tp)
 
     async def _read_followed(self, consumer: AIOKafkaConsumer) -> None:
         async for record in consumer:
@@ -322,12 +327,7 @@ class FleetClient:
             if topic not in await consumer.topics():
                 await consumer.stop()
                 raise TopicsMissingError([topic], ("default",))
-            partitions = await self.bus.producer.partitions_for(topic)
-            assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
-            consumer.assign(assigned)
-            await consumer.seek_to_end(*assigned)
-            for tp in assigned:  # resolved now: nothing reported after this is missed
-                await consumer.position(tp)
+            await self._from_the_end(consumer, topic)  # nothing reported after it is missed
             self._progress = consumer
             self._progress_reader = asyncio.create_task(self._read_watched(consumer))
 

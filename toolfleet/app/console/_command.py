@@ -6,7 +6,6 @@ import asyncio
 import ipaddress
 import logging
 import secrets
-import socket
 from typing import TYPE_CHECKING
 
 import click
@@ -14,6 +13,7 @@ import click
 from kernel.adapters.logs import configure_logging
 from kernel.errors import ConfigurationError
 from kernel.settings import Settings
+from toolfleet.app.asgi import serve_asgi
 from toolfleet.app.console._auth import configured
 
 if TYPE_CHECKING:
@@ -34,40 +34,22 @@ async def serve(
     """Serve the console on ``host``:``port`` (0 picks a free port) until SIGINT or SIGTERM;
     prints ``console: URL`` on stdout once it answers (with the local login token in it, for
     a console with local login)."""
-    import uvicorn
-
     from toolfleet.app.console._app import create_app
 
-    class Server(uvicorn.Server):
-        """uvicorn's server, saying where it listens once it does (SIGINT and SIGTERM stop
-        it: uvicorn's own handlers, which also end the live connections)."""
+    def listening(url: str) -> None:
+        login = f"?token={options.local_token}" if options.local_token else ""
+        click.echo(f"console: {url}{login}")
+        how = "local login URL" if options.local_token else "configured sign-in"
+        log.info("console serving", extra={"url": url, "tenant": options.tenant, "sign_in": how})
 
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started:
-                login = f"?token={options.local_token}" if options.local_token else ""
-                click.echo(f"console: {url}{login}")
-                how = "local login URL" if options.local_token else "configured sign-in"
-                log.info(
-                    "console serving",
-                    extra={"url": url, "tenant": options.tenant, "sign_in": how},
-                )
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    bound = sock.getsockname()[1]
-    config = uvicorn.Config(
+    await serve_asgi(
         create_app(settings, options),
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=int(_GRACE_S),
-        lifespan="on",
+        host=host,
+        port=port,
+        path="/",
+        grace_s=_GRACE_S,
+        listening=listening,
     )
-    shown = f"[{host}]" if family == socket.AF_INET6 else host
-    url = f"http://{shown}:{bound}/"
-    await Server(config).serve(sockets=[sock])
 
 
 @click.command()

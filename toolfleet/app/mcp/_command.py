@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from typing import TYPE_CHECKING
 
 import click
@@ -12,6 +11,7 @@ import click
 from kernel.adapters.logs import configure_logging
 from kernel.errors import ConfigurationError
 from kernel.settings import Settings
+from toolfleet.app.asgi import serve_asgi
 
 if TYPE_CHECKING:
     from toolfleet.app.mcp._app import DoorOptions
@@ -37,35 +37,16 @@ async def serve(
     # Through the package, first: without the mcp extra, the error names it (uvicorn comes
     # with the mcp package).
     from toolfleet.app.mcp import create_app
-
-    app = create_app(settings, options)
-    import uvicorn
-
     from toolfleet.app.mcp._app import path_of
 
-    class Server(uvicorn.Server):
-        """uvicorn's server, saying where it listens once it does."""
-
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started:
-                click.echo(f"mcp: {url}")
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    bound = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app,
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=int(_GRACE_S),
-        lifespan="on",
+    await serve_asgi(
+        create_app(settings, options),
+        host=host,
+        port=port,
+        path=path_of(settings),
+        grace_s=_GRACE_S,
+        listening=lambda url: click.echo(f"mcp: {url}"),
     )
-    shown = f"[{host}]" if family == socket.AF_INET6 else host
-    url = f"http://{shown}:{bound}{path_of(settings)}"
-    await Server(config).serve(sockets=[sock])
 
 
 @click.command()
