@@ -25,6 +25,7 @@ from redis.asyncio import Redis
 
 from kernel.adapters.bus import KafkaBus
 from kernel.rules.mcp import call_id_of
+from kernel.rules.texts import HEARTBEAT_TIMEOUT
 from kernel.settings import Settings
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
@@ -108,6 +109,12 @@ async def test_a_task_whose_tool_stops_heartbeating_is_probed_and_ends_with_the_
         chain = await events_of(ledger, task.task_id)
         finished = next(e for e in chain if e["event"] == "finished")
         assert (finished["status"], finished["effect"]) == ("timed_out", "unknown"), chain
+        call_id = call_id_of(task.task_id)
+        entry = (await ledger.read(TENANT_A, task.task_id, [call_id]))[call_id]
+        error = entry.outcome.error if entry.outcome is not None else None
+        assert error is not None and error.type == "HeartbeatTimeoutError", entry.outcome
+        assert error.message == HEARTBEAT_TIMEOUT.format(name="export_report", seconds=0.5)
+        assert json.loads(entry.heartbeat_details or "null") == {"exported": job}
 
         await redis.set(probe_release_key(job), "1")  # the probe may answer now
         result = await task_result(mcp, task.task_id)
