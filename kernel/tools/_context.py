@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from kernel.errors import ToolfleetError
 from kernel.rules.effects import ProbeAnswer
@@ -15,6 +15,8 @@ from kernel.tools._heartbeat import Heartbeats, details_json, parse_details
 from kernel.tools._progress import ProgressReporter, Report, checked_report
 from kernel.tools.run_context import CarriedRunContext
 from schemas import ExecutionCommand
+
+T = TypeVar("T")
 
 UpstreamRecorder = Callable[[str], Awaitable[None]]
 """Writes a call's upstream reference durably (the worker's ledger write)."""
@@ -41,18 +43,8 @@ class _Progress:
 
     def hand(self, report: Report) -> None:
         """To the reporter, on the loop that runs the call (from whichever thread)."""
-        reporter, loop = self.reporter, self.loop
-        if reporter is None or loop is None:
-            return  # outside a worker (a direct call, a test): progress goes nowhere
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            reporter.report(report)
-            return
-        with contextlib.suppress(RuntimeError):  # the loop closed: the call is long over
-            loop.call_soon_threadsafe(reporter.report, report)
+        if self.reporter is not None:  # None outside a worker: progress goes nowhere
+            _on_loop(self.loop, self.reporter.report, report)
 
 
 class _Beats:
@@ -66,18 +58,25 @@ class _Beats:
 
     def hand(self, raw: str) -> None:
         """To the attempt's heartbeats, on the loop that runs the call (from any thread)."""
-        heartbeats, loop = self.heartbeats, self.loop
-        if heartbeats is None or loop is None:
-            return  # outside a worker (a direct call, a test): nobody watches
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            heartbeats.beat(raw)
-            return
-        with contextlib.suppress(RuntimeError):  # the loop closed: the call is long over
-            loop.call_soon_threadsafe(heartbeats.beat, raw)
+        if self.heartbeats is not None:  # None outside a worker: nobody watches
+            _on_loop(self.loop, self.heartbeats.beat, raw)
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop | None, deliver: Callable[[T], None], item: T) -> None:
+    """Call ``deliver(item)`` on ``loop``, the loop that runs the call: at once from that
+    loop, through ``call_soon_threadsafe`` from a thread tool's thread, not at all before the
+    call started (no loop yet) or after its loop closed."""
+    if loop is None:
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        deliver(item)
+        return
+    with contextlib.suppress(RuntimeError):  # the loop closed: the call is long over
+        loop.call_soon_threadsafe(deliver, item)
 
 
 @dataclass(frozen=True)
