@@ -795,9 +795,21 @@ class Worker:
                 continue
             run = (request.tenant_id, request.run_id)
             self._cancelled_runs.add(run)
-            for (tenant_id, run_id, _call_id), (task, _) in list(self._running.items()):
-                if (tenant_id, run_id) == run:
-                    task.cancel()
+            mine = [task for (t, r, _c), (task, _) in list(self._running.items()) if (t, r) == run]
+            if mine:
+                # Mark the ledger before the slots free: a sibling the freed slot admits may
+                # start on a worker that has not read this cancellation, and the planner may
+                # not have marked the run yet. ``begin`` then refuses it (skipped).
+                await self._mark_cancelled(request)
+            for task in mine:
+                task.cancel()
+
+    async def _mark_cancelled(self, request: CancelRequest) -> None:
+        try:
+            await self.ledger.cancel_run(request.tenant_id, request.run_id, request.reason)
+        except TRANSIENT_ERRORS as exc:  # the planner marks it too; cancel regardless
+            DEPENDENCIES.failed(exc)
+            log.debug("could not mark the run cancelled", extra={"error": str(exc)})
 
 
 class _Slots:
