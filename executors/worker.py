@@ -72,7 +72,7 @@ from kernel.rules.state_versions import carries, spec_for_readers
 from kernel.rules.texts import CIRCUIT_OPEN, UNKNOWN_OUTCOME, unknown_outcome_text
 from kernel.rules.versions import version_ref
 from kernel.settings import Settings
-from kernel.stores.admitting import CREDIT_HEADER, Admitter
+from kernel.stores.admitting import CREDIT_HEADER, Admitter, paced_scopes
 from kernel.stores.door import Stores
 from kernel.stores.ledger import CallFailure, command_for
 from kernel.stores.registry import announce_tools
@@ -322,7 +322,7 @@ class Worker:
                         "toolfleet.worker_id": self.worker_id,
                     }
                 )
-            slots = _Slots(self.admitter, command)
+            slots = _Slots(self.admitter, command, paced_scopes(record.headers))
             if slots.held:
                 # This worker frees them: its outcomes say so, and no planner reads them.
                 command = command.model_copy(update={"admitted": False})
@@ -412,6 +412,9 @@ class Worker:
 
         async def gate() -> None:
             with phase(self._tracer, "gate"):
+                if slots.paced:
+                    stopping = self._stopping
+                    await _persist(lambda: self.admitter.pace(command, slots.paced, until=stopping))
                 late = await self._not_started_in_time(tool, command)
                 if late is not None:
                     raise _NotStarted("not_started_in_time", late)
@@ -419,6 +422,8 @@ class Worker:
             if verdict != "run":
                 raise _NotStarted(verdict)
             self._leases[key] = command
+            if slots.paced:
+                await _persist(lambda: self.admitter.started(command, slots.paced))
 
         async def record_upstream(ref: str) -> None:
             await _persist(lambda: self.ledger.record_upstream_ref(command, ref))
@@ -819,10 +824,14 @@ class _Slots:
     Commands that admission never counted (probes, compensations, an earlier planner's
     unadmitted ones) hold nothing."""
 
-    def __init__(self, admitter: Admitter, command: ExecutionCommand) -> None:
+    def __init__(
+        self, admitter: Admitter, command: ExecutionCommand, paced: tuple[str, ...] = ()
+    ) -> None:
         self._admitter = admitter
         self._command = command
         self.held = command.kind == "execute" and command.admitted
+        self.paced = paced if command.kind == "execute" else ()
+        """The rate scopes the call's start must pass (its admission took their tokens)."""
 
     async def free(self, *, throttled: bool = False) -> None:
         """Free them (once; retried until durable)."""

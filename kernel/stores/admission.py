@@ -57,13 +57,20 @@ RATE_SAFETY = 0.9
 
 RECOVERY_S = 10.0
 """After an HTTP 429, a bucket's rate climbs back from its cut to the full rate over this."""
+PACE_SLACK_S = 0.1
+"""Added to each rate window at the start (``Admission.pace``): a start is counted when the
+worker records it, a round trip or two before the tool's own code begins, and under load
+that gap varies by tens of milliseconds between calls."""
 
 SEP = "\x1f"
+PACED_SEP = "\x1e"
+"""Between the rate scopes an admitted call passes at its start (a scope holds ``SEP``)."""
 
 _ENQUEUE = script("admission/enqueue")
 _ADMIT = script("admission/admit")
 _WITHDRAW = script("admission/withdraw")
 _THROTTLE = script("admission/throttle")
+_PACE = script("admission/pace")
 
 
 @dataclass(frozen=True)
@@ -170,6 +177,10 @@ def queued_command(payload: str) -> QueuedCommand:
     return QueuedCommand(pool, raw, traceparent or None, kind, issued_at)
 
 
+def _scopes(joined: str) -> tuple[str, ...]:
+    return tuple(joined.split(PACED_SEP)) if joined else ()
+
+
 def member_of(tenant_id: str, run_id: str, call_id: str, attempt: int) -> str:
     """The admission name of one call attempt (its slot is released by this name)."""
     return SEP.join((tenant_id, run_id, call_id, str(attempt)))
@@ -179,8 +190,10 @@ def member_of(tenant_id: str, run_id: str, call_id: str, attempt: int) -> str:
 class Admitted:
     """What one admission pass hands out."""
 
-    calls: list[tuple[str, str]]
-    """(member, payload) of each command to publish now."""
+    calls: list[tuple[str, str, tuple[str, ...]]]
+    """(member, payload, paced) of each command to publish now; ``paced``: the rate scopes
+    its admission took a token from, each of which it must also pass when it starts
+    (``Admission.pace``)."""
     refill_in_s: float | None = None
     """Seconds until a rate bucket that held a call back has a token (None: none did)."""
 
@@ -217,6 +230,7 @@ class Admission:
         self._admit = _ADMIT.register(redis)
         self._withdraw = _WITHDRAW.register(redis)
         self._throttle = _THROTTLE.register(redis)
+        self._pace = _PACE.register(redis)
 
     @classmethod
     def of(cls, redis: Redis, keys: Keys, settings: Settings) -> Admission:
@@ -269,8 +283,33 @@ class Admission:
         ]  # fmt: skip
         flat = await self._admit(keys=[self._key(n) for n in names], args=args)
         retry = text(flat[0])
-        calls = [(text(flat[i]), text(flat[i + 1])) for i in range(1, len(flat), 2)]
+        calls = [
+            (text(flat[i]), text(flat[i + 1]), _scopes(text(flat[i + 2])))
+            for i in range(1, len(flat), 3)
+        ]
         return Admitted(calls, float(retry) if retry else None)
+
+    async def pace(self, member: str, scopes: Sequence[str], now: float) -> float | None:
+        """A call about to start under the rate ``scopes`` its admission named: None once its
+        start is counted in every one (it may start now), or the seconds to wait before
+        asking again. A rate holds at the start, where the upstream sees it: calls admitted
+        apart may reach their workers together."""
+        if not scopes:
+            return None
+        keys = [self._key("tenants"), self._key("tools")]
+        keys += [self._key(f"starts{SEP}{scope}") for scope in scopes]
+        args: list[Any] = [now, member, PACE_SLACK_S, self.default_tenant.json(), *scopes]
+        wait = text(await self._pace(keys=keys, args=args))
+        return float(wait) if wait else None
+
+    async def started(self, member: str, scopes: Sequence[str], now: float) -> None:
+        """The call ``pace`` let through starts now: its start counts from now in each scope.
+        Between the two, the ledger's ``begin`` may take a while under load; counted from the
+        earlier time, a start held back could begin less than a window after this one."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for scope in scopes:
+                pipe.zadd(self._key(f"starts{SEP}{scope}"), {member: now}, xx=True)
+            await pipe.execute()
 
     async def withdraw_expired(self, now: float) -> list[tuple[str, str]]:
         """Take out the waiting calls whose turn deadline has passed: (member, payload)."""

@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
+from kernel.adapters.backoff import nap
 from kernel.adapters.bus import Bus
 from kernel.adapters.metrics import (
     ADMISSION_WAIT,
@@ -35,6 +36,7 @@ from kernel.adapters.topics import command_topic
 from kernel.adapters.tracing import traceparent
 from kernel.rules.outcomes import past_deadline
 from kernel.stores.admission import (
+    PACED_SEP,
     SEP,
     Admission,
     Waiting,
@@ -57,6 +59,9 @@ MAX_CALLS = 1000
 CREDIT_HEADER = "tf-credit"
 """Header of a command a worker's pass admitted onto one of its own free slots: its value is
 that worker's id (it counts its credits until they start)."""
+PACED_HEADER = "tf-paced"
+"""Header of an admitted command that took a rate token: the rate scopes (joined by
+``PACED_SEP``) its start must pass too (``Admission.pace``)."""
 CONFIRM_WITHIN_S = 0.05
 """A worker with no pass soon after it published admitted commands confirms them within this
 (a planner's tick would otherwise publish them again after the publish lease)."""
@@ -224,7 +229,7 @@ class Admitter:
         sent = []
         now = time.time()
         counts: Counter[tuple[str, str]] = Counter()
-        for member, payload in admitted.calls:
+        for member, payload, paced in admitted.calls:
             command = queued_command(payload)
             call_id = member.split(SEP)[2]
             tp = command.traceparent
@@ -233,6 +238,8 @@ class Admitter:
             if partition is not None:
                 assert self.credits is not None
                 headers.append((CREDIT_HEADER, self.credits.worker_id.encode()))
+            if paced:
+                headers.append((PACED_HEADER, PACED_SEP.join(paced).encode()))
             topic = command_topic(command.pool)
             raw = command.command_json.encode()
             sent.append(await self.bus.publish(topic, call_id, raw, headers, partition=partition))
@@ -244,10 +251,28 @@ class Admitter:
             labelled(COMMANDS, self.service, pool, kind).inc(n)
         for future in sent:
             await future
-        self._confirm += [member for member, _ in admitted.calls]
+        self._confirm += [member for member, _, _ in admitted.calls]
         if sent and not self.scan:
             # Nothing ticks in a worker: confirm soon, or a planner hands them out again.
             self._admit_at(CONFIRM_WITHIN_S)
+
+    async def pace(
+        self,
+        command: ExecutionCommand,
+        scopes: Sequence[str],
+        *,
+        until: asyncio.Event | None = None,
+    ) -> None:
+        """Return once ``command`` may start under every rate scope its admission named
+        (``paced_scopes``); raises ``Interrupted`` if ``until`` is set meanwhile."""
+        member = member_of(command.tenant_id, command.run_id, command.call_id, command.attempt)
+        while (wait := await self.admission.pace(member, scopes, time.time())) is not None:
+            await nap(wait, until=until)
+
+    async def started(self, command: ExecutionCommand, scopes: Sequence[str]) -> None:
+        """``command``, paced, starts now (``Admission.started``)."""
+        member = member_of(command.tenant_id, command.run_id, command.call_id, command.attempt)
+        await self.admission.started(member, scopes, time.time())
 
     def _admit_at(self, delay_s: float) -> None:
         """Another pass when a rate bucket has a token again (sooner than the next tick)."""
@@ -317,3 +342,11 @@ def _wake(waiters: Sequence[asyncio.Future[None]]) -> None:
 
 def _command(payload: str) -> ExecutionCommand:
     return queued_command(payload).command()
+
+
+def paced_scopes(headers: Sequence[tuple[str, bytes]] | None) -> tuple[str, ...]:
+    """The rate scopes an admitted command's start must pass (``PACED_HEADER``)."""
+    for name, value in headers or ():
+        if name == PACED_HEADER and value:
+            return tuple(value.decode().split(PACED_SEP))
+    return ()

@@ -41,10 +41,10 @@ async def test_nothing_is_admitted_beyond_the_pools_live_slots(admission: Admiss
     assert (await admission.admit(now=1)).calls == []  # no worker serves the pool yet
     await admission.register_worker("default", "w1", 2, ttl_s=30, now=1)
     first = (await admission.admit(now=2)).calls
-    assert [p for _, p in first] == ["cmd acme t 0", "cmd acme t 1"]
-    assert (await admission.admit(now=3, published=[m for m, _ in first])).calls == []
+    assert [p for _, p, _ in first] == ["cmd acme t 0", "cmd acme t 1"]
+    assert (await admission.admit(now=3, published=[m for m, _, _ in first])).calls == []
     freed = (await admission.admit(now=4, release=[first[0][0]])).calls
-    assert [p for _, p in freed] == ["cmd acme t 2"]
+    assert [p for _, p, _ in freed] == ["cmd acme t 2"]
     # The worker stops renewing: its slots leave the pool's capacity.
     assert (await admission.admit(now=40, release=[first[1][0], freed[0][0]])).calls == []
 
@@ -54,12 +54,12 @@ async def test_one_pass_queues_frees_and_admits_and_a_repeated_release_frees_one
 ) -> None:
     await admission.register_worker("default", "w1", 2, ttl_s=600, now=0)
     first = (await admission.admit(now=1, enqueue=_calls("acme", 3))).calls
-    assert [p for _, p in first] == ["cmd acme t 0", "cmd acme t 1"]  # queued, then admitted
+    assert [p for _, p, _ in first] == ["cmd acme t 0", "cmd acme t 1"]  # queued, then admitted
     again = _calls("acme", 3)  # another run: its calls queue behind the third one
     held = first[0][0]
     # The outcome of one call arrives twice in one pass (a redelivery): one slot frees.
     freed = (await admission.admit(now=2, release=[held, held], enqueue=again)).calls
-    assert [p for _, p in freed] == ["cmd acme t 2"]
+    assert [p for _, p, _ in freed] == ["cmd acme t 2"]
     assert (await admission.admit(now=3, release=[held])).calls == []  # already free
 
 
@@ -71,13 +71,13 @@ async def test_calls_a_pass_queues_and_cannot_admit_wait_like_any_other(
     expire at their deadline and leave with their cancelled run."""
     await admission.register_worker("default", "w1", 1, ttl_s=600, now=0)
     a = _calls("acme", 2, deadline=50)
-    assert [p for _, p in (await admission.admit(now=1, enqueue=a)).calls] == ["cmd acme t 0"]
+    assert [p for _, p, _ in (await admission.admit(now=1, enqueue=a)).calls] == ["cmd acme t 0"]
     b, c = _calls("acme", 1, tool="b"), _calls("acme", 1, tool="c")
     assert (await admission.admit(now=2, enqueue=b + c)).calls == []  # the pool is full
     assert [p for _, p in await admission.withdraw_expired(now=60)] == ["cmd acme t 1"]
     assert [p for _, p in await admission.withdraw_run("acme", c[0].run_id)] == ["cmd acme c 0"]
     freed = (await admission.admit(now=61, release=[a[0].member])).calls
-    assert [p for _, p in freed] == ["cmd acme b 0"]
+    assert [p for _, p, _ in freed] == ["cmd acme b 0"]
     assert (await admission.admit(now=62, release=[b[0].member])).calls == []  # none left
 
 
@@ -90,7 +90,7 @@ async def test_backlogged_tenants_share_capacity_by_weight(admission: Admission)
     held: list[str] = []
     for step in range(50):
         admitted = (await admission.admit(now=1 + step, release=held)).calls
-        held = [m for m, _ in admitted]
+        held = [m for m, _, _ in admitted]
         shares.update(_tenant(m) for m in held)
     assert shares["heavy"] / shares["light"] == pytest.approx(3, rel=0.1), shares
 
@@ -98,10 +98,10 @@ async def test_backlogged_tenants_share_capacity_by_weight(admission: Admission)
 async def test_a_tenant_that_arrives_gets_the_next_free_slot(admission: Admission) -> None:
     await admission.register_worker("default", "w1", 2, ttl_s=600, now=0)
     await admission.enqueue(_calls("flood", 1000), now=0)
-    held = [m for m, _ in (await admission.admit(now=1)).calls]
+    held = [m for m, _, _ in (await admission.admit(now=1)).calls]
     await admission.enqueue(_calls("newcomer", 1), now=2)
     after_one = (await admission.admit(now=3, release=held[:1])).calls
-    assert [_tenant(m) for m, _ in after_one] == ["newcomer"]
+    assert [_tenant(m) for m, _, _ in after_one] == ["newcomer"]
 
 
 async def test_tenant_and_tool_limits_hold_and_a_blocked_tool_does_not_block_others(
@@ -113,9 +113,9 @@ async def test_tenant_and_tool_limits_hold_and_a_blocked_tool_does_not_block_oth
     await admission.enqueue(_calls("acme", 10), now=0)
     await admission.enqueue(_calls("beta", 3, "slow") + _calls("beta", 2, "fast"), now=0)
     admitted = (await admission.admit(now=1)).calls
-    by_tenant = Counter(_tenant(m) for m, _ in admitted)
+    by_tenant = Counter(_tenant(m) for m, _, _ in admitted)
     assert by_tenant == {"acme": 3, "beta": 3}  # beta: one slow call, then its fast calls
-    assert sum("slow" in p for _, p in admitted) == 1
+    assert sum("slow" in p for _, p, _ in admitted) == 1
 
 
 async def test_a_rate_limit_spaces_admissions_and_a_429_slows_it(admission: Admission) -> None:
@@ -150,10 +150,11 @@ async def test_an_admitted_command_not_confirmed_is_handed_out_again(
 ) -> None:
     await admission.register_worker("default", "w1", 1, ttl_s=600, now=0)
     await admission.enqueue(_calls("acme", 1), now=0)
-    [(member, payload)] = (await admission.admit(now=1)).calls
+    [(member, payload, paced)] = (await admission.admit(now=1)).calls
+    assert paced == ()  # no rate applies
     # Its planner died before confirming: after the publish lease, another one gets it.
     assert (await admission.admit(now=5)).calls == []
-    assert (await admission.admit(now=12)).calls == [(member, payload)]
+    assert (await admission.admit(now=12)).calls == [(member, payload, ())]
     assert (await admission.admit(now=30, published=[member])).calls == []
     # Its outcome never came: the slot comes back at the admission lease (60 s).
     await admission.enqueue(_calls("acme", 1), now=30)
@@ -165,5 +166,5 @@ async def test_concurrent_admitters_never_exceed_capacity(admission: Admission) 
     await admission.register_worker("default", "w1", 5, ttl_s=600, now=0)
     await admission.enqueue(_calls("acme", 100), now=0)
     rounds = await asyncio.gather(*(admission.admit(now=1) for _ in range(20)))
-    members = [m for r in rounds for m, _ in r.calls]
+    members = [m for r in rounds for m, _, _ in r.calls]
     assert len(members) == len(set(members)) == 5

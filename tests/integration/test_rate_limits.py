@@ -4,6 +4,9 @@ tenant quota, set live as an operator would."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -59,6 +62,48 @@ async def test_a_tool_rate_limit_is_never_exceeded_in_any_second(
     span = starts[-1] - starts[0]
     print(f"{len(starts)} calls over {span:.1f} s; at most {busiest} in any 1 s window")
     assert len(starts) == 250
+    assert busiest <= RATE
+
+
+async def test_calls_admitted_apart_that_reach_their_workers_together_start_at_the_rate(
+    fleet: LocalFleet, client: FleetClient, redis: Redis, keys: Keys
+) -> None:
+    """Admission spaces a rate-limited tool's calls; the time from admission to start varies.
+    Workers that stall while admission goes on get what it admitted all at once: their starts
+    still keep to the rate, which holds where the upstream sees it."""
+    tenant = f"burst-{uuid.uuid4().hex[:6]}"
+    admission = Admission(redis, keys)
+    await admission.set_limits("tools", "limited", Limits(rate=RATE))
+    workers = [f"worker-{n}" for n in range(fleet.workers)]
+    slots = 20 * len(workers)  # every slot of the pool: more than one second's worth
+
+    async def every_worker_counts() -> bool:
+        return (await admission.pool_capacity(time.time())).get("default") == slots
+
+    await wait_for(every_worker_counts, within=60)
+    try:
+        for name in workers:
+            os.kill(fleet.pid(name), signal.SIGSTOP)
+        try:
+            events = [fair_turn(tenant, 10, "limited") for _ in range(slots // 10)]
+            await asyncio.gather(*(client.submit(e) for e in events))
+
+            async def all_admitted() -> bool:
+                running = await redis.hget(keys.admission("running"), f"t:{tenant}")
+                return int(running or 0) == slots
+
+            await wait_for(all_admitted, within=30)  # at the rate, over more than a second
+        finally:
+            for name in workers:
+                os.kill(fleet.pid(name), signal.SIGCONT)
+        results = [await result_of(fleet, client, e.run_id, within=120) for e in events]
+    finally:
+        await admission.set_limits("tools", "limited", Limits())
+    assert {r.status for r in results} == {"completed"}
+    starts = sorted(s for _, s in await redis.zrange(starts_key(tenant), 0, -1, withscores=True))
+    busiest = max(sum(1 for t in starts[i:] if t < first + 1.0) for i, first in enumerate(starts))
+    print(f"{len(starts)} calls delivered at once; at most {busiest} started in any 1 s window")
+    assert len(starts) == slots
     assert busiest <= RATE
 
 

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from kernel.stores.admission import (
+    PACED_SEP,
     RATE_SAFETY,
     RECOVERY_S,
     SEP,
@@ -65,8 +66,8 @@ def admit(
         len(enqueue), *_entries(enqueue),
     ]  # fmt: skip
     flat = [v.decode() for v in lua("admission/admit", ADMIT_KEYS, args)]
-    members = flat[1::2]
-    payloads = flat[2::2]
+    members = flat[1::3]
+    payloads = flat[2::3]
     assert payloads == [f"payload:{m.split(SEP)[2]}" for m in members]
     return members, float(flat[0]) if flat[0] else None
 
@@ -338,6 +339,67 @@ def test_a_429_halves_the_tools_rate_which_recovers_over_time(lua: Lua, r: redis
     assert ids(admit(lua, later)[0]) == ["a1"]
     tokens, _, factor = (r.hget("adm:buckets", "o:api") or b"").decode().split(",")
     assert (float(tokens), float(factor)) == (4.0, 1.0)
+
+
+def test_an_admitted_call_names_the_rate_scopes_its_start_must_pass(
+    lua: Lua, r: redis.Redis
+) -> None:
+    workers(r, 10)
+    limits(r, "tools", "api", Limits(rate=5.0, tenant_rate=2.0))
+    args = [NOW, 1000, 900.0, 10.0, NO_LIMITS.json(), RATE_SAFETY, RECOVERY_S, 1, 0, 0]
+    calls = [call("a", "a1", "api"), call("a", "a2", "free")]
+    flat = [v.decode() for v in lua("admission/admit", ADMIT_KEYS, [*args, 2, *_entries(calls)])]
+    paced = {ids([flat[i]])[0]: flat[i + 2] for i in range(1, len(flat), 3)}
+    assert paced == {"a1": PACED_SEP.join(["o:api", f"to:a{SEP}api"]), "a2": ""}
+
+
+def pace(lua: Lua, now: float, member: str, *scopes: str, slack: float = 0.0) -> float | None:
+    """Admission.pace: None when the start may go now, else the seconds to wait."""
+    keys = ["adm:tenants", "adm:tools", *(f"adm:starts{SEP}{s}" for s in scopes)]
+    args = [now, member, slack, NO_LIMITS.json(), *scopes]
+    wait = lua("admission/pace", keys, args).decode()
+    return float(wait) if wait else None
+
+
+def test_starts_of_a_rate_limited_tool_never_exceed_its_rate_in_any_window(
+    lua: Lua, r: redis.Redis
+) -> None:
+    limits(r, "tools", "api", Limits(rate=3.0))
+    # Admitted apart, arriving together: three start, the fourth waits for the first to age out.
+    assert [pace(lua, NOW + i * 0.01, f"m{i}", "o:api") for i in range(3)] == [None] * 3
+    assert pace(lua, NOW + 0.5, "m3", "o:api") == pytest.approx(0.5)
+    assert pace(lua, NOW + 1.0, "m3", "o:api") is None
+    # A start counted once even when its command comes again (a redelivery).
+    assert pace(lua, NOW + 1.005, "m3", "o:api") is None
+    assert r.zcard(f"adm:starts{SEP}o:api") == 3
+
+
+def test_the_slack_widens_each_window(lua: Lua, r: redis.Redis) -> None:
+    limits(r, "tools", "api", Limits(rate=1.0))
+    assert pace(lua, NOW, "a1", "o:api", slack=0.1) is None
+    assert pace(lua, NOW + 1.0, "a2", "o:api", slack=0.1) == pytest.approx(0.1)
+
+
+def test_a_slow_rate_allows_one_start_per_period_and_a_burst_that_many(
+    lua: Lua, r: redis.Redis
+) -> None:
+    limits(r, "tenants", "slow", Limits(rate=0.5))
+    assert pace(lua, NOW, "s1", "t:slow") is None
+    assert pace(lua, NOW + 1.5, "s2", "t:slow") == pytest.approx(0.5)
+    limits(r, "tools", "bursty", Limits(rate=1.0, burst=3))
+    assert [pace(lua, NOW, f"b{i}", "o:bursty") for i in range(4)][3] == pytest.approx(1.0)
+
+
+def test_a_start_waits_for_the_tightest_of_its_scopes_and_a_lifted_rate_frees_it(
+    lua: Lua, r: redis.Redis
+) -> None:
+    limits(r, "tools", "api", Limits(rate=10.0, tenant_rate=1.0))
+    scopes = ("o:api", f"to:a{SEP}api")
+    assert pace(lua, NOW, "a1", *scopes) is None
+    assert pace(lua, NOW + 0.2, "a2", *scopes) == pytest.approx(0.8)
+    assert r.zcard(f"adm:starts{SEP}o:api") == 1  # a start that waits is logged nowhere
+    limits(r, "tools", "api", Limits())
+    assert pace(lua, NOW + 0.3, "a2", *scopes) is None
 
 
 # -- withdraw ---------------------------------------------------------------------------------

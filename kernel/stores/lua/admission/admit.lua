@@ -5,8 +5,9 @@
 -- default tenant json, safety, recovery_s, scan, n_release, members..., n_published,
 -- members..., n_enqueue, entries (six each, as lib/enqueue.lua reads them)...
 -- Returns a flat list: the seconds until a rate bucket that held a call back refills ('' if
--- none did), then member, payload of each call to publish now (admitted, or pending past its
--- publish lease).
+-- none did), then member, payload, paced of each call to publish now (admitted, or pending
+-- past its publish lease); paced: the rate scopes it took a token from, joined by '\30' (its
+-- start passes them too: pace.lua).
 --
 -- ``scan`` 1 (a planner's pass) also sweeps what nobody released: expired leases, workers that
 -- stopped registering, admitted calls no planner confirmed. A pass with 0 (a worker freeing
@@ -315,7 +316,12 @@ while free and #chosen < max_n and any_free() do
   bump('o:' .. f[2], 1)
   bump('p:' .. f[3], 1)
   bump('admitted:' .. tenant, 1)
-  for _, t in ipairs(takes) do store_bucket(buckets, t[1], t[2] - 1, now, t[3]) end
+  local scopes = {}
+  for _, t in ipairs(takes) do
+    store_bucket(buckets, t[1], t[2] - 1, now, t[3])
+    scopes[#scopes + 1] = t[1]
+  end
+  e.paced = table.concat(scopes, '\30')
   leases[#leases + 1] = lease_until
   leases[#leases + 1] = member
   unconfirmed[#unconfirmed + 1] = publish_until
@@ -381,6 +387,7 @@ for _, e in ipairs(chosen) do
     n = n + 1
     out[#out + 1] = bodies[n]
   end
+  out[#out + 1] = e.paced
 end
 -- Admitted but not confirmed on Kafka within the publish lease: its planner is gone.
 local stale = scan and redis.call('ZRANGEBYSCORE', pending, '-inf', now, 'LIMIT', 0, 100) or {}
@@ -395,6 +402,7 @@ if #stale > 0 then
   for i, member in ipairs(stale) do
     out[#out + 1] = member
     out[#out + 1] = stale_bodies[i]
+    out[#out + 1] = ''  -- handed out again: its start is not paced (rare; its planner died)
   end
 end
 if soonest then out[1] = tostring(soonest) end
