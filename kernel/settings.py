@@ -366,6 +366,19 @@ class Settings(BaseSettings):
         description="Link to a call's trace: a URL with {trace_id} in it, e.g. "
         "http://grafana/explore?traceId={trace_id} (unset: the console shows the id as text)",
     )
+    history_retention_s: int | None = Field(
+        default=None,
+        ge=60,
+        description="How long the console's history keeps turns, decisions, tasks and "
+        "cancellations (unset: ledger_retention_s, or 7 days when the ledger keeps calls "
+        "forever)",
+    )
+    history_output_max_bytes: int = Field(
+        default=1_024,
+        ge=0,
+        description="How much of each call's output (the text the model saw) the history "
+        "keeps; the ledger entry keeps it whole while it lives",
+    )
     # Who may use the console (docs/console-access.md). With none of OIDC, tokens or proxy
     # set, `toolfleet console` serves 127.0.0.1 only and prints a login URL for that process.
     console_public_url: str | None = Field(

@@ -13,10 +13,11 @@ from collections.abc import Iterable
 
 from redis.asyncio import Redis
 
-from kernel.settings import Settings
+from kernel.settings import LEDGER_RETENTION_S, Settings
 from kernel.stores.admission import Admission
 from kernel.stores.circuit import CircuitBreaker
 from kernel.stores.gates import GateStore
+from kernel.stores.history import History
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
 from kernel.stores.mcp_tasks import McpTasks
@@ -93,6 +94,14 @@ class Stores:
         outlives the ledger entries of its run."""
         retention = self.settings.ledger_retention_s
         return McpTasks(self._redis, self.keys, max_ttl_ms=retention * 1000 if retention else None)
+
+    def history(self) -> History:
+        """The console's history of turns, decisions, tasks and cancellations, kept
+        ``history_retention_s`` (the ledger's retention unless set; 7 days when the ledger
+        keeps calls forever)."""
+        s = self.settings
+        retention = s.history_retention_s or s.ledger_retention_s or LEDGER_RETENTION_S
+        return History(self._redis, self.keys, retention_s=retention)
 
     def unknowns(self, ledger: Ledger) -> UnknownEffects:
         """The index of calls whose effect is unknown (entries read through ``ledger``)."""

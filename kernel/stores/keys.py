@@ -165,6 +165,18 @@ class Keys:
         ``tasks/list`` pages through it."""
         return f"{self.namespace}:{{mcp:{tenant_id}}}:tasks"
 
+    # the console's history (kernel/stores/history.py): every key of one tenant in one slot
+    def history(self, tenant_id: str, part: str) -> str:
+        """One of a tenant's history keys (an entry, an index, a run's marks): they share
+        the tenant's hash tag, so one script writes an entry and its indexes together on a
+        Redis Cluster too, and tenants spread over the shards."""
+        return f"{self.namespace}:{{h.{tenant_id}}}:hist:{part}"
+
+    @property
+    def history_tenants(self) -> str:
+        """Sorted set: the tenants that have history, by when they last wrote (ms)."""
+        return f"{self.namespace}:hist:tenants"
+
     @property
     def schema(self) -> str:
         """Hash: the deployment's state version marker (``kernel/stores/schema.py``)."""
