@@ -215,7 +215,7 @@ class Aggregator:
             attributes={
                 "messaging.system": "kafka",
                 "messaging.operation.type": "send",
-                "messaging.destination.name": "turn-results",
+                "messaging.destination.name": self.settings.topic("turn-results"),
                 "toolfleet.tenant_id": result.tenant_id,
                 "toolfleet.run_id": result.run_id,
                 "toolfleet.turn_id": result.turn_id,

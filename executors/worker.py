@@ -80,6 +80,7 @@ from kernel.stores.tasks import new_task_id
 from kernel.tools import (
     HEARTBEAT_WRITE_S,
     Deferred,
+    FailureRecording,
     Tool,
     ToolFailure,
     ToolRegistry,
@@ -174,6 +175,8 @@ class Worker:
         self._leases: dict[_CallKey, ExecutionCommand] = {}
         """Calls past the ledger gate, whose leases ``_renew_leases`` keeps alive."""
         self._tracer = tracer("worker")
+        self._recording = FailureRecording.of(settings)
+        """The secrets taken out of what user code raised, and the console its lines link to."""
         self._cancelled_runs: set[tuple[str, str]] = set()
         """(tenant, run) of runs cancelled while this worker lives."""
         self._stopping = asyncio.Event()
@@ -305,7 +308,10 @@ class Worker:
         with (
             log_context(**ids_of(command)),
             consuming(
-                self._tracer, f"toolfleet call {command.tool_name}", record, f"workers.{self.pool}"
+                self._tracer,
+                f"toolfleet call {command.tool_name}",
+                record,
+                self.settings.group(f"workers.{self.pool}"),
             ) as span,
         ):
             if span.is_recording():
@@ -444,6 +450,7 @@ class Worker:
                 max_output_bytes=self.settings.max_output_bytes,
                 phase=self._phase,
                 on_failure=raised.append,
+                recording=self._recording,
                 progress=self.progress.offer,
                 progress_interval_s=self.settings.progress_min_interval_s,
                 heartbeat=partial(self._heartbeat, command),
@@ -638,7 +645,7 @@ class Worker:
 
     async def _probe(self, tool: Tool, command: ExecutionCommand) -> CallOutcome:
         """Look the call's effect up upstream; probes are read-only and run without a gate."""
-        result = await run_probe(tool, command, worker_id=self.worker_id)
+        result = await run_probe(tool, command, worker_id=self.worker_id, recording=self._recording)
         effect = effect_of_probe(result.state)
         detail = CallError(type="ProbeResult", message=result.detail) if result.detail else None
         return CallOutcome(
@@ -655,8 +662,12 @@ class Worker:
         verdict = await self._begin(command)
         if verdict != "run":
             return await self._refused(command, verdict)
+        raised: list[ToolFailure] = []  # what the action raised, kept with its attempt
         try:
-            text = await run_compensate(tool, command, worker_id=self.worker_id)
+            text = await run_compensate(
+                tool, command, worker_id=self.worker_id, recording=self._recording,
+                on_failure=raised.append,
+            )  # fmt: skip
             outcome = CallOutcome(
                 **identity(command, self.worker_id),
                 kind="compensate",
@@ -672,7 +683,8 @@ class Worker:
                 effect="unknown",
                 error=CallError(type=type(exc).__name__, message=str(exc)),
             )
-        if await self.ledger.finish(outcome) == "stale":
+        failure = _call_failure(raised, command, self.worker_id)
+        if await self.ledger.finish(outcome, failure) == "stale":
             return None
         return outcome
 

@@ -3,14 +3,32 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LEDGER_RETENTION_S = 7 * 24 * 3600
 """How long a committed call whose history is its plain run stays in the ledger, by default."""
+
+TRACEBACK_REDACT_PATTERN = (
+    # key=value, key: value, "key": "value", Authorization: Bearer ... (the key stays)
+    # (a key is a whole run of [\w.-] that holds a keyword, taken possessively: linear time)
+    r"(?i)(?<![\w.-])(?=[\w.-]*?(?:passw(?:or)?d|pwd|secret|token|api[_-]?key|access[_-]?key"
+    r"|private[_-]?key|credentials?|authorization|cookie|session[_-]?id))[\w.-]*+[\"']?\s*[:=]\s*"
+    r"(?:\"([^\"\n]*)\"|'([^'\n]*)'|(?:(?:bearer|basic|token|digest)\s+)?([^\s\"',;&)}\]]+))"
+    # token abc..., Bearer abc... in prose
+    r"|\b(?:bearer|token)\s+([\w.~+/=-]{8,})"
+    # well-known key formats: OpenAI/Anthropic sk-, GitHub, Slack, AWS access key ids, JWTs
+    r"|(?<![\w-])(sk-[\w-]{16,}|gh[pousr]_\w{30,}|xox[abprs]-[\w-]{10,}|AKIA[0-9A-Z]{16}"
+    r"|eyJ[\w-]{8,}\.[\w-]{8,}\.[\w-]+)"
+    # user:password@ in a URL
+    r"|://[^\s/:@]+:([^\s/@]+)@"
+)
+"""The secrets taken out of a tool failure's message and traceback by default (the setting
+``traceback_redact_pattern``): what its groups matched, or the whole match without groups."""
 
 
 def _xdg(var: str, fallback: str) -> Path:
@@ -292,6 +310,24 @@ class Settings(BaseSettings):
         default=64, ge=4, description="Deepest nesting accepted in a message or arguments"
     )
 
+    traceback_redact_pattern: str = Field(
+        default=TRACEBACK_REDACT_PATTERN,
+        description="A Python regular expression: what it matches in a tool failure's message "
+        "and traceback (kept with the call's attempt, and logged) is replaced by <redacted> "
+        "(only its groups' text when it has groups: password=<redacted>). The default takes "
+        "out password=, token=, api_key= style values, Authorization: Bearer headers, "
+        "sk- API keys, GitHub, Slack and AWS keys, JWTs and URL passwords; (?!) takes nothing out",
+    )
+
+    @field_validator("traceback_redact_pattern")
+    @classmethod
+    def _compiles(cls, pattern: str) -> str:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression ({exc}); fix or unset it") from exc
+        return pattern
+
     # Recovery: the reconciler's budgets (RecoveryPolicy.of reads them).
     recovery_max_attempts: int = Field(
         default=2,
@@ -507,6 +543,10 @@ class Settings(BaseSettings):
 
     def topic(self, name: str) -> str:
         """The full topic name for a logical topic such as ``outcomes``."""
+        return f"{self.topic_prefix}{name}"
+
+    def group(self, name: str) -> str:
+        """The full name of a logical consumer group such as ``planner`` (Kafka's group id)."""
         return f"{self.topic_prefix}{name}"
 
     def partitions_of(self, name: str) -> int:

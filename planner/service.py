@@ -152,7 +152,9 @@ class Planner:
             with (
                 log_context(**ids_of(event)),
                 # The turn's span: every call's execution and the aggregation are its children.
-                consuming(self._tracer, "toolfleet plan", record, "planner") as span,
+                consuming(
+                    self._tracer, "toolfleet plan", record, self.settings.group("planner")
+                ) as span,
             ):
                 if span.is_recording():
                     span.set_attributes(

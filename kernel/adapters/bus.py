@@ -269,7 +269,7 @@ class KafkaBus:
         """A consumer of logical ``topics`` whose offsets are committed only by the caller."""
         config: dict[str, Any] = {
             **kafka_options(self.settings),
-            "group_id": f"{self.settings.topic_prefix}{group}",
+            "group_id": self.settings.group(group),
             # Names the state version of this release: `toolfleet migrate --finish` waits
             # until no member of a service's group is of an earlier one.
             "client_id": state_client_id(self.service),

@@ -104,7 +104,9 @@ def context_from_traceparent(value: str | None) -> Context:
 
 
 def messaging(topic: str, partition: int, offset: int, group: str) -> dict[str, Any]:
-    """Semantic-convention attributes of processing one consumed Kafka record."""
+    """Semantic-convention attributes of processing one consumed Kafka record: ``topic`` and
+    ``group`` as Kafka knows them (``Settings.topic``, ``Settings.group``: with the
+    deployment's prefix), so a span names the topic and group an operator finds there."""
     return {
         "messaging.system": "kafka",
         "messaging.operation.type": "process",
@@ -118,9 +120,10 @@ def messaging(topic: str, partition: int, offset: int, group: str) -> dict[str, 
 
 @contextlib.contextmanager
 def consuming(service_tracer: Tracer, name: str, record: Any, group: str) -> Iterator[Span]:
-    """A consumer span around handling ``record``, child of the context in its headers. Its
-    attributes are set only when it is recorded (the caller adds its own the same way): with
-    tracing off, handling a record builds none."""
+    """A consumer span around handling ``record`` (read by consumer group ``group``, its full
+    name: ``Settings.group``), child of the context in its headers. Its attributes are set
+    only when it is recorded (the caller adds its own the same way): with tracing off,
+    handling a record builds none."""
     with service_tracer.start_as_current_span(
         name,
         context=context_from_headers(getattr(record, "headers", None)),

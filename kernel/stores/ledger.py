@@ -163,9 +163,10 @@ class NewCall:
 
 @dataclass(frozen=True)
 class CallFailure:
-    """What user code raised in the latest failed attempt of a call, for operators: class
-    name, message and traceback (bounded, the call's argument values redacted by the worker
-    that ran it). A later attempt that succeeds leaves it in place: it says which attempt."""
+    """What user code raised in one failed attempt of a call, for operators: class name,
+    message and traceback (bounded, the call's argument values and secrets redacted by the
+    worker that ran it), and which attempt. Every failed attempt keeps its own: the latest
+    in the entry's ``failure`` field, each earlier one in ``failure:<attempt>``."""
 
     type: str
     message: str
@@ -250,6 +251,8 @@ class LedgerEntry:
     """The OpenTelemetry trace (32 hex digits) of the turn that planned the call."""
     failure: CallFailure | None = None
     """What the tool raised in its latest failed attempt (type, message, traceback)."""
+    failures: tuple[CallFailure, ...] = ()
+    """What the tool raised in each failed attempt, by attempt (the latest is ``failure``)."""
     heartbeat_details: str | None = None
     """The newest details (JSON) a running attempt sent with ``ctx.heartbeat``: a later
     attempt is given them."""
@@ -294,10 +297,24 @@ class LedgerEntry:
             policy=CallPolicy.decode(h.get("policy")),
             trace_id=h.get("trace_id") or None,
             failure=CallFailure.decode(h.get("failure")),
+            failures=_failures(h),
             heartbeat_details=h.get("heartbeat") or None,
             heartbeat_at=float(h["heartbeat_at"]) if h.get("heartbeat_at") else None,
             deferred_until=float(h["deferred_until"]) if h.get("deferred_until") else None,
         )
+
+
+def _failures(h: Mapping[str, str]) -> tuple[CallFailure, ...]:
+    """Every failed attempt's record in an entry's fields, by attempt (finish.lua keeps the
+    latest in ``failure`` and moves each earlier one to ``failure:<attempt>``)."""
+    found: dict[int, CallFailure] = {}
+    for name, raw in h.items():
+        if name.startswith("failure:") and (failure := CallFailure.decode(raw)) is not None:
+            found[failure.attempt] = failure
+    latest = CallFailure.decode(h.get("failure"))
+    if latest is not None:
+        found[latest.attempt] = latest
+    return tuple(found[attempt] for attempt in sorted(found))
 
 
 # The scripts (kernel/stores/lua/ledger/): every state change that decides whether user code

@@ -15,7 +15,7 @@ from kernel.tools._errors import (
     ToolTimeoutError,
     default_tool_timeout_error_message,
 )
-from kernel.tools._failures import ToolFailure
+from kernel.tools._failures import FailureRecording, ToolFailure, call_view_path
 from kernel.tools._guardrails import (
     GuardrailBehavior,
     GuardrailResult,
@@ -49,6 +49,7 @@ __all__ = [
     "CompensateFunction",
     "Deferred",
     "EffectVerdict",
+    "FailureRecording",
     "FleetOptions",
     "FunctionToolAdapter",
     "GuardrailBehavior",
@@ -74,6 +75,7 @@ __all__ = [
     "ToolRegistry",
     "ToolTimeoutError",
     "accept_completion",
+    "call_view_path",
     "current_tool_context",
     "default_tool_error_function",
     "default_tool_timeout_error_message",

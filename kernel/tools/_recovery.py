@@ -14,20 +14,25 @@ from typing import Any
 from kernel.errors import ConfigurationError, InvalidMessageError, ModelBehaviorError
 from kernel.tools._context import ProbeResult, ToolContext
 from kernel.tools._errors import ToolTimeoutError
-from kernel.tools._failures import TOOL_FAILURES, ToolFailure
+from kernel.tools._failures import TOOL_FAILURES, FailureRecording, ToolFailure
 from kernel.tools._tool import Tool
 from schemas import ExecutionCommand
 
 
 async def run_probe(
-    tool: Tool, command: ExecutionCommand, *, worker_id: str | None = None
+    tool: Tool,
+    command: ExecutionCommand,
+    *,
+    worker_id: str | None = None,
+    recording: FailureRecording | None = None,
 ) -> ProbeResult:
     """Ask the tool's probe whether the call's effect reached upstream.
 
     Never raises for the probe's own failures: no probe, a probe error, a timeout (the tool's
     timeout, async probes only) or a wrong return type all answer ``unknown`` with a detail,
     so the reconciler can ask again within its budget or escalate. A CancelledError (the
-    caller's, or one the probe raises) propagates.
+    caller's, or one the probe raises) propagates. A probe's exception is logged as the
+    runner logs a tool's (``recording``: its secrets and link).
     """
     probe = tool.probe_function
     if probe is None:
@@ -38,8 +43,7 @@ async def run_probe(
     except ToolTimeoutError:
         return ProbeResult.unknown(f"probe timed out after {tool.timeout or 0:g} seconds")
     except Exception as exc:
-        failure = ToolFailure.of(exc, ctx.args)
-        TOOL_FAILURES.report(command.tool_name, failure, exc, part="probe of")
+        failure = _reported(exc, ctx, command, recording, part="probe of")
         return ProbeResult.unknown(f"probe raised {failure.type}: {failure.message}")
     if not isinstance(result, ProbeResult):
         return ProbeResult.unknown(
@@ -49,13 +53,20 @@ async def run_probe(
 
 
 async def run_compensate(
-    tool: Tool, command: ExecutionCommand, *, worker_id: str | None = None
+    tool: Tool,
+    command: ExecutionCommand,
+    *,
+    worker_id: str | None = None,
+    recording: FailureRecording | None = None,
+    on_failure: Callable[[ToolFailure], None] | None = None,
 ) -> str:
     """Run the tool's compensate action on ``command.original_output``; returns its output.
 
     Raises ConfigurationError if the tool declares no compensate action, InvalidMessageError
     if the command carries no original output, ToolTimeoutError if an async compensate
-    exceeds the tool's timeout, and whatever the action itself raises.
+    exceeds the tool's timeout, and whatever the action itself raises (logged as the runner
+    logs a tool's exception, and handed to ``on_failure``: the worker keeps it with the
+    compensation's attempt).
     """
     compensate = tool.compensate_function
     if compensate is None:
@@ -67,10 +78,27 @@ async def run_compensate(
     try:
         result = await _call(compensate, tool, ctx, command.original_output)
     except Exception as exc:
-        failure = ToolFailure.of(exc, ctx.args)
-        TOOL_FAILURES.report(command.tool_name, failure, exc, part="compensate action of")
+        failure = _reported(exc, ctx, command, recording, part="compensate action of")
+        if on_failure is not None:
+            on_failure(failure)
         raise
     return result if isinstance(result, str) else str(result)
+
+
+def _reported(
+    exc: Exception,
+    ctx: ToolContext,
+    command: ExecutionCommand,
+    recording: FailureRecording | None,
+    *,
+    part: str,
+) -> ToolFailure:
+    """Log what the probe or compensate action raised (with the call's full identity)."""
+    recording = recording or FailureRecording()
+    failure = recording.failure(exc, ctx.args)
+    link = recording.link(command, attempt=part != "probe of")
+    TOOL_FAILURES.report(command.tool_name, failure, exc, part=part, command=command, link=link)
+    return failure
 
 
 def _context(tool: Tool, command: ExecutionCommand, worker_id: str | None) -> ToolContext:

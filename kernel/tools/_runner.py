@@ -64,7 +64,7 @@ from kernel.tools._errors import (
     ToolOutputGuardrailTripwireTriggered,
     ToolTimeoutError,
 )
-from kernel.tools._failures import TOOL_FAILURES, ToolFailure
+from kernel.tools._failures import TOOL_FAILURES, FailureRecording, ToolFailure
 from kernel.tools._guardrails import GuardrailResult, check_guardrail_result, guardrail_name
 from kernel.tools._heartbeat import HEARTBEAT_WRITE_S, Heartbeats, HeartbeatWriter, overdue_in
 from kernel.tools._progress import PROGRESS_MIN_INTERVAL_S, ProgressReporter, ProgressSink
@@ -152,6 +152,7 @@ async def run_call(
     max_output_bytes: int | None = None,
     phase: Phase | None = None,
     on_failure: Callable[[ToolFailure], None] | None = None,
+    recording: FailureRecording | None = None,
     progress: ProgressSink | None = None,
     progress_interval_s: float = PROGRESS_MIN_INTERVAL_S,
     heartbeat: HeartbeatWriter | None = None,
@@ -170,7 +171,9 @@ async def run_call(
     of the call (``guardrails.input``, ``body``, ``guardrails.output``): the worker's spans.
     Whatever user code raises is logged with its traceback (``kernel.tools._failures``: once
     per call, rate-limited per tool, argument values redacted) and handed to ``on_failure``
-    (the worker keeps it in the call's ledger entry). ``progress`` takes the attempt's
+    (the worker keeps it with the attempt in the call's ledger entry); ``recording`` says which
+    secrets are taken out of it and where its log line links (the defaults without it).
+    ``progress`` takes the attempt's
     progress events (``ctx.report_progress``), at most one per ``progress_interval_s``, the
     newest report held back in between and sent at the latest when the call ends; it must
     not wait (the worker queues them for its producer). Progress never enters the outcome.
@@ -194,6 +197,7 @@ async def run_call(
         max_output_bytes=max_output_bytes,
         phase=phase or _no_phase,
         on_failure=on_failure,
+        recording=recording,
         progress=(
             None
             if progress is None
@@ -249,6 +253,7 @@ class _CallRun:
         max_output_bytes: int | None = None,
         phase: Phase,
         on_failure: Callable[[ToolFailure], None] | None = None,
+        recording: FailureRecording | None = None,
         progress: ProgressReporter | None = None,
         heartbeats: Heartbeats | None = None,
         completion_handle: HandleSigner | None = None,
@@ -259,6 +264,7 @@ class _CallRun:
         self.progress = progress
         self.heartbeats = heartbeats or Heartbeats(None)
         self.on_failure = on_failure
+        self.recording = recording or FailureRecording()
         self.tool = tool
         self.cancel_call = cancel_call
         self.command = command
@@ -595,8 +601,10 @@ class _CallRun:
 
     def _failed(self, exc: BaseException) -> None:
         """User code raised ``exc``: log it (rate-limited) and hand it to ``on_failure``."""
-        failure = ToolFailure.of(exc, self.ctx.args or _loose_arguments(self.command.arguments))
-        TOOL_FAILURES.report(self.command.tool_name, failure, exc)
+        arguments = self.ctx.args or _loose_arguments(self.command.arguments)
+        failure = self.recording.failure(exc, arguments)
+        link = self.recording.link(self.command)
+        TOOL_FAILURES.report(self.command.tool_name, failure, exc, command=self.command, link=link)
         if self.on_failure is not None:
             self.on_failure(failure)
 

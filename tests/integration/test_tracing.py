@@ -322,3 +322,25 @@ async def test_a_fleet_runner_run_is_inside_the_agent_runtimes_trace(fleet: Trac
     context: Any = agent_run.get_span_context()
     assert _trace_id(plan) == context.trace_id
     assert plan.parent is not None and plan.parent.span_id == context.span_id
+
+
+async def test_span_attributes_name_topics_and_groups_as_kafka_knows_them(
+    fleet: TracedFleet,
+) -> None:
+    """The deployment's topic prefix is part of every topic and consumer group name an
+    operator finds in Kafka; the spans name them the same way (they named the planner's
+    group ``planner`` and the aggregator's topic ``turn-results``, without the prefix)."""
+    settings = fleet.settings
+    assert settings.topic_prefix  # this session's own: the names below must carry it
+    event = turn(settings)
+    assert (await fleet.client.run_turn(event)).status == "completed"
+    trace = await trace_of(fleet, event)
+    plan = trace.one("toolfleet plan").attributes or {}
+    assert plan["messaging.destination.name"] == settings.topic("model-responses")
+    assert plan["messaging.consumer.group.name"] == settings.group("planner")
+    for call in trace.named("toolfleet call"):
+        attributes = call.attributes or {}
+        assert attributes["messaging.destination.name"] == settings.topic("commands.default")
+        assert attributes["messaging.consumer.group.name"] == settings.group("workers.default")
+    aggregate = trace.one("toolfleet aggregate").attributes or {}
+    assert aggregate["messaging.destination.name"] == settings.topic("turn-results")

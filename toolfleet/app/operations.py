@@ -205,15 +205,17 @@ def call_fields(entry: LedgerEntry) -> dict[str, Any]:
     """A ledger entry's fields for operators: everything but the outcome (shown on its own)
     and the arguments, whose sha256 digest names what was asked without printing it.
 
-    ``failure`` is what the tool raised in its latest failed attempt, as a dict: ``type``,
-    ``message``, ``traceback`` (at most 8 KiB, argument values redacted), ``attempt``,
-    ``worker_id`` and ``at``; None when no attempt raised.
+    ``failures`` is what the tool raised in each failed attempt, oldest first, each a dict:
+    ``type``, ``message``, ``traceback`` (at most 16 KiB, argument values and secrets
+    redacted), ``attempt``, ``worker_id`` and ``at``; ``failure`` is the latest of them (None
+    when no attempt raised).
     """
     fields: dict[str, Any] = {
         k: v for k, v in vars(entry).items() if k not in ("outcome", "arguments")
     }
     fields["arguments_digest"] = entry.arguments_digest
     fields["failure"] = dataclasses.asdict(entry.failure) if entry.failure is not None else None
+    fields["failures"] = [dataclasses.asdict(failure) for failure in entry.failures]
     return fields
 
 

@@ -356,6 +356,34 @@ def test_finish_stores_the_current_attempts_outcome_once(lua: Lua, r: redis.Redi
     assert _finish(lua) == "done"
 
 
+def test_finish_keeps_every_failed_attempts_failure_the_latest_where_it_always_was(
+    lua: Lua, r: redis.Redis
+) -> None:
+    def failure(attempt: int) -> str:
+        return json.dumps({"type": "OSError", "message": f"try {attempt}", "attempt": attempt})
+
+    _create(lua)
+    _begin(lua)
+    assert _finish(lua, failure=failure(1)) == "ok"
+    for attempt in (2, 3):  # forced retries (the reconciler's), each failing again
+        retry = [110.0 + attempt, "transient", "1"]
+        assert [int(v) for v in lua("ledger/dispatch", [CALL, AUDIT], retry)] == [attempt] * 2
+        assert _begin(lua, token=attempt)[0] == "run"
+        assert _finish(lua, token=attempt, failure=failure(attempt)) == "ok"
+    entry = _entry(r)
+    assert json.loads(entry["failure"])["message"] == "try 3"  # what earlier readers read
+    assert json.loads(entry["failure:1"])["message"] == "try 1"
+    assert json.loads(entry["failure:2"])["message"] == "try 2"
+    assert "failure:3" not in entry  # the latest is not kept twice
+    # A retry that succeeds (no failure) leaves every record in place.
+    assert [int(v) for v in lua("ledger/dispatch", [CALL, AUDIT], [120.0, "t", "1"])] == [4, 4]
+    _begin(lua, token=4)
+    assert _finish(lua, token=4) == "ok"
+    assert {k for k in _entry(r) if k.startswith("failure")} == {
+        "failure", "failure:1", "failure:2",
+    }  # fmt: skip
+
+
 def test_finish_takes_a_batch(lua: Lua, r: redis.Redis) -> None:
     _create(lua)
     _begin(lua)

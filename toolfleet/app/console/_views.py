@@ -33,19 +33,29 @@ def _jsonable(value: Any) -> Any:
 
 
 def entry_json(entry: LedgerEntry) -> dict[str, Any]:
-    """A ledger entry's fields, with the arguments' digest in place of their values."""
-    fields = {k: _jsonable(v) for k, v in call_fields(entry).items()}
+    """A ledger entry's fields, with the arguments' digest in place of their values (every
+    failed attempt's record is the call's ``failures``, not repeated here: ``failure`` is
+    the latest)."""
+    fields = {k: _jsonable(v) for k, v in call_fields(entry).items() if k != "failures"}
     fields["arguments_bytes"] = len(entry.arguments.encode())
     return fields
 
 
+def failures_json(entry: LedgerEntry) -> list[dict[str, Any]]:
+    """What the tool raised in each failed attempt, oldest first: type, message, traceback
+    (bounded, argument values and secrets redacted), attempt, worker and time."""
+    return [dataclasses.asdict(failure) for failure in entry.failures]
+
+
 def call_json(view: CallView, trace_url_template: str | None) -> dict[str, Any]:
-    """A call's page: entry, outcome, audit chain, upstream reference and trace."""
+    """A call's page: entry, outcome, every failed attempt with its traceback, audit chain,
+    upstream reference and trace."""
     entry = view.entry
     outcome = entry.outcome.model_dump(mode="json", exclude_none=True) if entry.outcome else None
     return {
         "entry": entry_json(entry),
         "outcome": outcome,
+        "failures": failures_json(entry),
         "audit": view.audit,
         "upstream_ref": entry.upstream_ref,
         "trace": trace_link(trace_url_template, entry.trace_id),

@@ -614,12 +614,17 @@
           return h("tr", { class: "row", dataset: { event } }, h("td", { class: "when" }, clock(at)), h("td", {}, event),
             h("td", { class: "mono" }, Object.keys(details).length ? JSON.stringify(details) : ""));
         })));
-      const f = e.failure;
-      const failure = f ? h("dl", { class: "facts", id: "failure" },
-        fact("raised", h("span", { class: "error" }, `${f.type}: ${f.message}`)),
-        fact("attempt", String(f.attempt)), fact("worker", f.worker_id || ""), fact("at", f.at ? clock(f.at) : ""),
-        fact("traceback", h("pre", { id: "failure-traceback" }, f.traceback)))
-        : null;
+      // Every failed attempt with its traceback, the latest (or the one the URL names) open.
+      const failures = view.failures || [];
+      const named = location.hash.startsWith("#attempt-") ? location.hash.slice(1) : null;
+      const failure = failures.length ? h("div", { id: "failure" }, failures.map((f, i) => {
+        const latest = i === failures.length - 1;
+        const id = `attempt-${f.attempt}`;
+        return h("details", { id, class: "failure", open: named ? named === id : latest },
+          h("summary", {}, `attempt ${f.attempt}: `, h("span", { class: "error" }, `${f.type}: ${f.message}`),
+            h("span", { class: "muted" }, ` · ${f.worker_id || "?"} · ${f.at ? clock(f.at) : ""}`)),
+          h("pre", { class: "traceback", id: latest ? "failure-traceback" : null }, f.traceback));
+      })) : null;
       const waiting = e.pending_approval && !e.approval
         ? h("p", { class: "s-pending_approval" }, "This call waits for approval: ", h("a", { href: `/tasks#approval-${e.tenant_id}-${e.call_id}` }, "decide it on the tasks page"), ".")
         : null;
@@ -627,7 +632,7 @@
         h("p", {}, h("a", { href: "/" }, "← live"), " · ", h("a", { href: "/tasks" }, "tasks & approvals")),
         h("h1", {}, "call ", h("span", { class: "mono" }, e.call_id)),
         waiting, facts, h("h2", {}, "Outcome"), outcome,
-        failure ? h("h2", {}, "What the tool raised") : null, failure,
+        failure ? h("h2", {}, failures.length > 1 ? `What the tool raised (${failures.length} failed attempts)` : "What the tool raised") : null, failure,
         h("h2", {}, "Audit chain"), audit,
       ].filter(Boolean));
     }
