@@ -5,6 +5,9 @@ forgotten). ``LagMonitor.run``, started by ``toolfleet.app.service``, samples ea
 the process owns every ``LAG_SAMPLE_S`` and sets ``toolfleet_consumer_lag``; a partition the
 process no longer owns loses its series at the next sample, so the new owner's is the only
 one. No Kafka exporter is needed: the numbers are the ones the consumer itself sees.
+
+``GroupLag`` is the outside view, for a process that consumes nothing of the group (the
+console): the broker's committed offsets against the partitions' ends.
 """
 
 from __future__ import annotations
@@ -13,12 +16,18 @@ import asyncio
 import logging
 import weakref
 from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 from kernel.adapters.dependencies import DEPENDENCIES, which_dependency
 from kernel.adapters.logs import RecurringFailure
 from kernel.adapters.metrics import CONSUMER_LAG
+from kernel.adapters.security import kafka_options
+from kernel.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -147,3 +156,54 @@ async def _position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | Non
 
 LAG = LagMonitor()
 """The process's monitor: ``KafkaBus.consumer`` tracks into it, the service runs it."""
+
+
+class GroupLag:
+    """An operator's view (the console's pools page), from the broker's committed offsets:
+    records of a topic that a consumer group has not committed yet, summed over the
+    topic's partitions (a partition the group never committed counts from its start)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._admin = AIOKafkaAdminClient(**kafka_options(settings))
+        self._ends = AIOKafkaConsumer(**kafka_options(settings), enable_auto_commit=False)
+
+    async def __aenter__(self) -> Self:
+        await self._admin.start()
+        try:
+            await self._ends.start()
+        except BaseException:
+            await self._admin.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._ends.stop()
+        await self._admin.close()
+
+    async def of(self, group: str, topic: str) -> int | None:
+        """The lag of ``group`` (as services name it, without the prefix) on logical ``topic``;
+        None when the broker cannot say (the topic does not exist, the broker is away)."""
+        full = self.settings.topic(topic)
+        try:
+            [described] = await self._admin.describe_topics([full])
+            partitions = [p["partition"] for p in described.get("partitions", [])]
+            if described.get("error_code") or not partitions:
+                return None
+            tps = [TopicPartition(full, p) for p in sorted(partitions)]
+            ends = await self._ends.end_offsets(tps)
+            committed = await self._admin.list_consumer_group_offsets(
+                f"{self.settings.topic_prefix}{group}", partitions=tps
+            )
+        except KafkaError:
+            return None
+        behind = 0
+        for tp in tps:
+            done = committed.get(tp)
+            behind += max(0, int(ends[tp]) - (done.offset if done and done.offset >= 0 else 0))
+        return behind

@@ -224,7 +224,7 @@ def configure_metrics(service: str, *, tool_label: bool = True) -> None:
     and whether histograms carry each call's tool (``Settings.metrics_tool_label``)."""
     _OPTIONS.tool_label = tool_label
     BUILD_INFO.clear()
-    BUILD_INFO.labels(_version(), platform.python_version(), service).set(1)
+    BUILD_INFO.labels(build_version(), platform.python_version(), service).set(1)
 
 
 _M = TypeVar("_M", Counter, Gauge, Histogram)
@@ -243,7 +243,8 @@ def tool_label(name: str) -> str:
     return name if _OPTIONS.tool_label else ALL_TOOLS
 
 
-def _version() -> str:
+def build_version() -> str:
+    """The toolfleet release this process runs (``0`` from a source tree never installed)."""
     try:
         return metadata.version("toolfleet")
     except metadata.PackageNotFoundError:  # run from a source tree that was never installed

@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -199,6 +199,59 @@ class Admitted:
 
 
 @dataclass(frozen=True)
+class WorkerStatus:
+    """What a worker says of itself each time it registers its slots."""
+
+    in_flight: int = 0
+    """Calls its tools are running now."""
+    build: str = ""
+    """The toolfleet release it runs."""
+    host: str = ""
+    started_at: float = 0.0
+    tools: dict[str, str] = field(default_factory=dict)
+    """The tools it serves: name -> newest version."""
+
+    def json(self) -> str:
+        """As stored (``Admission.register_worker``)."""
+        return json.dumps(
+            {
+                "in_flight": self.in_flight,
+                "build": self.build,
+                "host": self.host,
+                "started_at": self.started_at,
+                "tools": self.tools,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> WorkerStatus:
+        """As stored; fields a later release adds are ignored, missing ones take defaults."""
+        data = orjson.loads(raw)
+        return cls(
+            int(data.get("in_flight", 0)),
+            str(data.get("build", "")),
+            str(data.get("host", "")),
+            float(data.get("started_at", 0.0)),
+            {str(k): str(v) for k, v in dict(data.get("tools", {})).items()},
+        )
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """One worker as admission knows it (``Admission.workers``)."""
+
+    pool: str
+    worker_id: str
+    slots: int
+    registered_until: float
+    live: bool
+    """Registered now (its slots count in the pool's capacity)."""
+    status: WorkerStatus | None
+    """What it said of itself (None: a release before statuses, or none yet)."""
+
+
+@dataclass(frozen=True)
 class TenantView:
     """What ``toolfleet tenants list`` shows for one tenant."""
 
@@ -332,13 +385,23 @@ class Admission:
         )
 
     async def register_worker(
-        self, pool: str, worker_id: str, slots: int, ttl_s: float, now: float
+        self,
+        pool: str,
+        worker_id: str,
+        slots: int,
+        ttl_s: float,
+        now: float,
+        *,
+        status: WorkerStatus | None = None,
     ) -> None:
-        """A worker's slots count in its pool's capacity until ``now + ttl_s``."""
+        """A worker's slots count in its pool's capacity until ``now + ttl_s``; ``status`` is
+        what operators see of it (``workers``)."""
         name = f"{pool}{SEP}{worker_id}"
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.zadd(self._key("workers"), {name: now + ttl_s})
             pipe.hset(self._key("slots"), name, slots)
+            if status is not None:
+                pipe.hset(self._key("worker-status"), name, status.json())
             await pipe.execute()
 
     async def unregister_worker(self, pool: str, worker_id: str) -> None:
@@ -347,7 +410,41 @@ class Admission:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.zrem(self._key("workers"), name)
             pipe.hdel(self._key("slots"), name)
+            pipe.hdel(self._key("worker-status"), name)
             await pipe.execute()
+
+    async def workers(self, now: float) -> list[WorkerView]:
+        """Every registered worker, live or not yet swept, by pool and id. The status of a
+        worker that is no longer registered at all is dropped here (a bounded clean-up: the
+        sweep that forgets a stopped worker's slots predates the status)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrange(self._key("workers"), 0, -1, withscores=True)
+            pipe.hgetall(self._key("slots"))
+            pipe.hgetall(self._key("worker-status"))
+            registered, slots, statuses = await pipe.execute()
+        views = []
+        for raw, until in registered:
+            name = text(raw)
+            pool, worker_id = name.split(SEP, 1)
+            status = statuses.pop(raw, None)
+            views.append(
+                WorkerView(
+                    pool,
+                    worker_id,
+                    int(slots.get(raw, 0)),
+                    float(until),
+                    float(until) >= now,
+                    WorkerStatus.parse(status) if status else None,
+                )
+            )
+        if statuses:
+            await self.redis.hdel(self._key("worker-status"), *statuses)
+        return sorted(views, key=lambda v: (v.pool, v.worker_id))
+
+    async def running(self) -> dict[str, int]:
+        """Calls admitted and not yet freed, per ``t:tenant``, ``o:tool`` and ``p:pool``."""
+        raw = await self.redis.hgetall(self._key("running"))
+        return {text(k): int(v) for k, v in raw.items()}
 
     async def set_limits(self, kind: str, name: str, limits: Limits) -> None:
         """Store a tenant's or a tool's limits (``kind``: tenants | tools); live at once."""

@@ -761,3 +761,64 @@ def test_a_console_without_sign_in_refuses_to_listen_beyond_this_machine(
     for setting in ("OIDC_ISSUER", "TOKENS", "PROXY_SECRET"):
         assert f"TOOLFLEET_CONSOLE_{setting}" in message
     assert refused.stdout == ""  # no URL: it never listened
+
+
+async def test_pools_workers_and_tenants_are_shown_and_limits_change_for_admins_only(
+    *,
+    fleet: LocalFleet,
+    http: httpx.AsyncClient,
+    acme: httpx.AsyncClient,
+    client: FleetClient,
+    redis: Redis,
+    keys: Keys,
+) -> None:
+    await client.run_turn(turn("acme", ("p", "lookup", {"city": "Oslo"})))
+
+    async def default_pool() -> dict[str, Any] | None:
+        pools = (await http.get("/api/pools")).json()["pools"]
+        # The lag is known once the console reaches the broker (it connects in the background).
+        return next((p for p in pools if p["name"] == "default" and p["lag"] is not None), None)
+
+    pool = await wait_for(default_pool)
+    live = [w for w in pool["workers"] if w["live"]]
+    assert len(live) == fleet.workers and pool["capacity"] == sum(w["slots"] for w in live) > 0
+    assert pool["lag"] >= 0  # from the broker's committed offsets
+    assert all(w["build"] and w["in_flight"] is not None and "lookup" in w["tools"] for w in live)
+
+    root, tenant = _as("root"), f"limits-{time.monotonic_ns()}"
+    body = {"max_concurrency": 5, "weight": 2, "rate": 2.5}
+    refused = {
+        who: await http.post(f"/api/limits/tenants/{tenant}", json=body, headers=_as(who))
+        for who in ("vera", "alice", "acme-admin")
+    }
+    assert [r.status_code for r in refused.values()] == [403, 403, 403]
+    assert "touches every tenant" in refused["acme-admin"].json()["error"]
+    assert (await acme.post(f"/api/limits/tenants/{tenant}", json=body)).status_code == 403
+    assert await redis.hget(keys.admission("tenants"), tenant) is None
+
+    changed = await http.post(f"/api/limits/tenants/{tenant}", json=body, headers=root)
+    assert changed.json()["limits"] == {"max_concurrency": 5, "weight": 2, "rate": 2.5}
+    kept = await http.post(f"/api/limits/tenants/{tenant}", json={"burst": 3}, headers=root)
+    assert kept.json()["limits"] == {"max_concurrency": 5, "weight": 2, "rate": 2.5, "burst": 3}
+    view = (await http.get("/api/tenants")).json()
+    [row] = [t for t in view["tenants"] if t["tenant_id"] == tenant]
+    assert (row["weight"], row["running"], row["waiting"], row["fair_share"]) == (2, 0, 0, None)
+    assert view["actions"] is False  # alice, an operator: sees, does not change
+    assert (await http.get("/api/tenants", headers=root)).json()["actions"] is True
+    # A console for one tenant lists that tenant only.
+    assert {t["tenant_id"] for t in (await acme.get("/api/tenants")).json()["tenants"]} <= {"acme"}
+
+    wrong = await http.post(f"/api/limits/tenants/{tenant}", json={"tenant_rate": 1}, headers=root)
+    assert wrong.status_code == 400 and "tenant limits have no tenant_rate" in wrong.json()["error"]
+    negative = await http.post("/api/limits/tools/lookup", json={"rate": -1}, headers=root)
+    assert (
+        negative.status_code == 400 and "rate must be a number above 0" in negative.json()["error"]
+    )
+    tool = await http.post("/api/limits/tools/lookup", json={"tenant_rate": 50}, headers=root)
+    assert tool.json()["limits"] == {"tenant_rate": 50}
+    listed = (await http.get("/api/tenants")).json()["tools"]
+    assert {"name": "lookup", "limits": {"tenant_rate": 50}} in listed
+    cleared = await http.post("/api/limits/tools/lookup", json={"clear": True}, headers=root)
+    assert cleared.json()["limits"] == {}
+    await http.post(f"/api/limits/tenants/{tenant}", json={"clear": True}, headers=root)
+    assert await redis.hget(keys.admission("tenants"), tenant) is None

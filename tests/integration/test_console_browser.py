@@ -14,6 +14,7 @@ is also written there, for the README.
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import re
 import shutil
@@ -68,6 +69,10 @@ ACCOUNTS: dict[str, dict[str, Any]] = {
         "toolfleet_roles": ["viewer"], "toolfleet_tenants": ["*"],
     },
     "nemo": {"email": "nemo@corp", "email_verified": True, "toolfleet_tenants": ["*"]},
+    "adele": {
+        "email": "adele@corp", "email_verified": True,
+        "toolfleet_roles": ["admin"], "toolfleet_tenants": ["*"],
+    },
 }  # fmt: skip
 """The identity provider's accounts (the login name) and their claims."""
 ALICE = "oidc:alice@corp"
@@ -451,6 +456,38 @@ async def test_a_viewer_sees_no_decision_buttons_and_the_api_refuses_her_decisio
     assert status == 403, data
     assert "needs the operator role; oidc:victor@corp has the viewer role" in data["error"]
     assert not await redis.hexists(keys.approvals("acme", event.run_id), f"call:{call_id}")
+
+
+async def test_an_admin_limits_a_tenant_on_the_fleet_page_and_a_viewer_has_nothing_to_press(
+    signed_in: Any, client: FleetClient, redis: Redis, keys: Keys
+) -> None:
+    await client.run_turn(turn("acme", ("f", "lookup", {"city": "Lima"})))
+    tenant = f"weighted-{time.monotonic_ns()}"
+    page: Page = await signed_in("adele", "/fleet")
+    await expect(page_ready(page)).to_have_count(1)
+    await expect(page.locator("#pools tr.row", has_text="default")).to_be_visible()
+    worker = page.locator("#workers tr.row", has_text="live")
+    await expect(worker).to_have_count(1)
+    await expect(worker).to_contain_text("lookup@")  # the tools it serves, and their versions
+
+    await page.get_by_role("button", name="Limit a tenant…").click()
+    form = page.locator("form.decision")
+    await form.locator("input[name=name]").fill(tenant)
+    await form.locator("input[name=weight]").fill("3")
+    await form.locator("input[name=max_concurrency]").fill("4")
+    await form.get_by_role("button", name="Confirm limits").click()
+    await expect(page.locator("#banner")).to_have_text(f"{tenant}: max_concurrency=4 weight=3.")
+    row = page.locator(f"#tenants tr.row[data-tenant='{tenant}']")
+    await expect(row).to_contain_text("3")
+    stored = await redis.hget(keys.admission("tenants"), tenant)
+    assert stored is not None and json.loads(stored) == {"max_concurrency": 4, "weight": 3}
+
+    viewer: Page = await signed_in("victor", "/fleet")
+    await expect(viewer.locator(f"#tenants tr.row[data-tenant='{tenant}']")).to_be_visible()
+    await expect(viewer.locator("main button")).to_have_count(0)
+    status, data = await _fetch(viewer, f"/api/limits/tenants/{tenant}", {"clear": True})
+    assert status == 403 and "needs the admin role" in data["error"], data
+    await redis.hdel(keys.admission("tenants"), tenant)
 
 
 async def test_an_operator_of_one_tenant_sees_and_decides_nothing_of_another(

@@ -25,10 +25,13 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 
 from kernel.adapters.bus import Bus
+from kernel.adapters.lag import GroupLag
+from kernel.adapters.topics import command_topic
 from kernel.errors import UsageError
 from kernel.rules.auth import CompletionHandle, DecisionAuth
 from kernel.rules.versions import VersionChoice, choose_version, version_order, version_ref
 from kernel.settings import Settings
+from kernel.stores.admission import Admission, Limits, TenantView, WorkerView
 from kernel.stores.circuit import CircuitBreaker
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger, LedgerEntry
@@ -47,11 +50,14 @@ __all__ = [
     "AlreadyDecidedError",
     "CallView",
     "CompletionEffect",
+    "LimitKind",
     "NotAllowedError",
     "NotFoundError",
     "PendingApproval",
+    "PoolView",
     "Resolution",
     "TenantScope",
+    "TenantShare",
     "ToolVersions",
     "VersionView",
     "call_fields",
@@ -62,11 +68,16 @@ __all__ = [
     "open_circuits",
     "pending_approvals",
     "pin_tool",
+    "pools",
     "read_call",
     "resolve_task",
     "resume_circuit",
+    "set_limits",
+    "tenant_shares",
+    "tool_limits",
     "tool_versions",
     "unpin_tool",
+    "updated_limits",
 ]
 
 Resolution = Literal[
@@ -464,3 +475,122 @@ async def unpin_tool(
     was not pinned."""
     _fleet_wide(tenant, f"unpinning {name}")
     return await unpin_version(redis, Keys.of(settings), name)
+
+
+# --- pools, workers, tenants and limits (admission) -------------------------------------------
+@dataclass(frozen=True)
+class PoolView:
+    """One worker pool: its capacity, what runs, how far its workers are behind."""
+
+    name: str
+    capacity: int
+    """Slots of the workers registered now."""
+    running: int
+    """Calls admitted to it and not yet freed."""
+    lag: int | None
+    """Commands its workers' group has not committed yet (None: the broker did not say)."""
+    workers: list[WorkerView]
+
+
+async def pools(
+    redis: Redis, settings: Settings, lag: GroupLag | None, now: float
+) -> list[PoolView]:
+    """Every pool with a registered worker or a running call, by name (fleet-wide facts: no
+    tenant's calls are named)."""
+    admission = Admission.of(redis, Keys.of(settings), settings)
+    workers = await admission.workers(now)
+    running = await admission.running()
+    names = sorted({w.pool for w in workers} | {k[2:] for k in running if k.startswith("p:")})
+    views = []
+    for name in names:
+        mine = [w for w in workers if w.pool == name]
+        behind = await lag.of(f"workers.{name}", command_topic(name)) if lag else None
+        capacity = sum(w.slots for w in mine if w.live)
+        views.append(PoolView(name, capacity, running.get(f"p:{name}", 0), behind, mine))
+    return views
+
+
+@dataclass(frozen=True)
+class TenantShare:
+    """One tenant's limits and its share of the fleet now, against what its weight gives."""
+
+    view: TenantView
+    weight: float
+    share: float
+    """Of the calls running now, the fraction that are its (0 when nothing runs)."""
+    fair_share: float | None
+    """Its weight over the weights of tenants with calls running or waiting (None: idle)."""
+
+
+async def tenant_shares(
+    redis: Redis, settings: Settings, *, tenant: TenantScope = None
+) -> tuple[Limits, list[TenantShare]]:
+    """The defaults for tenants nobody configured, and every configured or busy tenant in
+    ``tenant``'s scope (shares are over the whole fleet)."""
+    admission = Admission.of(redis, Keys.of(settings), settings)
+    views = await admission.tenants()
+    default_weight = admission.default_tenant.weight or 1.0
+
+    def weight(view: TenantView) -> float:
+        return view.limits.weight or default_weight
+
+    busy = [v for v in views if v.running or v.waiting]
+    running = sum(v.running for v in views)
+    weights = sum(weight(v) for v in busy)
+    allowed = _allowed(tenant)
+    return admission.default_tenant, [
+        TenantShare(
+            v,
+            weight(v),
+            v.running / running if running else 0.0,
+            weight(v) / weights if (v.running or v.waiting) and weights else None,
+        )
+        for v in views
+        if allowed is None or v.tenant_id in allowed
+    ]
+
+
+async def tool_limits(redis: Redis, settings: Settings) -> dict[str, Limits]:
+    """Every tool with limits (its lookup key)."""
+    return await Admission.of(redis, Keys.of(settings), settings).limits("tools")
+
+
+LimitKind = Literal["tenants", "tools"]
+"""Whose limits: a tenant's or a tool's."""
+
+
+def updated_limits(current: Limits, *, clear: bool = False, **changes: Any) -> Limits:
+    """``current`` with ``changes`` (None keeps a value); ``clear`` starts from no limits."""
+    base = Limits() if clear else current
+    return Limits(**(base.__dict__ | {k: v for k, v in changes.items() if v is not None}))
+
+
+async def set_limits(
+    redis: Redis,
+    settings: Settings,
+    kind: LimitKind,
+    name: str,
+    *,
+    clear: bool = False,
+    tenant: TenantScope = None,
+    **changes: Any,
+) -> Limits:
+    """Change a tenant's or a tool's limits, live for the next admission; returns them. A
+    tenant's limits decide what every other tenant gets: fleet-wide, as a tool's are."""
+    _fleet_wide(tenant, f"changing the limits of {name}")
+    takes = set(Limits.__dataclass_fields__) - (
+        {"tenant_rate", "tenant_burst"} if kind == "tenants" else {"weight"}
+    )
+    if unknown := set(changes) - takes:
+        raise UsageError(
+            f"{kind[:-1]} limits have no {', '.join(sorted(unknown))}; "
+            f"give any of {', '.join(sorted(takes))}"
+        )
+    for key, value in changes.items():
+        if value is not None and (not isinstance(value, int | float) or value <= 0):
+            raise UsageError(f"{key} must be a number above 0, got {value!r}")
+    admission = Admission.of(redis, Keys.of(settings), settings)
+    current = (await admission.limits(kind)).get(name, Limits())
+    new = updated_limits(current, clear=clear, **changes)
+    await admission.set_limits(kind, name, new)
+    return new

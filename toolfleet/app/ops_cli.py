@@ -449,12 +449,6 @@ def _limit_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def _updated(current: Limits, clear: bool, **changes: Any) -> Limits:
-    base = Limits() if clear else current
-    fields = base.__dict__ | {k: v for k, v in changes.items() if v is not None}
-    return Limits(**fields)
-
-
 @click.group()
 def tenants() -> None:
     """Tenants' quotas, weights and rate limits (applied by the planners' admission, live)."""
@@ -469,10 +463,9 @@ def set_tenant(tenant: str, clear: bool, rate: str | None, **limits: Any) -> Non
     """Set TENANT's limits; what is not given keeps its value (or the settings' default)."""
 
     async def work(redis: Redis, settings: Settings) -> None:
-        admission = Admission.of(redis, Keys.of(settings), settings)
-        current = (await admission.limits("tenants")).get(tenant, Limits())
-        new = _updated(current, clear, rate=_rate(rate), **limits)
-        await admission.set_limits("tenants", tenant, new)
+        new = await operations.set_limits(
+            redis, settings, "tenants", tenant, clear=clear, rate=_rate(rate), **limits
+        )
         click.echo(f"{tenant}: {_describe(new)}")
 
     _with_redis(work)
@@ -504,10 +497,16 @@ def limit_tool(
     """Set the limits of tool NAME (its lookup key); live at once."""
 
     async def work(redis: Redis, settings: Settings) -> None:
-        admission = Admission.of(redis, Keys.of(settings), settings)
-        current = (await admission.limits("tools")).get(name, Limits())
-        new = _updated(current, clear, rate=_rate(rate), tenant_rate=_rate(tenant_rate), **limits)
-        await admission.set_limits("tools", name, new)
+        new = await operations.set_limits(
+            redis,
+            settings,
+            "tools",
+            name,
+            clear=clear,
+            rate=_rate(rate),
+            tenant_rate=_rate(tenant_rate),
+            **limits,
+        )
         click.echo(f"{name}: {_describe(new)}")
 
     _with_redis(work)

@@ -11,9 +11,12 @@ route                                                       role      tenants
 pages, ``/api/config``                                      viewer    (the API's)
 ``/events``, ``/api/recent``                                viewer    the filter's, in scope
 ``/api/calls/T/ID``, ``/api/tasks``, ``/api/approvals``     viewer    in scope only
-``/api/circuits``                                           viewer    fleet-wide facts
+``/api/history``, ``/api/runs/T/RUN``                          viewer    in scope only
+``/api/circuits``, ``/api/pools``                           viewer    fleet-wide facts
+``/api/tenants``                                            viewer    in scope only
 ``POST /api/tasks/ID/resolve``, ``/api/approvals/decide``   operator  the task's or call's
 ``POST /api/circuits/REF/resume``, ``/api/tools/NAME/*``    admin     every tenant ("*")
+``POST /api/limits/tenants|tools/NAME``                     admin     every tenant ("*")
 ==========================================================  ========  =====================
 """
 
@@ -23,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -43,6 +47,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kernel.adapters.backoff import RECONNECT
 from kernel.adapters.bus import TRANSIENT_ERRORS, KafkaBus
+from kernel.adapters.lag import GroupLag
 from kernel.adapters.redis import connect_redis
 from kernel.errors import (
     ConfigurationError,
@@ -53,10 +58,15 @@ from kernel.errors import (
 )
 from kernel.rules.versions import version_ref
 from kernel.settings import Settings
+from kernel.stores.door import Stores
+from kernel.stores.history import MAX_LIMIT
 from toolfleet.app import operations
 from toolfleet.app.console._access import Access, NotAuthenticatedError
 from toolfleet.app.console._auth import SESSION_COOKIE, Authenticator
 from toolfleet.app.console._feed import Dropped, FeedEvent, Filter, LiveFeed, StatusChange
+from toolfleet.app.console._fleet_views import limits_json, pool_json, share_json
+from toolfleet.app.console._history import HistoryRecorder
+from toolfleet.app.console._history_views import HistoryApi
 from toolfleet.app.console._login import (
     CALLBACK_PATH,
     LOGIN_PATH,
@@ -76,7 +86,7 @@ from toolfleet.app.identity import Identity, Role
 
 log = logging.getLogger(__name__)
 
-PAGES = ("/", "/tasks", "/circuits")
+PAGES = ("/", "/tasks", "/circuits", "/fleet")
 """The console's pages (and every call's, under /calls/TENANT/CALL_ID)."""
 
 _BODY_MAX_BYTES = 65_536
@@ -101,6 +111,9 @@ class ConsoleOptions:
     """Live connections served at once."""
     refresh_s: float = 2.0
     """How often the task and circuit pages refresh."""
+    record_history: bool = True
+    """Record the fleet's topics into the history (``_history``: the console replicas share
+    the work); the history is read either way."""
 
 
 class _Unavailable(UnavailableError):
@@ -173,9 +186,12 @@ class Console:
             queue_size=options.queue_size,
             max_subscribers=options.max_subscribers,
         )
+        self.history = HistoryApi(self.access, settings.trace_url_template)
+        """The history's routes; its store and recorder come with the Redis connection."""
         self.bus = KafkaBus(settings, service="console")
         self.bus_ready = False
         self._redis: Redis | None = None
+        self._group_lag: GroupLag | None = None
         self._connecting: asyncio.Task[None] | None = None
         self._page = (resources.files(__package__) / "static" / "index.html").read_text()
 
@@ -190,6 +206,11 @@ class Console:
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
         """Connect Redis, start the feed and the producer; close them at the end."""
         self._redis = connect_redis(self.settings)
+        self.history.store = Stores(self._redis, self.settings).history()
+        if self.options.record_history:
+            recorder = HistoryRecorder(self.settings, self._redis, tenant=self.options.tenant)
+            self.history.recorder = recorder
+            await recorder.start()
         await self.feed.start()
         self._connecting = asyncio.create_task(self._start_bus())
         try:
@@ -198,9 +219,14 @@ class Console:
             self._connecting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._connecting
+            if self.history.recorder is not None:
+                await self.history.recorder.stop()
             await self.feed.stop()
             with contextlib.suppress(*TRANSIENT_ERRORS):
                 await self.bus.stop()
+            if self._group_lag is not None:
+                with contextlib.suppress(*TRANSIENT_ERRORS):
+                    await self._group_lag.__aexit__(None, None, None)
             await self._redis.aclose()
 
     async def _start_bus(self) -> None:
@@ -253,7 +279,13 @@ class Console:
             problems.append(f"feed: {self.feed.state} {self.feed.error or ''}".strip())
         if not self.bus_ready:
             problems.append("kafka producer: not connected")
-        body = {"ok": not problems, "feed": self.feed.state, "problems": problems}
+        recorder = self.history.recorder
+        body = {
+            "ok": not problems,
+            "feed": self.feed.state,
+            "history": "off" if recorder is None else recorder.state,
+            "problems": problems,
+        }
         return JSONResponse(body, status_code=200 if not problems else 503)
 
     async def config(self, request: Request, who: Identity) -> Response:
@@ -283,12 +315,23 @@ class Console:
         return Filter(tenants=tenants, run=q.get("run") or None, tool=q.get("tool") or None)
 
     async def recent(self, request: Request, who: Identity) -> Response:
-        """Recent turns (and outcomes, unless outcomes=0) that pass the filter, oldest first."""
-        flt = self._filter(request, who)
-        outcomes = request.query_params.get("outcomes", "1") != "0"
-        limit = _int(request.query_params.get("limit"), 200, high=self.options.ring_size * 2)
-        events = self.feed.recent(flt, outcomes=outcomes, limit=limit)
-        return JSONResponse({"events": [e.data for e in events], "feed": self.feed.state})
+        """The newest turns that pass the filter, from the history (at most 500 a page;
+        ``cursor`` pages back, and takes the history's filters too), and the live feed's
+        recent outcomes and progress unless outcomes=0 (the feed keeps the last 500), oldest
+        first."""
+        flt = self._filter(request, who)  # the tenant filter in scope, or 403
+        params = request.query_params
+        limit = _int(params.get("limit"), 200, high=MAX_LIMIT)
+        events: list[dict[str, Any]] = []
+        cursor = None
+        if limit:
+            events, cursor = await self.history.recent_turns(who, params, limit)
+        if limit and params.get("outcomes", "1") != "0" and not params.get("cursor"):
+            live = self.feed.recent(flt, limit=limit)
+            events += [e.data for e in live if e.kind != "turn"]
+            events.sort(key=lambda e: float(e.get("received_at") or 0))
+        body = {"events": events, "cursor": cursor, "limit": limit, "feed": self.feed.state}
+        return JSONResponse(body)
 
     async def events(self, request: Request, who: Identity) -> Response:
         """The live feed as server-sent events: ``status``, then the recent events that pass
@@ -482,6 +525,63 @@ class Console:
         log.info("console decision", extra={"operator": who.name, "unpin": name})
         return JSONResponse({"name": name, "unpinned": unpinned})
 
+    # --- pools, workers, tenants and limits ---------------------------------------------------
+    async def pools(self, _request: Request, who: Identity) -> Response:
+        """Each pool's capacity, running calls, lag and workers (fleet-wide facts)."""
+        views = await operations.pools(self.redis, self.settings, await self._lag(), time.time())
+        return JSONResponse(
+            {"pools": [pool_json(v) for v in views], "now": time.time()}
+            | {"actions": self.access.may_act_fleet_wide(who)}
+        )
+
+    async def tenants(self, _request: Request, who: Identity) -> Response:
+        """Tenants in scope: limits, running and waiting calls, share against weight."""
+        defaults, shares = await operations.tenant_shares(
+            self.redis, self.settings, tenant=self.access.tenants(who)
+        )
+        tools = await operations.tool_limits(self.redis, self.settings)
+        return JSONResponse(
+            {
+                "defaults": limits_json(defaults),
+                "tenants": [share_json(s) for s in shares],
+                "tools": [{"name": n, "limits": limits_json(v)} for n, v in sorted(tools.items())],
+                "actions": self.access.may_act_fleet_wide(who),
+            }
+        )
+
+    async def limits(self, request: Request, who: Identity) -> Response:
+        """Change a tenant's or a tool's limits (fields absent or null keep their value)."""
+        kind, name = request.path_params["kind"], request.path_params["name"]
+        if kind not in ("tenants", "tools"):
+            raise operations.NotFoundError(f"no limits of {kind!r}: use tenants or tools")
+        self._fleet_wide(request, who, f"changing the limits of {name}")
+        body = await _body(request)
+        clear = body.pop("clear", False) is True
+        new = await operations.set_limits(
+            self.redis,
+            self.settings,
+            kind,
+            name,
+            clear=clear,
+            tenant=self.access.tenants(who),
+            **body,
+        )
+        log.info(
+            "console decision",
+            extra={"operator": who.name, "limits": f"{kind}/{name}", "set": new.json()},
+        )
+        return JSONResponse({"name": name, "limits": limits_json(new)})
+
+    async def _lag(self) -> GroupLag | None:
+        """The broker's view of consumer lag, opened on first use (None while Kafka is away)."""
+        if self._group_lag is None and self.bus_ready:
+            lag = GroupLag(self.settings)
+            try:
+                self._group_lag = await lag.__aenter__()
+            except TRANSIENT_ERRORS as exc:
+                log.warning("console: no consumer lag", extra={"error": repr(exc)})
+        return self._group_lag
+
     def _fleet_wide(self, request: Request, who: Identity, what: str) -> None:
         self.access.fleet_wide(who, what)
         self.access.check_decision(request, who)
@@ -580,6 +680,8 @@ def create_app(settings: Settings, options: ConsoleOptions | None = None) -> Sta
         Route("/events", viewer(console.events)),
         Route("/api/config", viewer(console.config)),
         Route("/api/recent", viewer(console.recent)),
+        Route("/api/history", viewer(console.history.search)),
+        Route("/api/runs/{tenant}/{run_id:path}", viewer(console.history.run)),
         Route("/api/calls/{tenant}/{call_id:path}", viewer(console.call)),
         Route("/api/tasks", viewer(console.tasks)),
         Route("/api/tasks/{task_id}/resolve", operator(console.resolve), methods=["POST"]),
@@ -589,6 +691,13 @@ def create_app(settings: Settings, options: ConsoleOptions | None = None) -> Sta
         Route("/api/circuits/{ref}/resume", admin(console.resume), methods=["POST"]),
         Route("/api/tools/{name}/rollback", admin(console.rollback), methods=["POST"]),
         Route("/api/tools/{name}/unpin", admin(console.unpin), methods=["POST"]),
+        Route("/api/pools", viewer(console.pools)),
+        Route("/api/tenants", viewer(console.tenants)),
+        Route(
+            "/api/limits/{kind:str}/{name:path}",
+            admin(console.limits),
+            methods=["POST"],
+        ),
         Mount("/static", StaticFiles(packages=[(__package__ or "", "static")]), name="static"),
     ]
     session = Middleware(

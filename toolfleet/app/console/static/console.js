@@ -137,7 +137,7 @@
     if (typing(event.target) || event.ctrlKey || event.metaKey || event.altKey) return;
     if (state.gPending) {
       state.gPending = false;
-      const to = { l: "/", h: "/", t: "/tasks", c: "/circuits" }[event.key];
+      const to = { l: "/", h: "/", t: "/tasks", c: "/circuits", f: "/fleet" }[event.key];
       if (to) { event.preventDefault(); location.href = to; }
       return;
     }
@@ -576,6 +576,111 @@
     return { refresh };
   }
 
+  // --- fleet: pools, workers, tenants, limits ------------------------------------------------
+  function fleet() {
+    const filter = h("input", { "data-filter": true, placeholder: "filter: pool, worker, tenant, tool…", size: 32, autocomplete: "off" });
+    const poolsBody = h("tbody", {});
+    const workersBody = h("tbody", {});
+    const tenantsBody = h("tbody", {});
+    const toolsBody = h("tbody", {});
+    const defaults = h("p", { class: "muted", id: "tenant-defaults" });
+    const table = (id, heads, body) => h("table", { id }, h("thead", {}, h("tr", {}, heads.map((t) => h("th", {}, t)))), body);
+    const newLimits = h("p", { id: "new-limits" });
+    main.replaceChildren(
+      h("div", { class: "filters" }, h("label", {}, "filter ", filter)),
+      h("h2", {}, "Pools"),
+      table("pools", ["pool", "capacity", "running", "saturation", "lag", "workers"], poolsBody),
+      h("h2", {}, "Workers"),
+      table("workers", ["worker", "pool", "health", "slots", "in flight", "build", "host", "up", "tools"], workersBody),
+      h("h2", {}, "Tenants"), defaults,
+      table("tenants", ["tenant", "weight", "max concurrency", "rate", "burst", "running", "waiting", "admitted", "share now / by weight", ""], tenantsBody),
+      h("h2", {}, "Tool limits"),
+      table("tool-limits", ["tool", "max concurrency", "rate", "burst", "rate per tenant", "burst per tenant", ""], toolsBody),
+      newLimits);
+    filter.addEventListener("input", () => { for (const row of $$("tr.row", main)) row.hidden = !row.textContent.toLowerCase().includes(filter.value.trim().toLowerCase()); });
+    let actions = false;
+    const fleetWide = (label, onclick, extra = {}) => actions ? decisionButton(label, onclick, extra) : null;
+    const num = (v, unit = "") => (v === undefined || v === null ? "—" : `${Number(v.toPrecision(4))}${unit}`);
+    const pct = (v) => (v === undefined || v === null ? "—" : `${Math.round(v * 100)}%`);
+    function meter(value, label) {
+      const fill = h("span", {});
+      fill.style.width = `${Math.max(0, Math.min(1, value || 0)) * 100}%`; // CSSOM: allowed by the CSP
+      return h("span", { class: "meter", title: label, role: "img", "aria-label": label }, fill);
+    }
+    const FIELDS = {
+      tenants: [["max_concurrency", "max concurrency", "1"], ["weight", "weight", "any"], ["rate", "rate (calls/s)", "any"], ["burst", "burst", "1"]],
+      tools: [["max_concurrency", "max concurrency", "1"], ["rate", "rate (calls/s)", "any"], ["burst", "burst", "1"], ["tenant_rate", "rate per tenant", "any"], ["tenant_burst", "burst per tenant", "1"]],
+    };
+    // Limits of a tenant or a tool: what is left empty keeps its value; "clear" starts over.
+    function limitsForm(row, colspan, kind, name, current) {
+      decisionForm(row, colspan, () => withLabel([
+        ...(name === null ? [h("label", {}, `${kind === "tenants" ? "tenant" : "tool"} `, h("input", { name: "name", required: true, size: 16, autocomplete: "off" }))] : [h("span", {}, `Limits of ${name}: `)]),
+        ...FIELDS[kind].map(([key, label, step]) => h("label", {}, `${label} `, h("input", { name: key, type: "number", min: step === "1" ? "1" : "0", step, size: 6, placeholder: current[key] === undefined ? "off" : String(current[key]) }))),
+        h("label", {}, h("input", { type: "checkbox", name: "clear" }), " clear the others"),
+      ], "Confirm limits"), async (data) => {
+        const target = name === null ? String(data.get("name") || "").trim() : name;
+        const body = { clear: data.get("clear") === "on" };
+        for (const [key, , step] of FIELDS[kind]) {
+          const raw = String(data.get(key) || "").trim();
+          if (raw) body[key] = step === "1" ? parseInt(raw, 10) : parseFloat(raw);
+        }
+        const done = await post(`/api/limits/${kind}/${encodeURIComponent(target)}`, body);
+        const set = Object.entries(done.limits).map(([k, v]) => `${k}=${v}`).join(" ") || "no limits";
+        return `${target}: ${set}.`;
+      });
+    }
+
+    async function refresh() {
+      const [pools, tenants] = await Promise.all([api("/api/pools"), api("/api/tenants")]);
+      if (formOpen()) return; // an operator is deciding: leave the rows as they are
+      actions = tenants.actions;
+      const keep = state.selected && state.selected.id;
+      poolsBody.replaceChildren(...pools.pools.map((p) => h("tr", { class: "row", id: `pool-${p.name}`, dataset: { kind: "pool" } },
+        h("td", {}, p.name), h("td", {}, String(p.capacity)), h("td", {}, String(p.running)),
+        h("td", {}, meter(p.saturation, `${pct(p.saturation)} of its slots`), " ", pct(p.saturation)),
+        h("td", {}, p.lag === null ? h("span", { class: "muted" }, "unknown") : String(p.lag)),
+        h("td", {}, `${p.workers.filter((w) => w.live).length} live of ${p.workers.length}`))));
+      if (!pools.pools.length) poolsBody.append(h("tr", { class: "empty" }, h("td", { colspan: 6 }, "No worker has registered.")));
+      workersBody.replaceChildren(...pools.pools.flatMap((p) => p.workers.map((w) => h("tr", { class: "row", id: `worker-${w.worker_id}`, dataset: { kind: "worker" } },
+        h("td", { class: "mono" }, w.worker_id), h("td", {}, p.name),
+        h("td", {}, w.live ? badge("c-closed", "live") : badge("c-open", `silent since ${clock(w.registered_until)}`)),
+        h("td", {}, String(w.slots)), h("td", {}, w.in_flight === null ? "—" : String(w.in_flight)),
+        h("td", { class: "mono" }, w.build || "—"), h("td", {}, w.host || "—"),
+        h("td", {}, w.started_at ? age(pools.now - w.started_at) : "—"),
+        h("td", { class: "mono" }, Object.entries(w.tools).map(([n, v]) => `${n}@${v}`).join(" "))))));
+      if (!workersBody.children.length) workersBody.append(h("tr", { class: "empty" }, h("td", { colspan: 9 }, "No worker has registered.")));
+      const d = tenants.defaults;
+      defaults.textContent = `Tenants nobody configured: ${Object.entries(d).map(([k, v]) => `${k}=${v}`).join(", ") || "no limits, weight 1"}.`;
+      tenantsBody.replaceChildren(...tenants.tenants.map((t) => {
+        const row = h("tr", { class: "row", id: `tenant-${t.tenant_id}`, dataset: { kind: "tenant", tenant: t.tenant_id } },
+          h("td", {}, t.tenant_id), h("td", {}, num(t.weight)), h("td", {}, num(t.limits.max_concurrency)),
+          h("td", {}, num(t.limits.rate, "/s")), h("td", {}, num(t.limits.burst)),
+          h("td", {}, String(t.running)), h("td", {}, String(t.waiting)), h("td", {}, String(t.admitted_total)),
+          h("td", { class: "share" }, meter(t.share, `${pct(t.share)} of running calls`), ` ${pct(t.share)} / ${pct(t.fair_share)}`),
+          h("td", { class: "actions" }, fleetWide("Limits…", () => limitsForm(row, 10, "tenants", t.tenant_id, t.limits))));
+        return row;
+      }));
+      if (!tenants.tenants.length) tenantsBody.append(h("tr", { class: "empty" }, h("td", { colspan: 10 }, "No tenant is configured or busy.")));
+      toolsBody.replaceChildren(...tenants.tools.map((t) => {
+        const l = t.limits;
+        const row = h("tr", { class: "row", id: `limits-${t.name}`, dataset: { kind: "tool-limits" } },
+          h("td", {}, t.name), h("td", {}, num(l.max_concurrency)), h("td", {}, num(l.rate, "/s")), h("td", {}, num(l.burst)),
+          h("td", {}, num(l.tenant_rate, "/s")), h("td", {}, num(l.tenant_burst)),
+          h("td", { class: "actions" }, fleetWide("Limits…", () => limitsForm(row, 7, "tools", t.name, l))));
+        return row;
+      }));
+      if (!tenants.tools.length) toolsBody.append(h("tr", { class: "empty" }, h("td", { colspan: 7 }, "No tool has limits.")));
+      newLimits.replaceChildren(
+        fleetWide("Limit a tenant…", () => limitsForm(tenantsBody.lastElementChild, 10, "tenants", null, {}), { id: "limit-tenant" }) || "",
+        " ",
+        fleetWide("Limit a tool…", () => limitsForm(toolsBody.lastElementChild, 7, "tools", null, {}), { id: "limit-tool" }) || "");
+      select(keep ? document.getElementById(keep) : null);
+    }
+    refresh().catch((error) => banner(`Could not load: ${error.message}`, "bad"));
+    autoRefresh(refresh);
+    return { refresh };
+  }
+
   // --- one call ------------------------------------------------------------------------------
   function callPage() {
     const [, , tenantRaw, ...rest] = location.pathname.split("/");
@@ -672,11 +777,12 @@
       scope.hidden = false;
     }
     const path = location.pathname;
-    const page = path === "/" ? "live" : path === "/tasks" ? "tasks" : path === "/circuits" ? "circuits" : path.startsWith("/calls/") ? "call" : null;
+    const page = path === "/" ? "live" : path === "/tasks" ? "tasks" : path === "/circuits" ? "circuits" : path === "/fleet" ? "fleet" : path.startsWith("/calls/") ? "call" : null;
     for (const link of $$("nav a")) if (link.dataset.nav === page) link.setAttribute("aria-current", "page");
     if (page === "live") state.view = live();
     else if (page === "tasks") state.view = tasks();
     else if (page === "circuits") state.view = circuits();
+    else if (page === "fleet") state.view = fleet();
     else if (page === "call") state.view = callPage();
     else main.replaceChildren(h("p", {}, "No such page. ", h("a", { href: "/" }, "Live")));
     document.body.dataset.ready = page || "none";
