@@ -17,10 +17,12 @@ import logging
 import os
 import socket
 import time
+from asyncio import gather as _gather
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
+from time import time as _wall_clock
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -28,6 +30,7 @@ from opentelemetry import trace
 
 from executors._after_publish import AfterPublish
 from executors._progress import ProgressPublisher
+from kernel.adapters.background import BackgroundTasks
 from kernel.adapters.backoff import STEP, nap
 from kernel.adapters.bus import (
     NEVER_FITS,
@@ -180,6 +183,11 @@ class Worker:
         self._cancelled_runs: set[tuple[str, str]] = set()
         """(tenant, run) of runs cancelled while this worker lives."""
         self._stopping = asyncio.Event()
+        self.background = BackgroundTasks(
+            f"worker {self.worker_id}", self.stop, stopping=self._stopping
+        )
+        """Its loops beside the commands' (capacity, leases, cancellations, completions): one
+        that ends stops the worker, whose ``run`` then raises its error."""
 
     def stop(self) -> None:
         """Stop taking commands; in-flight calls finish before ``run`` returns."""
@@ -245,21 +253,21 @@ class Worker:
         await commands.start()
         await cancels.start()
         await completions.start()
-        listener = asyncio.create_task(self._listen_for_cancellations(cancels))
-        completer = asyncio.create_task(self._take_completions(completions))
-        renewer = asyncio.create_task(self._renew_leases())
-        registrar = asyncio.create_task(self._register_capacity())
+        background = self.background
+        background.start("cancellation listener", self._listen_for_cancellations(cancels))
+        background.start("completion taker", self._take_completions(completions))
+        background.start("lease renewal", self._renew_leases())
+        registrar = background.start("capacity registration", self._register_capacity())
         leaving = asyncio.create_task(self._leave_pool_when_stopping(registrar))
         try:
             # In-flight calls finish before it returns (or raises CutOffError: the commands
-            # go to a peer, and the ledger makes that safe).
+            # go to a peer, and the ledger makes that safe). A background loop that ends
+            # stops it too (``background``), and its error is raised below.
             await self._loop.run()
         finally:
             self._stopping.set()
             await leaving
-            listener.cancel()
-            completer.cancel()
-            renewer.cancel()
+            await background.close()
             with contextlib.suppress(*TRANSIENT_ERRORS):
                 await self.admitter.drain()  # what its last passes admitted is on Kafka
             await commands.stop()
@@ -267,6 +275,7 @@ class Worker:
             await completions.stop()
             await self.progress.stop()  # the last progress reports, before the producer goes
             await self.bus.stop()
+        background.raise_failure()
 
     async def _leave_pool_when_stopping(self, registrar: asyncio.Task[None]) -> None:
         """Once the worker stops taking commands, its slots leave the pool's capacity (before
@@ -281,7 +290,12 @@ class Worker:
         only while it owns a partition of the pool's topic: a worker beyond the partition
         count (autoscaled past it, say) would get no command, and its slots must not let
         admission send more than the others can run. Re-registered at once when the
-        assignment changes."""
+        assignment changes.
+
+        It waits and reads the clock through functions bound at import (``nap``,
+        ``_wall_clock``): a test sharing the loop with an in-process fleet may patch asyncio's
+        or time's module-wide, and a patched ``wait_for`` that never timed out stopped every
+        registration for good (the pool's capacity expired: every call waited)."""
         ttl = self.settings.worker_capacity_ttl_s
         failing = RecurringFailure(log, "could not register capacity")
         while True:
@@ -289,7 +303,7 @@ class Worker:
             slots = self.limits.per_worker if self._owned else 0
             try:
                 await self.admission.register_worker(
-                    self.pool, self.worker_id, slots, ttl, time.time()
+                    self.pool, self.worker_id, slots, ttl, _wall_clock()
                 )
             except TRANSIENT_ERRORS as exc:  # said once by the dependency monitor
                 DEPENDENCIES.failed(exc)
@@ -298,8 +312,7 @@ class Worker:
                 failing.failed(exc)
             else:
                 failing.succeeded()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._assignment_changed.wait(), ttl / 3)
+            await nap(ttl / 3, wake=self._assignment_changed.wait)
 
     async def _process(self, record: Record) -> None:
         self._credits.arrived(record)
@@ -767,10 +780,12 @@ class Worker:
 
         One loop for the whole worker (its renewals go out as one burst) instead of a timer
         per call; a renewal that fails is retried on the next round, well within the lease.
+        It waits through functions bound at import (``nap``, ``_gather``), as
+        ``_register_capacity`` does.
         """
         failing = RecurringFailure(log, "leases not renewed")
         while True:
-            await asyncio.sleep(self.limits.lease_s / 3)
+            await nap(self.limits.lease_s / 3)
             held = list(self._leases.values())
             renewals = (
                 self.ledger.renew(
@@ -785,7 +800,7 @@ class Worker:
             )
             errors = [
                 failed
-                for failed in await asyncio.gather(*renewals, return_exceptions=True)
+                for failed in await _gather(*renewals, return_exceptions=True)
                 if isinstance(failed, Exception)
             ]
             # One line per round at most, not one per call held (and none for an outage,

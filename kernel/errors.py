@@ -27,6 +27,8 @@ Catch the branch that says what you can do about it::
     │   └── TurnTimeoutError             (toolfleet.client; also a TimeoutError) no result in time
     ├── InvalidMessageError              (schemas) a message fails its schema: dead-lettered
     ├── ModelBehaviorError               the model's calls cannot run safely (reused/empty ids)
+    ├── BackgroundTaskEnded              (kernel.adapters.background) a service's background
+    │                                    loop returned while it ran (a bug): the service stopped
     ├── NotExecuted                      (kernel.rules.effects) raised by a tool: upstream refused
     ├── ToolExecutionError               a tool failed in a way that fails the turn
     │   ├── ToolTimeoutError             (kernel.tools) the SDK's timeout, as in-process

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
+from kernel.adapters.background import BackgroundTasks
 from kernel.adapters.backoff import TICK, nap
 from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, ConsumeLoop, Record
 from kernel.adapters.dependencies import DEPENDENCIES
@@ -72,6 +73,8 @@ class Planner:
         self.auth = DecisionAuth.of(settings)
         self._tracer = tracer("planner")
         self._loop: ConsumeLoop | None = None
+        self.background = BackgroundTasks("planner", self.stop)
+        """Its admission tick: if it ends, the planner stops and ``run`` raises its error."""
 
     def stop(self) -> None:
         """Finish the current message and return from ``run``."""
@@ -92,13 +95,14 @@ class Planner:
             wanted=self.wants,
             cut_off_after_s=self.settings.cut_off_after_s,
         )
-        ticks = asyncio.create_task(self._tick())
+        self.background.start("admission tick", self._tick())
         try:
             await self._loop.run()
         finally:
-            ticks.cancel()
+            await self.background.close()
             await consumer.stop()
             await self.bus.stop()
+        self.background.raise_failure()
 
     async def _tick(self) -> None:
         """Admission's periodic pass, in every planner instance (they never conflict).

@@ -17,6 +17,7 @@ import random
 import time
 from typing import Literal, get_args
 
+from kernel.adapters.background import BackgroundTasks
 from kernel.adapters.backoff import TICK, Interrupted, nap
 from kernel.adapters.bus import TRANSIENT_ERRORS, Bus, ConsumeLoop, Record
 from kernel.adapters.dependencies import DEPENDENCIES
@@ -113,6 +114,8 @@ class Reconciler:
         self.schema = stores.schema()
         self._loop: ConsumeLoop | None = None
         self._stopping = asyncio.Event()
+        self.background = BackgroundTasks("reconciler", self.stop, stopping=self._stopping)
+        """Its tick: if it ends, the reconciler stops and ``run`` raises its error."""
 
     def stop(self) -> None:
         """Finish the current message and return from ``run``."""
@@ -140,13 +143,14 @@ class Reconciler:
             wanted=self.wants,
             cut_off_after_s=self.settings.cut_off_after_s,
         )
-        ticker = asyncio.create_task(self._tick_forever())
+        self.background.start("tick", self._tick_forever())
         try:
             await self._loop.run()
         finally:
-            ticker.cancel()
+            await self.background.close()
             await consumer.stop()
             await self.bus.stop()
+        self.background.raise_failure()
 
     def wants(self, record: Record) -> bool:
         """Task resolutions, and the outcomes that are the reconciler's business.

@@ -6,10 +6,12 @@
 - ``offsets``: which offsets are safe to commit;
 - ``dependencies``: whether Kafka and Redis answer, said once when one goes and once when it
   is back; ``backoff``: waiting by the one retry policy (``kernel.rules.backoff``);
+- ``background``: a service's loops beside its consume loop; one that ends stops the service;
 - ``metrics``, ``logs``, ``spans``, ``health``: what an operator sees.
 """
 
 __all__ = [
+    "background",
     "backoff",
     "bus",
     "dependencies",

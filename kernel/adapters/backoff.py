@@ -10,12 +10,23 @@ A ``Backoff``'s wait n is within [step/2, step], ``step = min(cap_s, first_s * 2
 
 The named policies below are the services'; a new retry loop picks one of them (or a
 ``Backoff`` with its own first step and cap) rather than writing its own schedule.
+
+Both wait through asyncio's functions as they were when this module was imported, not as
+``asyncio.sleep`` is when they run: a test that shares its event loop with a fleet
+(``toolfleet.testing.InProcessFleet``) may patch asyncio's functions module-wide, and the
+services' loops that wait here must come out of it as they went in (a ``wait_for`` that never
+times out, patched in by one of the Agents SDK's tests, once wedged every worker's capacity
+registration for good); a background loop that waits for an event with a deadline uses
+``nap(seconds, wake=event.wait)`` for that reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from asyncio import ensure_future as _ensure_future
+from asyncio import sleep as _sleep
+from asyncio import wait as _wait
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -82,14 +93,14 @@ async def nap(
         raise Interrupted
     waiters: list[asyncio.Task[Any]] = []
     if until is not None:
-        waiters.append(asyncio.ensure_future(until.wait()))
+        waiters.append(_ensure_future(until.wait()))
     if wake is not None:
-        waiters.append(asyncio.ensure_future(wake()))
+        waiters.append(_ensure_future(wake()))
     if not waiters:
-        await asyncio.sleep(seconds)
+        await _sleep(seconds)
         return
     try:
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        await _wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for waiter in waiters:
             waiter.cancel()

@@ -82,6 +82,41 @@ async def test_a_sleep_ends_with_interrupted_when_its_event_is_set_and_early_whe
     assert time.monotonic() - began < 5
 
 
+async def test_a_sleep_waits_by_asyncio_as_imported_whatever_a_test_patched_since(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A test sharing the loop with an in-process fleet may patch asyncio module-wide (the
+    Agents SDK's suite does): the services' loops that wait in ``nap`` must not wait through
+    its fakes, nor show up in what the fakes record."""
+    met: list[str] = []
+
+    def fake(name: str) -> object:
+        async def refuse(*args: object, **kwargs: object) -> None:
+            met.append(name)
+            raise AssertionError(f"asyncio.{name} should not be called")
+
+        return refuse
+
+    def ensure_future(*args: object, **kwargs: object) -> None:
+        met.append("ensure_future")
+        raise AssertionError("asyncio.ensure_future should not be called")
+
+    for name in ("sleep", "wait", "wait_for", "gather"):
+        monkeypatch.setattr(asyncio, name, fake(name))
+    monkeypatch.setattr(asyncio, "ensure_future", ensure_future)
+
+    began = time.monotonic()
+    await nap(0.05)
+    assert time.monotonic() - began >= 0.04
+    changed = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.05, changed.set)
+    await nap(30, wake=changed.wait)  # returns once woken
+    with pytest.raises(Interrupted):
+        await nap(30, until=changed)
+    assert time.monotonic() - began < 5
+    assert met == []
+
+
 async def test_retrying_stops_with_interrupted_once_the_service_is_stopping() -> None:
     stopping = asyncio.Event()
     stopping.set()

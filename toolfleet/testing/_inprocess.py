@@ -26,6 +26,7 @@ from redis.asyncio import Redis
 
 from aggregator.service import Aggregator
 from executors.worker import Worker, WorkerLimits
+from kernel.adapters.background import BackgroundTasks
 from kernel.adapters.bus import KafkaBus
 from kernel.adapters.redis import connect_redis
 from kernel.adapters.security import kafka_options
@@ -109,6 +110,8 @@ class InProcessFleet:
         self._services: list[_Service] = []
         self._connections: list[Redis] = []
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._backgrounds: dict[str, BackgroundTasks] = {}
+        """Each service's background loops, by service (``check`` reports one that ends)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
 
@@ -280,6 +283,8 @@ class InProcessFleet:
                 self._tasks[name] = asyncio.create_task(
                     service.run(), name=f"toolfleet-inproc-{name}"
                 )
+                if not isinstance(service, Aggregator):  # it runs no loop beside its own
+                    self._backgrounds[name] = service.background
             self._client = FleetClient(settings)
             await self._client.__aenter__()
             try:
@@ -336,13 +341,24 @@ class InProcessFleet:
             await asyncio.sleep(0.01)  # wait-ok: polling interval of a deadline-bounded wait
 
     def _failed(self) -> bool:
-        return any(task.done() for task in self._tasks.values())
+        return any(task.done() for task in self._tasks.values()) or any(
+            background.failure for background in self._backgrounds.values()
+        )
 
     def check(self) -> None:
-        """Raise UnavailableError if a service of the fleet stopped on its own (its
-        exception chained), rather than letting a call wait for it until a timeout."""
+        """Raise UnavailableError if a service of the fleet stopped on its own, or lost one of
+        its background loops (a worker's capacity registration, the planner's admission
+        tick...; the service then stops), its exception chained: rather than letting a call
+        wait for it until a timeout."""
         if self._stopping:
             raise UsageError("the in-process fleet is stopped; start a new one")
+        for name, background in self._backgrounds.items():
+            if background.failure is not None:
+                loop, cause = background.failure
+                raise UnavailableError(
+                    f"the in-process fleet's {name} lost its {loop} ({cause!r}) and stops; "
+                    "see the test's log for why, and start a new fleet"
+                ) from cause
         for name, task in self._tasks.items():
             if task.done():
                 error = None if task.cancelled() else task.exception()

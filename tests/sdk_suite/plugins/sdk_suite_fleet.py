@@ -189,7 +189,7 @@ def _hooks() -> Any:
 @pytest.fixture(autouse=True)
 def _sdk_suite_runner() -> Iterator[None]:
     """A new FleetRunner for each test, made at its first runner call; the worker starts
-    its calls caused go to the test's line of the record.
+    its calls caused go to the test's line of the record; after it, the fleet is checked.
 
     Each test also starts with the workers' failure log as a new worker has it: the log
     writes at most ten tracebacks per tool name per minute (kernel.tools._failures), and the
@@ -205,3 +205,8 @@ def _sdk_suite_runner() -> Iterator[None]:
     yield
     sdk_suite_record.annotate(worker_starts=_WorkerCounts.started - before)
     _Session.runner = None
+    if _Session.fleet is not None:
+        # A service, or one of its background loops (a worker's capacity registration...),
+        # that ended during this test fails it here, with the reason: not the tests after
+        # it, by a timeout, with none.
+        _Session.fleet.check()
