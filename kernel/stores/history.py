@@ -817,7 +817,9 @@ class History:
     async def tenants(self, since: float | None = None) -> list[str]:
         """The tenants with history written since ``since`` (default: within the
         retention), sorted."""
-        floor = _ms(since) if since is not None else int(self._cutoff())
+        # A process notes a tenant once a minute at most: its mark may be that much older
+        # than its newest entry.
+        floor = _ms(since - _TENANT_MARK_S) if since is not None else int(self._cutoff())
         found = await self.redis.zrangebyscore(self.keys.history_tenants, floor, "+inf")
         return sorted(text(t) for t in found if isinstance(t, bytes | str))
 
