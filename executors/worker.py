@@ -49,6 +49,7 @@ from kernel.adapters.metrics import (
     HUMAN_TASKS,
     IN_FLIGHT,
     OUTCOMES,
+    build_version,
     labelled,
     tool_label,
 )
@@ -75,6 +76,7 @@ from kernel.rules.state_versions import carries, spec_for_readers
 from kernel.rules.texts import CIRCUIT_OPEN, UNKNOWN_OUTCOME, unknown_outcome_text
 from kernel.rules.versions import version_ref
 from kernel.settings import Settings
+from kernel.stores.admission import WorkerStatus
 from kernel.stores.admitting import CREDIT_HEADER, Admitter, paced_scopes
 from kernel.stores.door import Stores
 from kernel.stores.ledger import CallFailure, command_for
@@ -183,6 +185,7 @@ class Worker:
         self._cancelled_runs: set[tuple[str, str]] = set()
         """(tenant, run) of runs cancelled while this worker lives."""
         self._stopping = asyncio.Event()
+        self._started_at = time.time()
         self.background = BackgroundTasks(
             f"worker {self.worker_id}", self.stop, stopping=self._stopping
         )
@@ -303,7 +306,7 @@ class Worker:
             slots = self.limits.per_worker if self._owned else 0
             try:
                 await self.admission.register_worker(
-                    self.pool, self.worker_id, slots, ttl, _wall_clock()
+                    self.pool, self.worker_id, slots, ttl, _wall_clock(), status=self._status()
                 )
             except TRANSIENT_ERRORS as exc:  # said once by the dependency monitor
                 DEPENDENCIES.failed(exc)
@@ -313,6 +316,16 @@ class Worker:
             else:
                 failing.succeeded()
             await nap(ttl / 3, wake=self._assignment_changed.wait)
+
+    def _status(self) -> WorkerStatus:
+        """What operators see of this worker (the console's pools page)."""
+        return WorkerStatus(
+            in_flight=len(self._running),
+            build=build_version(),
+            host=socket.gethostname(),
+            started_at=self._started_at,
+            tools={spec.lookup_key: spec.version for spec in self.registry.specs(self.pool)},
+        )
 
     async def _process(self, record: Record) -> None:
         self._credits.arrived(record)
