@@ -10,6 +10,11 @@ pass, and each caller returns once its part is durable (its record's offset may 
 committed). A planner's tick (``tick``) refills rate buckets, frees expired leases, hands out
 commands another instance admitted and never confirmed, and withdraws calls whose turn
 deadline passed while they waited.
+
+Its passes start tasks, wait and read the clock through functions bound at import
+(``_create_task``, ``_now``...): a test sharing the event loop with an in-process fleet may
+patch asyncio's or time's module-wide (a mock ``create_task`` that runs nothing would leave a
+pass that never ends, and no pass after it).
 """
 
 from __future__ import annotations
@@ -17,9 +22,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
+from asyncio import create_task as _create_task
+from asyncio import wait as _wait
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
+from time import monotonic as _monotonic
+from time import time as _now
 from typing import Protocol
 
 from kernel.adapters.backoff import nap
@@ -133,7 +141,7 @@ class Admitter:
         they are queued durably (and those admitted are on Kafka)."""
         if not commands:
             return
-        now = time.time()
+        now = _now()
         # In the trace of the caller's span (the planner's for its turn): kept with the payload.
         parent = traceparent()
         self._queued += [waiting_command(c, parent, issued_at=now) for c in commands]
@@ -146,7 +154,7 @@ class Admitter:
         buckets slow down."""
         if throttled:
             THROTTLED.labels(command.tool_name).inc()
-            await self.admission.throttle(command.tenant_id, command.tool_name, time.time())
+            await self.admission.throttle(command.tenant_id, command.tool_name, _now())
         self._released.append(
             member_of(command.tenant_id, command.run_id, command.call_id, command.attempt)
         )
@@ -161,7 +169,7 @@ class Admitter:
         can run in its place; returns once that is durable."""
         if outcome.throttled:
             THROTTLED.labels(outcome.tool_name).inc()
-            await self.admission.throttle(outcome.tenant_id, outcome.tool_name, time.time())
+            await self.admission.throttle(outcome.tenant_id, outcome.tool_name, _now())
         self._released.append(
             member_of(outcome.tenant_id, outcome.run_id, outcome.call_id, outcome.attempt)
         )
@@ -179,7 +187,7 @@ class Admitter:
 
     def _start_passes(self) -> None:
         if self._pass is None:
-            self._pass = asyncio.create_task(self._run_passes())
+            self._pass = _create_task(self._run_passes())
 
     async def _run_passes(self) -> None:
         """Passes until nobody waits for one; a failed pass fails its callers (their handlers
@@ -213,7 +221,7 @@ class Admitter:
         confirm, self._confirm = self._confirm, []
         try:
             admitted = await self.admission.admit(
-                time.time(),
+                _now(),
                 release=released,
                 published=confirm,
                 enqueue=queued,
@@ -227,7 +235,7 @@ class Admitter:
         if admitted.refill_in_s is not None:
             self._admit_at(admitted.refill_in_s)
         sent = []
-        now = time.time()
+        now = _now()
         counts: Counter[tuple[str, str]] = Counter()
         for member, payload, paced in admitted.calls:
             command = queued_command(payload)
@@ -266,13 +274,13 @@ class Admitter:
         """Return once ``command`` may start under every rate scope its admission named
         (``paced_scopes``); raises ``Interrupted`` if ``until`` is set meanwhile."""
         member = member_of(command.tenant_id, command.run_id, command.call_id, command.attempt)
-        while (wait := await self.admission.pace(member, scopes, time.time())) is not None:
+        while (wait := await self.admission.pace(member, scopes, _now())) is not None:
             await nap(wait, until=until)
 
     async def started(self, command: ExecutionCommand, scopes: Sequence[str]) -> None:
         """``command``, paced, starts now (``Admission.started``)."""
         member = member_of(command.tenant_id, command.run_id, command.call_id, command.attempt)
-        await self.admission.started(member, scopes, time.time())
+        await self.admission.started(member, scopes, _now())
 
     def _admit_at(self, delay_s: float) -> None:
         """Another pass when a rate bucket has a token again (sooner than the next tick)."""
@@ -282,7 +290,7 @@ class Admitter:
 
         def run() -> None:
             self._refill = None
-            task = asyncio.create_task(self._refill_pass())
+            task = _create_task(self._refill_pass())
             self._refills.add(task)
             task.add_done_callback(self._refills.discard)
 
@@ -301,7 +309,7 @@ class Admitter:
             self._refill.cancel()
             self._refill = None
         while self._pass is not None:
-            await asyncio.wait([self._pass])
+            await _wait([self._pass])
         await self.confirm()
 
     async def confirm(self) -> None:
@@ -309,16 +317,16 @@ class Admitter:
         reconciler, would otherwise leave it pending until a planner publishes it again)."""
         confirm, self._confirm = self._confirm, []
         if confirm:
-            await self.admission.admit(time.time(), published=confirm, max_calls=0)
+            await self.admission.admit(_now(), published=confirm, max_calls=0)
 
     async def tick(self, publish: Publish) -> None:
         """Withdraw calls past their turn's deadline (each reported never started), then an
         admission pass (refilled buckets, expired leases, unconfirmed commands)."""
-        for _, payload in await self.admission.withdraw_expired(time.time()):
+        for _, payload in await self.admission.withdraw_expired(_now()):
             await publish(past_deadline(_command(payload)))
         await self.admit()
-        if time.monotonic() - self._reported_at > REPORT_EVERY_S:
-            self._reported_at = time.monotonic()
+        if _monotonic() - self._reported_at > REPORT_EVERY_S:
+            self._reported_at = _monotonic()
             await self._report()
 
     async def _report(self) -> None:
