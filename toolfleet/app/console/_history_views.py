@@ -82,6 +82,14 @@ def query_of(params: Mapping[str, str], *, kind: Kind | None = None) -> Query:
     )
 
 
+def _once(params: Any) -> None:
+    """Refuse a parameter given more than once: read one way by one layer and another way by
+    another, a repeated ``tenant`` could be checked as one tenant and used as the other."""
+    repeated = sorted({k for k, _ in params.multi_items() if len(params.getlist(k)) > 1})
+    if repeated:
+        raise UsageError(f"give each parameter once ({', '.join(repeated)} came more than once)")
+
+
 def _limit(raw: str | None, default: int, high: int) -> int:
     try:
         value = int(raw) if raw else default
@@ -221,6 +229,7 @@ class HistoryApi:
     async def search(self, request: Request, who: Identity) -> Response:
         """A page of the history: entries newest first, the next page's cursor."""
         params = request.query_params
+        _once(params)
         limit = _limit(params.get("limit"), DEFAULT_LIMIT, MAX_LIMIT)
         page = await self.page(who, params, limit=limit)
         return JSONResponse(
@@ -238,6 +247,7 @@ class HistoryApi:
         tenant, run_id = request.path_params["tenant"], request.path_params["run_id"]
         self.access.check_tenant(who, tenant)
         params = request.query_params
+        _once(params)
         cursor = Cursor.decode(params["cursor"]) if params.get("cursor") else None
         limit = _limit(params.get("limit"), RUN_LIMIT, 2_000)
         page = await self._history.run(tenant, run_id, cursor=cursor, limit=limit)
