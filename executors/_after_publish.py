@@ -19,11 +19,11 @@ from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from kernel.rules.effects import counts_against_circuit
-from kernel.stores.circuit import CircuitBreaker
+from kernel.stores.circuit import CircuitBreaker, CircuitCall
 from kernel.stores.ledger import Ledger
 from schemas import CallOutcome
 
-_Entry = tuple[CallOutcome, bool | None, "asyncio.Future[list[str]]"]
+_Entry = tuple[CallOutcome, bool | None, "asyncio.Future[list[CircuitCall]]"]
 """An outcome, whether its call is counted as failed (None: not counted), its caller's reply."""
 
 
@@ -37,15 +37,16 @@ class AfterPublish:
         self._pending: dict[str | None, list[_Entry]] = {}
         self._writes: set[asyncio.Task[None]] = set()
 
-    def __call__(self, outcome: CallOutcome, ref: str | None) -> asyncio.Future[list[str]]:
+    def __call__(self, outcome: CallOutcome, ref: str | None) -> asyncio.Future[list[CircuitCall]]:
         """Commit ``outcome``; with ``ref`` (its tool version), count its call as well.
 
-        The reply is the window's call ids when these calls opened the circuit (given to one
-        caller, the last failed call of the batch, which files the task), else []. A failed
-        write fails every caller of its batch: each retries its own outcome.
+        The reply is the window's calls (tenant, run, call id) when these calls opened the
+        circuit (given to one caller, the last failed call of the batch, which files the
+        tasks), else []. A failed write fails every caller of its batch: each retries its
+        own outcome.
         """
         loop = asyncio.get_running_loop()
-        reply: asyncio.Future[list[str]] = loop.create_future()
+        reply: asyncio.Future[list[CircuitCall]] = loop.create_future()
         failed = None if ref is None else counts_against_circuit(outcome.status)
         if not self._pending:
             loop.call_soon(self._write_pending)
@@ -66,7 +67,9 @@ class AfterPublish:
         calls = [(o.tenant_id, o.run_id, o.call_id) for o, _, _ in entries]
         steps: list[Awaitable[Any]] = [self.ledger.commit(calls)]
         counted = [
-            (outcome.call_id, failed) for outcome, failed, _ in entries if failed is not None
+            ((outcome.tenant_id, outcome.run_id, outcome.call_id), failed)
+            for outcome, failed, _ in entries
+            if failed is not None
         ]
         if ref is not None and counted:
             # The wall clock: the window's buckets are shared by every worker's clock.
@@ -87,7 +90,7 @@ class AfterPublish:
             if not isinstance(exc, Exception):
                 raise
             return
-        opened: list[str] = replies[-1] if ref is not None and counted else []
+        opened: list[CircuitCall] = replies[-1] if ref is not None and counted else []
         if opened and ref is not None:
             self.circuits.opened(ref)
         opener = max((i for i, (_, f, _) in enumerate(entries) if f), default=None)

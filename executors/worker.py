@@ -78,6 +78,7 @@ from kernel.rules.versions import version_ref
 from kernel.settings import Settings
 from kernel.stores.admission import WorkerStatus
 from kernel.stores.admitting import CREDIT_HEADER, Admitter, paced_scopes
+from kernel.stores.circuit import CircuitCall, task_call_ref
 from kernel.stores.door import Stores
 from kernel.stores.ledger import CallFailure, command_for
 from kernel.stores.registry import announce_tools
@@ -408,28 +409,24 @@ class Worker:
             failed = counts_against_circuit(outcome.status)
             await _persist(lambda: self.circuits.trial_result(ref, failed))
         if opened:
-            await _persist(lambda: self._file_circuit_task(ref, tool, outcome, opened))
+            tasks = _circuit_tasks(ref, tool, outcome, opened, self.settings.circuit_window_s)
+            await _persist(lambda: self._file_circuit_tasks(ref, tasks))
 
-    async def _file_circuit_task(
-        self, ref: str, tool: Tool, outcome: CallOutcome, ran_while_failing: list[str]
-    ) -> None:
-        """The circuit of ``ref`` opened: ask a human to reconcile the calls that ran."""
-        task = HumanTask(
-            tenant_id=outcome.tenant_id,
-            task_id=new_task_id(),
-            kind="circuit_open",
-            tool_name=tool.lookup_key,
-            tool_version=tool.version,
-            reason=f"circuit of {ref} opened: too many failures in the last "
-            f"{self.settings.circuit_window_s:g} s; reconcile the listed calls, then "
-            f"`toolfleet tools resume {ref}`",
-            calls=ran_while_failing,
-            created_at=time.time(),
+    async def _file_circuit_tasks(self, ref: str, tasks: list[HumanTask]) -> None:
+        """The circuit of ``ref`` opened: ask each tenant's operators to reconcile its calls
+        that ran (tasks made once: a retry files the same ones again)."""
+        for task in tasks:
+            await self.tasks.add(task)
+            await self.bus.publish_and_wait("human-tasks", ref, task)
+        HUMAN_TASKS.labels("circuit_open").inc(len(tasks))
+        log.error(
+            "circuit opened",
+            extra={
+                "tool_version": ref,
+                "calls": sum(len(t.calls) for t in tasks),
+                "tasks": {t.tenant_id: t.task_id for t in tasks},
+            },
         )
-        await self.tasks.add(task)
-        await self.bus.publish_and_wait("human-tasks", ref, task)
-        HUMAN_TASKS.labels("circuit_open").inc()
-        log.error("circuit opened", extra={"tool_version": ref, "calls": len(ran_while_failing)})
 
     async def _execute(
         self, tool: Tool, command: ExecutionCommand, slots: _Slots
@@ -537,7 +534,7 @@ class Worker:
             slots.free(throttled=final.throttled),
         )
         if verdict == "stale":
-            log.info("dropping a fenced-off attempt's outcome", extra={"call": command.call_id})
+            log.info("dropping a fenced-off attempt's outcome", extra={"attempt": command.attempt})
             return None
         return outcome
 
@@ -621,7 +618,10 @@ class Worker:
         if verdict == "done" and entry.state == "finished" and entry.outcome is not None:
             outcome = entry.outcome  # stored by a worker that crashed before publishing it
         elif verdict != "ok":
-            log.info("completion ignored", extra={"verdict": verdict, "call": call})
+            log.info(
+                "completion ignored",
+                extra={"verdict": verdict, "tenant_id": tenant, "run_id": run, "call_id": call},
+            )
             return
         await _persist(lambda: self.bus.publish_and_wait("outcomes", outcome.run_id, outcome))
         await _persist(lambda: self._mark_published(outcome))
@@ -778,7 +778,7 @@ class Worker:
 
     async def _mark_published(
         self, outcome: CallOutcome, counted_in: str | None = None
-    ) -> list[str]:
+    ) -> list[CircuitCall]:
         """``committed`` in the ledger: the outcome is on Kafka. With ``counted_in`` (a tool
         version) the call is counted in its circuit window too: the window's calls, if that
         opened the circuit."""
@@ -989,6 +989,35 @@ def _call_failure(
         worker_id=worker_id,
         at=time.time(),
     )
+
+
+def _circuit_tasks(
+    ref: str, tool: Tool, outcome: CallOutcome, ran: list[CircuitCall], window_s: float
+) -> list[HumanTask]:
+    """The human tasks of a circuit that opened: one per tenant whose calls ran while the
+    version was failing, listing them by run and call (a call id alone names a call only
+    within its run). A call an earlier release counted, with no tenant, is the opener's."""
+    calls: dict[str, dict[str, None]] = {}
+    for tenant, run, call in ran:
+        named = task_call_ref(run, call) if run else call
+        calls.setdefault(tenant or outcome.tenant_id, {})[named] = None
+    reason = (
+        f"circuit of {ref} opened: too many failures in the last {window_s:g} s; reconcile "
+        f"the listed calls (run/call), then `toolfleet tools resume {ref}`"
+    )
+    return [
+        HumanTask(
+            tenant_id=tenant,
+            task_id=new_task_id(),
+            kind="circuit_open",
+            tool_name=tool.lookup_key,
+            tool_version=tool.version,
+            reason=reason,
+            calls=list(named),
+            created_at=time.time(),
+        )
+        for tenant, named in calls.items()
+    ]
 
 
 def _describe_span(outcome: CallOutcome) -> None:

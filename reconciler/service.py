@@ -15,7 +15,11 @@ import dataclasses
 import logging
 import random
 import time
-from typing import Literal, get_args
+from collections.abc import Iterator
+from typing import Any, Literal, get_args
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, SpanKind
 
 from kernel.adapters.background import BackgroundTasks
 from kernel.adapters.backoff import TICK, Interrupted, nap
@@ -31,7 +35,15 @@ from kernel.adapters.metrics import (
     UNKNOWN_EFFECTS_AGE,
 )
 from kernel.adapters.topics import command_topic
-from kernel.adapters.tracing import continuing
+from kernel.adapters.tracing import (
+    consuming,
+    context_from_headers,
+    context_from_traceparent,
+    context_of_trace,
+    traceparent,
+    tracer,
+    within,
+)
 from kernel.errors import InvalidMessageError, ToolfleetError
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.effects import probe_answer
@@ -110,6 +122,7 @@ class Reconciler:
         self.unknowns = stores.unknowns(self.ledger)
         self.auth = DecisionAuth.of(settings)
         self.tick_s = tick_s
+        self._tracer = tracer("reconciler")
         self.recon = stores.reconciling()
         self.schema = stores.schema()
         self._loop: ConsumeLoop | None = None
@@ -167,13 +180,28 @@ class Reconciler:
         if record.topic.endswith("task-resolutions"):
             resolution = TaskResolution.decode(raw)
             self.auth.verify(resolution)
-            await self.on_resolution(resolution)
+            await self.on_resolution(resolution, record)
         else:
             outcome = CallOutcome.decode(raw)
+            group = self.settings.group("reconciler")
             with (
                 log_context(**ids_of(outcome)),
-                continuing(record),  # probes and retries stay in the call's trace
+                # In the call's trace: the probes, retries and compensations it sends are its
+                # children, and the workers' runs of them theirs.
+                consuming(
+                    self._tracer, f"toolfleet reconcile {outcome.tool_name}", record, group
+                ) as span,
             ):
+                if span.is_recording():
+                    span.set_attributes(
+                        {
+                            **_ids(outcome.tenant_id, outcome.run_id, outcome.call_id),
+                            "toolfleet.attempt": outcome.attempt,
+                            "toolfleet.kind": outcome.kind,
+                            "toolfleet.status": outcome.status,
+                            "toolfleet.effect": outcome.effect,
+                        }
+                    )
                 await self.on_outcome(outcome)
 
     # --- inputs -----------------------------------------------------------------------------
@@ -207,8 +235,9 @@ class Reconciler:
                 )  # fmt: skip
                 await self._act(outcome, action)
 
-    async def on_resolution(self, resolution: TaskResolution) -> None:
-        """An operator's answer: resolve the call, or run / refuse its compensation."""
+    async def on_resolution(self, resolution: TaskResolution, record: Record | None = None) -> None:
+        """An operator's answer: resolve the call, or run / refuse its compensation (in the
+        call's trace, linked to the operator's when ``record`` carries one)."""
         stored = await self.tasks.get(resolution.task_id)
         if stored is None or stored.task.call_id is None:
             log.warning("resolution of an unknown task", extra={"task": resolution.task_id})
@@ -222,6 +251,29 @@ class Reconciler:
         task = stored.task
         call_id, run_id = task.call_id, task.run_id or ""
         assert call_id is not None
+        entry = (await self.ledger.read(resolution.tenant_id, run_id, [call_id])).get(call_id)
+        operator = trace.get_current_span(context_from_headers(record.headers if record else None))
+        links = [Link(operator.get_span_context())] if operator.get_span_context().is_valid else []
+        with (
+            log_context(tenant_id=resolution.tenant_id, run_id=run_id, call_id=call_id),
+            self._in_call_trace(
+                f"toolfleet resolution {task.tool_name}",
+                resolution.tenant_id,
+                run_id,
+                call_id,
+                entry.trace_id if entry else None,
+                links=links,
+                attributes={
+                    "toolfleet.task_id": task.task_id,
+                    "toolfleet.resolution": resolution.resolution,
+                },
+            ),
+        ):
+            await self._resolved_by_human(resolution, task, run_id, call_id)
+
+    async def _resolved_by_human(
+        self, resolution: TaskResolution, task: HumanTask, run_id: str, call_id: str
+    ) -> None:
         await self.ledger.append_audit(
             resolution.tenant_id,
             run_id,
@@ -275,13 +327,19 @@ class Reconciler:
     # --- actions ----------------------------------------------------------------------------
     async def _act(self, about: CallOutcome, action: Action, source: str = "reconciler") -> None:
         tenant, run, call_id = about.tenant_id, about.run_id, about.call_id
+        name = type(action).__name__
         log.info(
-            "reconciling", extra={"call": call_id, "action": type(action).__name__, **vars(action)}
-        )
+            "reconciling",
+            extra={"tenant_id": tenant, "run_id": run, "call_id": call_id, "action": name,
+                   **vars(action)},
+        )  # fmt: skip
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attribute("toolfleet.action", name)
         if isinstance(action, Probe):
             if action.delay_s > 0:
                 due = {"tenant": tenant, "run": run, "call_id": call_id, "do": "probe"}
-                await self.recon.schedule(due, time.time() + action.delay_s)
+                await self.recon.schedule(_traced(due), time.time() + action.delay_s)
             else:
                 await self._send_probe(tenant, run, call_id)
         elif isinstance(action, ResolveApplied):
@@ -297,7 +355,7 @@ class Reconciler:
         elif isinstance(action, Retry) and action.delay_s > 0:
             due = {"tenant": tenant, "run": run, "call_id": call_id, "do": "retry",
                    "why": action.reason}  # fmt: skip
-            await self.recon.schedule(due, time.time() + action.delay_s)
+            await self.recon.schedule(_traced(due), time.time() + action.delay_s)
         elif isinstance(action, Retry):
             await self._retry(tenant, run, call_id, action.reason)
         elif isinstance(action, HandOver):
@@ -320,8 +378,10 @@ class Reconciler:
         entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)
         if entry is None:
             return
-        await self.recon.await_probe(tenant, run, call_id)
-        await self._send(_command(entry, "probe", entry.fencing_token))
+        command = _command(entry, "probe", entry.fencing_token)
+        with self._sending(f"toolfleet probe {entry.tool_name}", command):
+            await self.recon.await_probe(tenant, run, call_id)
+            await self._send(command)
 
     async def _retry(self, tenant: str, run: str, call_id: str, reason: str) -> None:
         issued = await self.ledger.dispatch(tenant, run, call_id, reason=reason, force=True)
@@ -331,14 +391,25 @@ class Reconciler:
         # A retry is a new attempt at the upstream: admitted like a first one (quotas, rate
         # limits, a 429's slow-down), so it reaches Kafka when it can run.
         command = _command(entry, "execute", issued[1], attempt=issued[0])
-        # It carries the earlier attempt's heartbeat details once workers all read them.
-        await self.admitter.submit([for_readers(command, await self.schema.in_force())])
-        await self.admitter.confirm()
+        # The span is current when admission keeps the command: the attempt's run on a worker
+        # is its child, whenever it is admitted.
+        with self._sending(f"toolfleet retry {entry.tool_name}", command, reason=reason):
+            # It carries the earlier attempt's heartbeat details once workers all read them.
+            await self.admitter.submit([for_readers(command, await self.schema.in_force())])
+            await self.admitter.confirm()
 
     async def _send_compensation(self, tenant: str, run: str, call_id: str) -> None:
         entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)
         if entry is None or entry.outcome is None:
             return
+        command = _command(entry, "compensate", entry.fencing_token)
+        with self._sending(f"toolfleet compensate {entry.tool_name}", command):
+            await self._dispatch_compensation(entry, tenant, run, call_id)
+
+    async def _dispatch_compensation(
+        self, entry: LedgerEntry, tenant: str, run: str, call_id: str
+    ) -> None:
+        assert entry.outcome is not None
         comp_id = f"{call_id}{COMPENSATION_SUFFIX}"
         await self.ledger.create(
             tenant,
@@ -411,7 +482,7 @@ class Reconciler:
         if kind != "circuit_open" and not about.resolved:
             # The turn waits for this call: tell the model after a while, and keep the task.
             due = {"tenant": tenant, "run": run, "call_id": call_id, "do": "report"}
-            await self.recon.schedule(due, time.time() + self.policy.report_after_s)
+            await self.recon.schedule(_traced(due), time.time() + self.policy.report_after_s)
 
     async def _report_unknown(self, tenant: str, run: str, call_id: str) -> None:
         status = await self.recon.status(tenant, run, call_id)
@@ -473,27 +544,84 @@ class Reconciler:
         now = time.time()
         for due in await self.recon.pop_due(now):
             where = (due["tenant"], due["run"], due["call_id"])
-            if due["do"] == "probe":
-                await self._send_probe(*where)
-            elif due["do"] == "retry":
-                await self._retry(*where, due["why"])
-            else:
-                await self._report_unknown(*where)
+            # In the trace of the decision that scheduled it, naming its call.
+            with (
+                within(context_from_traceparent(due.get("traceparent"))),
+                log_context(tenant_id=where[0], run_id=where[1], call_id=where[2]),
+            ):
+                if due["do"] == "probe":
+                    await self._send_probe(*where)
+                elif due["do"] == "retry":
+                    await self._retry(*where, due["why"])
+                else:
+                    await self._report_unknown(*where)
         for tenant, run, call_id in await self.ledger.expired_leases(now):
-            entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)
-            cause = WORKER_LOST
-            if entry is not None and entry.state == "deferred":
-                # Its completion is overdue: from now on a started call whose holder is gone.
-                if not await self.ledger.expire_deferral(tenant, run, call_id):
-                    continue  # completed meanwhile, or its deadline was moved: not due
-                entry, cause = dataclasses.replace(entry, state="started"), DEFERRAL_EXPIRED
-            if entry is not None and entry.state == "started":
+            with log_context(tenant_id=tenant, run_id=run, call_id=call_id):
+                await self._lease_expired(tenant, run, call_id)
+
+    async def _lease_expired(self, tenant: str, run: str, call_id: str) -> None:
+        """A started call whose holder stopped renewing its lease: its lost-worker outcome is
+        published (in the call's trace: the reconciliation it starts follows it there)."""
+        entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)
+        cause = WORKER_LOST
+        if entry is not None and entry.state == "deferred":
+            # Its completion is overdue: from now on a started call whose holder is gone.
+            if not await self.ledger.expire_deferral(tenant, run, call_id):
+                return  # completed meanwhile, or its deadline was moved: not due
+            entry, cause = dataclasses.replace(entry, state="started"), DEFERRAL_EXPIRED
+        if entry is not None and entry.state == "started":
+            with self._in_call_trace(
+                f"toolfleet lease expired {entry.tool_name}", tenant, run, call_id,
+                entry.trace_id, attributes={"toolfleet.attempt": entry.attempts,
+                                            "toolfleet.cause": cause.type},
+            ):  # fmt: skip
                 spec = (await self.tools.specs(needed=[entry.tool_name])).get(entry.tool_name)
                 lost_call = lost(_command(entry, "execute", entry.fencing_token), spec,
                                  worker_id=entry.worker_id, source="reconciler",
                                  cause=cause)  # fmt: skip
                 await self.bus.publish_and_wait("outcomes", entry.run_id, lost_call)
-            await self.ledger.drop_lease(tenant, run, call_id)
+        await self.ledger.drop_lease(tenant, run, call_id)
+
+    # --- spans ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _sending(self, name: str, command: ExecutionCommand, **extra: str) -> Iterator[None]:
+        """A producer span around sending ``command`` (a probe, a retry, a compensation): a
+        child of the reconciliation that decided it, the parent of the worker's run of it."""
+        attributes: dict[str, Any] = {
+            "messaging.system": "kafka",
+            "messaging.operation.type": "send",
+            "messaging.destination.name": self.settings.topic(command_topic(command.pool)),
+            **_ids(command.tenant_id, command.run_id, command.call_id),
+            "toolfleet.kind": command.kind,
+            "toolfleet.attempt": command.attempt,
+            **{f"toolfleet.{key}": value for key, value in extra.items()},
+        }
+        with self._tracer.start_as_current_span(
+            name, kind=SpanKind.PRODUCER, attributes=attributes
+        ):
+            yield
+
+    @contextlib.contextmanager
+    def _in_call_trace(
+        self,
+        name: str,
+        tenant: str,
+        run: str,
+        call_id: str,
+        trace_id: str | None,
+        *,
+        links: list[Link] | None = None,
+        attributes: dict[str, Any] | None = None,
+    ) -> Iterator[None]:
+        """A span in the call's trace (``trace_id``, the ledger's) for work that no record of
+        the call carries the context of; what it publishes carries it on."""
+        with (
+            within(context_of_trace(trace_id)),
+            self._tracer.start_as_current_span(
+                name, links=links, attributes={**_ids(tenant, run, call_id), **(attributes or {})}
+            ),
+        ):
+            yield
 
     # --- reading ----------------------------------------------------------------------------
     async def _case(
@@ -525,6 +653,17 @@ class Reconciler:
         entries = await self.ledger.read(about.tenant_id, about.run_id, [about.call_id])
         entry = entries.get(about.call_id)
         return entry.idempotency_key if entry else ""
+
+
+def _ids(tenant: str, run: str, call_id: str) -> dict[str, Any]:
+    """A span's names for a call: its full identity."""
+    return {"toolfleet.tenant_id": tenant, "toolfleet.run_id": run, "toolfleet.call_id": call_id}
+
+
+def _traced(due: dict[str, Any]) -> dict[str, Any]:
+    """A scheduled action, with the trace it was decided in (its span's parent when due)."""
+    parent = traceparent()
+    return {**due, "traceparent": parent} if parent else due
 
 
 def _command(

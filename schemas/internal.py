@@ -290,7 +290,8 @@ class HumanTask(Message):
     reason: str = Field(min_length=1, description="Why automation stopped, and what was tried.")
     calls: list[str] = Field(
         default_factory=list,
-        description="For circuit_open: calls of the version that ran while it was failing.",
+        description="For circuit_open: calls of the version that ran while it was failing, "
+        "each RUN/CALL (a '%' or '/' in either written %25 or %2F); the task's tenant is theirs.",
     )
     created_at: float
 

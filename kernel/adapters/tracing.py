@@ -26,7 +26,15 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Tracer, TracerProvider
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    TraceFlags,
+    Tracer,
+    TracerProvider,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from kernel.errors import MissingExtraError
@@ -103,6 +111,39 @@ def context_from_traceparent(value: str | None) -> Context:
     return _PROPAGATOR.extract({"traceparent": value} if value else {})
 
 
+def context_of_trace(trace_id: str | None) -> Context:
+    """A context in the trace ``trace_id`` (32 hex digits, as the ledger keeps a call's), for
+    work on a call that no record's headers carry the context of: a lost worker's call, an
+    operator's resolution. The ledger keeps the trace, not a span of it, so a span started
+    here has a parent that is in no exporter's batch: it joins the trace at its top. Empty
+    (a new trace) when ``trace_id`` is None or not a trace id."""
+    try:
+        number = int(trace_id or "", 16)
+    except ValueError:
+        number = 0
+    if not 0 < number < 1 << 128 or len(trace_id or "") != 32:
+        return Context()
+    parent = SpanContext(
+        trace_id=number,
+        span_id=(number & ((1 << 64) - 1)) or 1,  # no span of the trace has it: a stand-in
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
+    return trace.set_span_in_context(NonRecordingSpan(parent))
+
+
+@contextlib.contextmanager
+def within(context: Context) -> Iterator[None]:
+    """Run the block in ``context``'s trace (``context_from_traceparent``,
+    ``context_of_trace``): its spans are children of that context's span, and what it
+    publishes carries it."""
+    token = otel_context.attach(context)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
 def messaging(topic: str, partition: int, offset: int, group: str) -> dict[str, Any]:
     """Semantic-convention attributes of processing one consumed Kafka record: ``topic`` and
     ``group`` as Kafka knows them (``Settings.topic``, ``Settings.group``: with the
@@ -132,17 +173,6 @@ def consuming(service_tracer: Tracer, name: str, record: Any, group: str) -> Ite
         if span.is_recording():
             span.set_attributes(messaging(record.topic, record.partition, record.offset, group))
         yield span
-
-
-@contextlib.contextmanager
-def continuing(record: Any) -> Iterator[None]:
-    """Handle ``record`` in the trace its headers carry, without a span of its own: what is
-    published meanwhile (a probe of the call, say) joins that trace."""
-    token = otel_context.attach(context_from_headers(getattr(record, "headers", None)))
-    try:
-        yield
-    finally:
-        otel_context.detach(token)
 
 
 @contextlib.contextmanager

@@ -4,9 +4,10 @@ Workers record every executed call's result in a sliding window per tool version
 counted in buckets);
 when the error rate over the window passes the threshold, the circuit opens: later calls of
 that version end ``not_executed`` with a clear message, an alert metric is raised and the
-opener files a human task listing the calls that ran while the version was failing. It
-closes by operator action (``toolfleet tools resume NAME@VERSION``) or, when configured,
-after a half-open trial call succeeds.
+opener files a human task listing the calls that ran while the version was failing (one
+task per tenant, each call named by run and call: ``task_call_ref``). It closes by operator
+action (``toolfleet tools resume NAME@VERSION``) or, when configured, after a half-open trial
+call succeeds.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import unquote
 
 from redis.asyncio import Redis
 
@@ -33,6 +35,31 @@ opened its circuit (``kernel/stores/lua/circuit/count.lua``)."""
 
 _BUCKETS = 12
 """Buckets per window: a bucket leaves the window as a whole, so the window is exact to 1/12."""
+
+CircuitCall = tuple[str, str, str]
+"""A call counted in a circuit's window: (tenant, run, call id). A call counted by a worker of
+an earlier release, which kept call ids alone, reads ('', '', call id)."""
+
+_SEP = "\x1f"
+
+
+def task_call_ref(run_id: str, call_id: str) -> str:
+    """How a ``circuit_open`` task names one of its calls (``HumanTask.calls``): ``RUN/CALL``,
+    a ``%`` or ``/`` in either written ``%25`` or ``%2F`` (the task's tenant is the call's)."""
+    return f"{_escaped(run_id)}/{_escaped(call_id)}"
+
+
+def parse_task_call_ref(ref: str) -> tuple[str | None, str]:
+    """(run, call id) of a ``task_call_ref``; (None, ref) for a task filed by an earlier
+    release, which listed bare call ids."""
+    if "/" not in ref:
+        return None, ref
+    run, call = ref.split("/", 1)
+    return unquote(run), unquote(call)
+
+
+def _escaped(part: str) -> str:
+    return part.replace("%", "%25").replace("/", "%2F")
 
 
 @dataclass(frozen=True)
@@ -55,16 +82,17 @@ class CircuitBreaker:
         self._count = _COUNT.register(redis)
 
     async def count(
-        self, ref: str, call_ids: Sequence[str], *, failed: int, now: float
-    ) -> list[str]:
+        self, ref: str, calls: Sequence[CircuitCall], *, failed: int, now: float
+    ) -> list[CircuitCall]:
         """Count executed calls of the version ``ref`` in its sliding window, ``failed`` of
-        them failed: the window's call ids when these calls opened its circuit (the caller
-        files the human task listing them, and calls ``opened``), else []."""
+        them failed: the window's calls when these calls opened its circuit (the caller files
+        the human tasks listing them, and calls ``opened``), else []. A call is named by its
+        full identity: a call id is unique only within its run, and a run within its tenant."""
         s = self.settings
         keys = [self.keys.circuit(part, ref) for part in ("window", "state", "calls")]
         args: list[Any] = [now, s.circuit_window_s, s.circuit_min_calls, s.circuit_error_rate]
-        args += [_BUCKETS, failed, *call_ids]
-        return [text(m) for m in await self._count(keys=keys, args=args)]
+        args += [_BUCKETS, failed, *(_SEP.join(call) for call in calls)]
+        return [_call_of(text(m)) for m in await self._count(keys=keys, args=args)]
 
     def opened(self, ref: str) -> None:
         """Counting calls opened the circuit of ``ref``: forget its cached verdict."""
@@ -154,3 +182,12 @@ class CircuitBreaker:
                 pipe.get(self.keys.circuit("state", ref))
             raw = await pipe.execute()
         return {ref: json.loads(s) if s else None for ref, s in zip(refs, raw, strict=True)}
+
+
+def _call_of(member: str) -> CircuitCall:
+    """A call of a window's list: tenant, run and call id (a bare call id: an earlier
+    release's worker counted it)."""
+    parts = member.split(_SEP, 2)
+    if len(parts) != 3:
+        return ("", "", member)
+    return (parts[0], parts[1], parts[2])

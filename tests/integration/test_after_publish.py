@@ -49,8 +49,8 @@ async def test_a_burst_of_outcomes_is_committed_and_counted_in_one_step(
     window = await redis.hgetall(keys.circuit("window", ref))
     assert sum(int(v) for k, v in window.items() if k.endswith(b":n")) == 5
     listed = await redis.lrange(keys.circuit("calls", ref), 0, -1)
-    recent = [m.decode().partition("|")[2] for m in listed]
-    assert sorted(recent) == sorted(o.call_id for o in counted)
+    recent = [m.decode().partition("|")[2] for m in listed]  # tenant, run, call by \x1f
+    assert sorted(recent) == sorted(f"t\x1frun\x1f{o.call_id}" for o in counted)
     assert (await circuits.check(ref)).state == "closed"
 
 
@@ -67,7 +67,8 @@ async def test_failures_that_open_the_circuit_name_the_window_to_one_caller(
     failed = [await _finished(ledger, "failed") for _ in range(3)]
     replies = await asyncio.gather(*(after(o, ref) for o in [*ok, *failed]))
     assert replies[:-1] == [[]] * 4, "only the last failed call files the task"
-    assert sorted(replies[-1]) == sorted(o.call_id for o in [*ok, *failed])
+    # Each call by its full identity: a call id is unique only within its run.
+    assert sorted(replies[-1]) == sorted(("t", "run", o.call_id) for o in [*ok, *failed])
     assert (await circuits.check(ref)).state == "open"
 
 

@@ -184,7 +184,10 @@ async def test_a_failing_tool_version_trips_the_circuit_and_later_calls_are_not_
     assert result.calls[4].effect == "not_executed"
     assert await _is_open(circuits)
     tasks = [t for t in await TaskStore(redis, keys).all() if t.task.kind == "circuit_open"]
-    assert set(tasks[-1].task.calls) == {c.call_id for c in failing.function_calls[:4]}
+    # Each call by run and call: a call id alone names a call only within its run.
+    assert set(tasks[-1].task.calls) == {
+        f"{failing.run_id}/{c.call_id}" for c in failing.function_calls[:4]
+    }
 
     later = turn(("a", "flaky", {"fail": False}), ("b", "flaky", {"fail": False}))
     await client.submit(later)

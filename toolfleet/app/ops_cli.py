@@ -20,6 +20,7 @@ from kernel.rules.effects import Budgets, attendance, needs_review, review_rows
 from kernel.rules.versions import version_ref
 from kernel.settings import Settings
 from kernel.stores.admission import Admission, Limits
+from kernel.stores.circuit import task_call_ref
 from kernel.stores.keys import Keys
 from kernel.stores.registry import ToolDirectory
 from kernel.stores.schema import StateSchema
@@ -64,9 +65,11 @@ def list_tasks(show_all: bool) -> None:
             t = stored.task
             age = time.time() - t.created_at
             subject = t.call_id or f"{t.tool_name}@{t.tool_version}"
+            if t.call_id and t.run_id:  # a call id is unique only within its run
+                subject = task_call_ref(t.run_id, t.call_id)
             click.echo(f"{t.task_id}  {stored.status:8}  {t.kind:21}  {subject}  ({age:.0f} s)")
             click.echo(f"    {t.reason}")
-            if t.calls:
+            if t.calls:  # a circuit's: run/call each (the task's tenant is theirs)
                 click.echo(f"    calls: {', '.join(t.calls)}")
 
     _with_redis(work)

@@ -462,8 +462,9 @@ class Console:
         )
         log.info(
             "console decision",
-            extra={"operator": who.name, "call": sent.call_id, "approve": approve},
-        )
+            extra={"operator": who.name, "tenant_id": sent.tenant_id, "run_id": sent.run_id,
+                   "call_id": sent.call_id, "approve": approve},
+        )  # fmt: skip
         return JSONResponse({"sent": sent.model_dump(mode="json", exclude={"signature"})}, 202)
 
     # --- circuits and versions ----------------------------------------------------------------

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from kernel.rules.versions import version_ref
+from kernel.stores.circuit import parse_task_call_ref
 from kernel.stores.ledger import LedgerEntry
 from kernel.stores.tasks import StoredTask
 from toolfleet.app.operations import CallView, PendingApproval, ToolVersions, call_fields
@@ -63,12 +64,16 @@ def call_json(view: CallView, trace_url_template: str | None) -> dict[str, Any]:
 
 
 def task_json(stored: StoredTask) -> dict[str, Any]:
-    """A human task, where it stands, and how it was resolved (without the signature)."""
+    """A human task, where it stands, and how it was resolved (without the signature). A
+    circuit's task lists its calls as ``RUN/CALL`` (``calls``); ``call_refs`` has them apart,
+    ``run_id`` None for a bare call id (a task an earlier release filed)."""
     resolution = dict(stored.resolution) if stored.resolution else None
     if resolution is not None:
         resolution.pop("signature", None)
+    refs = [parse_task_call_ref(ref) for ref in stored.task.calls]
     return {
         **stored.task.model_dump(mode="json"),
+        "call_refs": [{"run_id": run, "call_id": call} for run, call in refs],
         "status": stored.status,
         "resolution": resolution,
         "age_s": max(0.0, time.time() - stored.task.created_at),

@@ -463,7 +463,7 @@
     }
     function taskRow(t) {
       const subject = t.call_id
-        ? h("a", { class: "mono", href: callHref(t.tenant_id, t.call_id, t.run_id) }, t.call_id)
+        ? h("a", { class: "mono", href: callHref(t.tenant_id, t.call_id, t.run_id) }, t.run_id ? `${t.run_id}/${t.call_id}` : t.call_id)
         : h("a", { class: "mono", href: "/circuits" }, `${t.tool_name}@${t.tool_version}`);
       const open = t.status === "open";
       const actions = !open ? (t.resolution ? `${t.resolution.resolution} by ${t.resolution.decided_by}` : "")
@@ -471,7 +471,9 @@
           : h("a", { href: "/circuits" }, "resume the circuit…");
       const row = h("tr", { class: "row", id: `task-${t.task_id}`, dataset: { kind: "task", task: t.task_id, tenant: t.tenant_id, href: t.call_id ? callHref(t.tenant_id, t.call_id, t.run_id) : "/circuits" } },
         h("td", { class: "mono" }, t.task_id), h("td", {}, t.kind.replace(/_/g, " ")), h("td", {}, t.tenant_id),
-        h("td", {}, subject, t.calls && t.calls.length ? h("div", { class: "muted" }, `${t.calls.length} call(s) ran while it failed`) : null),
+        h("td", {}, subject, t.calls && t.calls.length ? h("details", { class: "muted task-calls" },
+          h("summary", {}, `${t.calls.length} call(s) ran while it failed`),
+          (t.call_refs || []).map((c) => h("div", { class: "mono" }, c.run_id ? h("a", { href: callHref(t.tenant_id, c.call_id, c.run_id) }, `${c.run_id}/${c.call_id}`) : c.call_id))) : null),
         h("td", {}, t.reason), h("td", { class: "when" }, age(t.age_s)),
         h("td", {}, badge(`s-${t.status}`, t.status)), h("td", { class: "actions" }, actions));
       row._resolve = open && t.call_id && canDecide() ? () => resolve(row, t) : null;
