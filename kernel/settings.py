@@ -310,20 +310,21 @@ class Settings(BaseSettings):
         default=64, ge=4, description="Deepest nesting accepted in a message or arguments"
     )
 
-    traceback_redact_pattern: str = Field(
-        default=TRACEBACK_REDACT_PATTERN,
+    traceback_redact_pattern: str | None = Field(
+        default=None,
         description="A Python regular expression: what it matches in a tool failure's message "
-        "and traceback (kept with the call's attempt, and logged) is replaced by <redacted> "
-        "(only its groups' text when it has groups: password=<redacted>). The default takes "
-        "out password=, token=, api_key= style values, Authorization: Bearer headers, "
-        "sk- API keys, GitHub, Slack and AWS keys, JWTs and URL passwords; (?!) takes nothing out",
+        "and traceback (kept with the call's attempt, and logged) is taken out (only the text "
+        "of its groups when it has groups, so password=secret keeps password=). Unset: the "
+        "built-in pattern (kernel.settings.TRACEBACK_REDACT_PATTERN), for password=, token=, "
+        "api_key= style values, Authorization headers, sk- API keys, GitHub, Slack and AWS "
+        "keys, JWTs and URL passwords; (?!) takes nothing out",
     )
 
     @field_validator("traceback_redact_pattern")
     @classmethod
-    def _compiles(cls, pattern: str) -> str:
+    def _compiles(cls, pattern: str | None) -> str | None:
         try:
-            re.compile(pattern)
+            re.compile(pattern or TRACEBACK_REDACT_PATTERN)
         except re.error as exc:
             raise ValueError(f"not a regular expression ({exc}); fix or unset it") from exc
         return pattern

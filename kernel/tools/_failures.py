@@ -70,7 +70,8 @@ class FailureRecording:
     @classmethod
     def of(cls, settings: Settings) -> FailureRecording:
         """As ``settings`` say (``traceback_redact_pattern``, ``console_public_url``)."""
-        return cls(re.compile(settings.traceback_redact_pattern), settings.console_public_url)
+        pattern = settings.traceback_redact_pattern or TRACEBACK_REDACT_PATTERN
+        return cls(re.compile(pattern), settings.console_public_url)
 
     def failure(
         self, exc: BaseException, arguments: Mapping[str, Any] | None = None

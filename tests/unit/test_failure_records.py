@@ -102,6 +102,8 @@ def test_scanning_a_long_adversarial_text_stays_fast() -> None:
 def test_the_pattern_is_a_setting_read_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.delenv("TOOLFLEET_TRACEBACK_REDACT_PATTERN", raising=False)
+    assert FailureRecording.of(Settings()).secrets.pattern == TRACEBACK_REDACT_PATTERN  # unset
     monkeypatch.setenv("TOOLFLEET_TRACEBACK_REDACT_PATTERN", r"(?i)card=(\d+)")
     recording = FailureRecording.of(Settings())
     exc = _raised(RuntimeError("declined card=4111111111111111 password=hunter2"))
