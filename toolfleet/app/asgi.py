@@ -30,7 +30,10 @@ async def serve_asgi(
                 listening(url)
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on
+    # sockets whose proto says TCP, and with it on, every response on a kept-alive connection
+    # waited ~40 ms for the client's delayed ACK (bench/results/console-history.md).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound = sock.getsockname()[1]
