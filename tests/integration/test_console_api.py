@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from kernel.rules.auth import DecisionAuth
 from kernel.settings import Settings
 from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger
 from kernel.stores.registry import pinned_version
 from kernel.stores.tasks import StoredTask, TaskStore
 from schemas import ApprovalDecision, ModelResponseEvent, TaskResolution
@@ -822,3 +823,97 @@ async def test_pools_workers_and_tenants_are_shown_and_limits_change_for_admins_
     assert cleared.json()["limits"] == {}
     await http.post(f"/api/limits/tenants/{tenant}", json={"clear": True}, headers=root)
     assert await redis.hget(keys.admission("tenants"), tenant) is None
+
+
+async def _audit_events(redis: Redis, keys: Keys, tenant: str, run: str, call: str) -> list[Any]:
+    return await Ledger(redis, keys).audit(tenant, run, call)
+
+
+async def test_bulk_actions_show_what_they_touch_act_once_confirmed_and_land_in_each_audit(
+    *,
+    http: httpx.AsyncClient,
+    client: FleetClient,
+    fleet: LocalFleet,
+    redis: Redis,
+    keys: Keys,
+) -> None:
+    waiting = turn("acme", *((f"b{i}", "transfer", {"amount": i, "to": "x"}) for i in range(3)))
+    assert (await client.run_turn(waiting)).status == "interrupted"
+    calls = [c.call_id for c in waiting.function_calls]
+    reject = {
+        "action": "reject",
+        "selection": {"tenant": "acme", "tool": "transfer", "run": waiting.run_id},
+        "note": "not today",
+    }
+    viewer = await http.post("/api/bulk/plan", json=reject, headers=_as("vera"))
+    assert viewer.status_code == 403 and "needs the operator role" in viewer.json()["error"]
+    other = await http.post("/api/bulk/plan", json=reject, headers=_as("acme-ops"))
+    assert other.status_code == 200  # acme's operator: acme's calls
+    planned = (await http.post("/api/bulk/plan", json=reject)).json()
+    assert (planned["count"], planned["calls"]) == (3, 3)
+    assert sorted(t["call_id"] for t in planned["targets"]) == sorted(calls)
+    stale = await http.post("/api/bulk/apply", json=reject | {"digest": "0" * 32})
+    assert stale.status_code == 409 and "look at it again" in stale.json()["error"]
+    done = await http.post("/api/bulk/apply", json=reject | {"digest": planned["digest"]})
+    assert done.status_code == 202, done.text
+    result = done.json()
+    assert (result["done"], result["failed"]) == (3, 0)
+
+    async def decided(call: str) -> list[Any]:
+        chain = await _audit_events(redis, keys, "acme", waiting.run_id, call)
+        names = [e["event"] for e in chain]
+        return chain if "approval_decision" in names else []
+
+    for call in calls:
+        chain = await wait_for(lambda call=call: decided(call))
+        [bulk_entry] = [e for e in chain if e["event"] == "bulk_action"]
+        assert bulk_entry["bulk"] == result["bulk_id"] and bulk_entry["by"] == "token:alice"
+        [decision] = [e for e in chain if e["event"] == "approval_decision"]
+        assert (decision["approve"], decision["by"]) == (False, "token:alice")
+    again = (await http.post("/api/bulk/plan", json=reject)).json()
+    assert again["count"] == 0  # decided: nothing left to touch
+
+    # Resolve a human task in bulk: the reconciler carries out each resolution.
+    lost = turn("acme", ("n", "note", {"text": "bulk", "mode": "apply_then_drop"}))
+    lost_call = await _submitted(client, lost)
+    task = await _task_for(redis, keys, lost_call)
+    resolve = {
+        "action": "resolve",
+        "selection": {"task_ids": [task.task.task_id]},
+        "resolution": "applied",
+        "output": "noted",
+    }
+    planned = (await http.post("/api/bulk/plan", json=resolve)).json()
+    assert [t["task_id"] for t in planned["targets"]] == [task.task.task_id]
+    done = await http.post("/api/bulk/apply", json=resolve | {"digest": planned["digest"]})
+    assert done.json()["done"] == 1
+    assert (await result_of(fleet, client, lost.run_id)).status == "completed"
+    chain = await _audit_events(redis, keys, "acme", lost.run_id, lost_call)
+    assert [e["bulk"] for e in chain if e["event"] == "bulk_action"] == [done.json()["bulk_id"]]
+
+    # Cancel runs in bulk: each run is marked cancelled, and its calls' chains say why.
+    held = turn("acme", ("h", "transfer", {"amount": 1, "to": "y"}))
+    assert (await client.run_turn(held)).status == "interrupted"
+    cancel = {"action": "cancel", "selection": {"tenant": "acme", "runs": [held.run_id]}}
+
+    async def plan_with_its_call() -> dict[str, Any] | None:
+        # The run's calls come from the history, which records its turn as it ends.
+        shown = (await http.post("/api/bulk/plan", json=cancel)).json()
+        return shown if shown["calls"] == 1 else None
+
+    planned = await wait_for(plan_with_its_call)
+    assert planned["count"] == 1
+    done = await http.post("/api/bulk/apply", json=cancel | {"digest": planned["digest"]})
+    assert done.json()["done"] == 1
+    chain = await _audit_events(redis, keys, "acme", held.run_id, held.function_calls[0].call_id)
+    assert [(e["action"], e["bulk"]) for e in chain if e["event"] == "bulk_action"] == [
+        ("cancel", done.json()["bulk_id"])
+    ]
+
+    async def cancelled() -> bool:
+        return await redis.exists(keys.cancelled("acme", held.run_id)) == 1
+
+    await wait_for(cancelled)
+    elsewhere = {"action": "cancel", "selection": {"tenant": "globex", "runs": ["r"]}}
+    refused = await http.post("/api/bulk/plan", json=elsewhere, headers=_as("acme-ops"))
+    assert refused.status_code == 403

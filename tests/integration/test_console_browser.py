@@ -31,6 +31,7 @@ from redis.asyncio import Redis
 
 from kernel.settings import Settings
 from kernel.stores.keys import Keys
+from kernel.stores.ledger import Ledger
 from kernel.stores.tasks import StoredTask, TaskStore
 from tests.conftest import wait_for
 from tests.integration.console_support import (
@@ -488,6 +489,68 @@ async def test_an_admin_limits_a_tenant_on_the_fleet_page_and_a_viewer_has_nothi
     status, data = await _fetch(viewer, f"/api/limits/tenants/{tenant}", {"clear": True})
     assert status == 403 and "needs the admin role" in data["error"], data
     await redis.hdel(keys.admission("tenants"), tenant)
+
+
+async def test_an_operator_rejects_resolves_and_cancels_in_bulk_after_seeing_each_target(
+    signed_in: Any, client: FleetClient, fleet: LocalFleet, redis: Redis, keys: Keys
+) -> None:
+    held = turn("acme", *((f"x{i}", "transfer", {"amount": i, "to": "z"}) for i in range(2)))
+    assert (await client.run_turn(held)).status == "interrupted"
+    lost = turn("acme", ("n", "note", {"text": "n9", "mode": "apply_then_drop"}))
+    await client.submit(lost)
+    task = await _task_for(redis, keys, lost.function_calls[0].call_id)
+    ledger = Ledger(redis, keys)
+
+    async def bulk(action: str, fill: dict[str, str], selects: dict[str, str], count: str) -> str:
+        await page.locator("#bulk-action").select_option(action)
+        for name, value in fill.items():
+            await page.locator(f"#bulk-{name}").fill(value)
+        for name, value in selects.items():
+            await page.locator(f"#bulk-{name}").select_option(value)
+        await page.get_by_role("button", name="Show what it touches").click()
+        await expect(page.locator("#bulk-summary")).to_contain_text(count)
+        await page.locator("#bulk-confirm").click()
+        await expect(page.locator("#banner")).to_contain_text("done, 0 refused")
+        return (await page.locator("#banner").text_content() or "").split(":")[0]
+
+    page: Page = await signed_in("alice", "/bulk")
+    await expect(page_ready(page)).to_have_count(1)
+    fill = {"tenant": "acme", "tool": "transfer", "run": held.run_id}
+    rejected = await bulk("reject", fill, {}, "2 calls (2 calls) would be touched")
+    await expect(page.locator("#bulk-targets td.result.ok")).to_have_count(2)
+    for call in held.function_calls:
+
+        async def decided(call_id: str = call.call_id) -> bool:
+            chain = await ledger.audit("acme", held.run_id, call_id)
+            return any(e["event"] == "approval_decision" for e in chain)
+
+        await wait_for(decided)
+        chain = await ledger.audit("acme", held.run_id, call.call_id)
+        assert [e["bulk"] for e in chain if e["event"] == "bulk_action"] == [rejected]
+        assert [e["by"] for e in chain if e["event"] == "approval_decision"] == [ALICE]
+
+    await page.reload()
+    fill = {"tenant": "acme", "tool": "note", "output": "noted in bulk"}
+    await bulk(
+        "resolve", fill, {"task_kind": "unknown_effect", "resolution": "applied"}, "1 task (1 call)"
+    )
+    result = await result_of(fleet, client, lost.run_id)
+    assert (result.status, result.outputs[0].output) == ("completed", "noted in bulk")
+    stored = await TaskStore(redis, keys).get(task.task.task_id)
+    assert stored is not None and stored.resolution is not None
+    assert stored.resolution["decided_by"] == ALICE
+
+    await page.reload()
+    await bulk("cancel", {"tenant": "acme", "runs": held.run_id}, {}, "1 run (2 calls)")
+
+    async def cancelled() -> bool:
+        return await redis.exists(keys.cancelled("acme", held.run_id)) == 1
+
+    await wait_for(cancelled)
+
+    viewer: Page = await signed_in("victor", "/bulk")
+    await expect(viewer.locator("#bulk-viewer")).to_be_visible()
+    await expect(viewer.locator("main button, main form")).to_have_count(0)
 
 
 async def test_an_operator_of_one_tenant_sees_and_decides_nothing_of_another(

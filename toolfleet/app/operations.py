@@ -43,7 +43,13 @@ from kernel.stores.registry import (
     unpin_version,
 )
 from kernel.stores.tasks import StoredTask, TaskStore
-from schemas import ApprovalDecision, CompletionMessage, TaskResolution, ToolSpec
+from schemas import (
+    ApprovalDecision,
+    CancelRequest,
+    CompletionMessage,
+    TaskResolution,
+    ToolSpec,
+)
 
 __all__ = [
     "RESOLUTIONS",
@@ -61,6 +67,8 @@ __all__ = [
     "ToolVersions",
     "VersionView",
     "call_fields",
+    "cancel_run",
+    "check_tenant",
     "complete_call",
     "decide_approval",
     "list_tasks",
@@ -120,7 +128,8 @@ def _names(allowed: frozenset[str]) -> str:
     return ", ".join(sorted(allowed)) or "no tenant"
 
 
-def _check_tenant(tenant: TenantScope, owner: str, what: str) -> None:
+def check_tenant(tenant: TenantScope, owner: str, what: str) -> None:
+    """Refuse (``NotAllowedError``) ``what`` of tenant ``owner`` to an operator of ``tenant``."""
     allowed = _allowed(tenant)
     if allowed is not None and owner not in allowed:
         raise NotAllowedError(
@@ -179,7 +188,7 @@ async def resolve_task(
     stored = await TaskStore(redis, Keys.of(settings)).get(task_id)
     if stored is None:
         raise NotFoundError(f"no task {task_id}; see `toolfleet tasks list`")
-    _check_tenant(tenant, stored.task.tenant_id, f"task {task_id}")
+    check_tenant(tenant, stored.task.tenant_id, f"task {task_id}")
     if stored.task.kind == "circuit_open":
         what = f"task {task_id} (an open circuit's)"
         _fleet_wide(tenant, what)
@@ -241,7 +250,7 @@ async def read_call(
 ) -> CallView:
     """A call's ledger entry and audit chain (``run_id`` may be '' with tenant identity
     scope)."""
-    _check_tenant(tenant, tenant_id, f"call {call_id}")
+    check_tenant(tenant, tenant_id, f"call {call_id}")
     ledger = Ledger(redis, Keys.of(settings), settings.ledger_retention_s)
     entry = (await ledger.read(tenant_id, run_id, [call_id])).get(call_id)
     if entry is None:
@@ -362,7 +371,7 @@ async def decide_approval(
     tenant's key, published on ``approvals`` (as ``FleetClient.decide`` does). The planner
     records it; the agent runtime's resumed turn then runs the call, or tells the model it
     was rejected. Returns what was sent."""
-    _check_tenant(tenant, tenant_id, f"call {call_id}")
+    check_tenant(tenant, tenant_id, f"call {call_id}")
     ledger = Ledger(redis, Keys.of(settings), settings.ledger_retention_s)
     entry = (await ledger.read(tenant_id, run_id, [call_id])).get(call_id)
     if entry is None:
@@ -381,6 +390,28 @@ async def decide_approval(
     )
     signed = DecisionAuth.of(settings).sign(decision)
     await bus.publish_and_wait("approvals", decision.run_id, signed)
+    return signed
+
+
+async def cancel_run(
+    bus: Bus,
+    settings: Settings,
+    *,
+    tenant_id: str,
+    run_id: str,
+    reason: str,
+    decided_by: str,
+    tenant: TenantScope = None,
+) -> CancelRequest:
+    """Cancel a run (parent cancellation: none of its calls starts from now on, running ones
+    are cancelled): a CancelRequest signed with the tenant's key, published on
+    ``cancellations`` (as ``FleetClient.cancel`` does). Returns what was sent."""
+    check_tenant(tenant, tenant_id, f"run {run_id}")
+    request = CancelRequest(
+        tenant_id=tenant_id, run_id=run_id, reason=reason, decided_by=decided_by
+    )
+    signed = DecisionAuth.of(settings).sign(request)
+    await bus.publish_and_wait("cancellations", run_id, signed)
     return signed
 
 

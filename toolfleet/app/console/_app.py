@@ -17,6 +17,7 @@ pages, ``/api/config``                                      viewer    (the API's
 ``POST /api/tasks/ID/resolve``, ``/api/approvals/decide``   operator  the task's or call's
 ``POST /api/circuits/REF/resume``, ``/api/tools/NAME/*``    admin     every tenant ("*")
 ``POST /api/limits/tenants|tools/NAME``                     admin     every tenant ("*")
+``POST /api/bulk/plan``, ``/api/bulk/apply``                operator  each target's
 ==========================================================  ========  =====================
 """
 
@@ -34,6 +35,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
 
+from pydantic import ValidationError
 from redis.asyncio import Redis
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
@@ -60,11 +62,17 @@ from kernel.rules.versions import version_ref
 from kernel.settings import Settings
 from kernel.stores.door import Stores
 from kernel.stores.history import MAX_LIMIT
-from toolfleet.app import operations
+from toolfleet.app import bulk, operations
 from toolfleet.app.console._access import Access, NotAuthenticatedError
 from toolfleet.app.console._auth import SESSION_COOKIE, Authenticator
 from toolfleet.app.console._feed import Dropped, FeedEvent, Filter, LiveFeed, StatusChange
-from toolfleet.app.console._fleet_views import limits_json, pool_json, share_json
+from toolfleet.app.console._fleet_views import (
+    limits_json,
+    plan_json,
+    pool_json,
+    results_json,
+    share_json,
+)
 from toolfleet.app.console._history import HistoryRecorder
 from toolfleet.app.console._history_views import HistoryApi
 from toolfleet.app.console._login import (
@@ -86,7 +94,7 @@ from toolfleet.app.identity import Identity, Role
 
 log = logging.getLogger(__name__)
 
-PAGES = ("/", "/tasks", "/circuits", "/fleet")
+PAGES = ("/", "/tasks", "/circuits", "/fleet", "/bulk")
 """The console's pages (and every call's, under /calls/TENANT/CALL_ID)."""
 
 _BODY_MAX_BYTES = 65_536
@@ -127,7 +135,7 @@ def _status_of(exc: ToolfleetError) -> int:
         return 403
     if isinstance(exc, operations.NotFoundError):
         return 404
-    if isinstance(exc, operations.AlreadyDecidedError):
+    if isinstance(exc, operations.AlreadyDecidedError | bulk.SelectionChangedError):
         return 409
     if isinstance(exc, ConfigurationError):
         return 500
@@ -526,6 +534,40 @@ class Console:
         log.info("console decision", extra={"operator": who.name, "unpin": name})
         return JSONResponse({"name": name, "unpinned": unpinned})
 
+    # --- bulk actions ---------------------------------------------------------------------------
+    async def bulk_plan(self, request: Request, who: Identity) -> Response:
+        """What a bulk action would touch (its targets and their digest, to confirm)."""
+        self.access.check_decision(request, who)
+        wanted = _bulk_request(await _body(request))
+        planned = await bulk.plan(
+            self.redis,
+            self.settings,
+            wanted,
+            tenant=self.access.tenants(who),
+            fleet_wide=self.access.may_act_fleet_wide(who),
+        )
+        return JSONResponse(plan_json(planned))
+
+    async def bulk_apply(self, request: Request, who: Identity) -> Response:
+        """Carry out a bulk action the operator confirmed (409 if its targets changed)."""
+        self.access.check_decision(request, who)
+        wanted = _bulk_request(await _body(request))
+        bulk_id, results = await bulk.carry_out(
+            self.redis,
+            self._started_bus(),
+            self.settings,
+            wanted,
+            decided_by=who.name,
+            tenant=self.access.tenants(who),
+            fleet_wide=self.access.may_act_fleet_wide(who),
+        )
+        log.info(
+            "console decision",
+            extra={"operator": who.name, "bulk": bulk_id, "action": wanted.action,
+                   "targets": len(results), "failed": sum(not r.ok for r in results)},
+        )  # fmt: skip
+        return JSONResponse(results_json(bulk_id, results), 202)
+
     # --- pools, workers, tenants and limits ---------------------------------------------------
     async def pools(self, _request: Request, who: Identity) -> Response:
         """Each pool's capacity, running calls, lag and workers (fleet-wide facts)."""
@@ -592,6 +634,16 @@ class Console:
         """Sign this browser out (the page's fetch, with the session's CSRF token): where to
         go next, the identity provider's logout when it has one."""
         return await self.login.logout(request)
+
+
+def _bulk_request(body: dict[str, Any]) -> bulk.BulkRequest:
+    try:
+        return bulk.BulkRequest.model_validate(body)
+    except ValidationError as exc:
+        said = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()
+        )
+        raise UsageError(f"not a bulk action: {said}") from None
 
 
 def _sse(event: FeedEvent) -> ServerSentEvent:
@@ -692,6 +744,8 @@ def create_app(settings: Settings, options: ConsoleOptions | None = None) -> Sta
         Route("/api/circuits/{ref}/resume", admin(console.resume), methods=["POST"]),
         Route("/api/tools/{name}/rollback", admin(console.rollback), methods=["POST"]),
         Route("/api/tools/{name}/unpin", admin(console.unpin), methods=["POST"]),
+        Route("/api/bulk/plan", operator(console.bulk_plan), methods=["POST"]),
+        Route("/api/bulk/apply", operator(console.bulk_apply), methods=["POST"]),
         Route("/api/pools", viewer(console.pools)),
         Route("/api/tenants", viewer(console.tenants)),
         Route(

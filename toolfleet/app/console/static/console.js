@@ -137,7 +137,7 @@
     if (typing(event.target) || event.ctrlKey || event.metaKey || event.altKey) return;
     if (state.gPending) {
       state.gPending = false;
-      const to = { l: "/", h: "/", t: "/tasks", c: "/circuits", f: "/fleet" }[event.key];
+      const to = { l: "/", h: "/", t: "/tasks", c: "/circuits", f: "/fleet", b: "/bulk" }[event.key];
       if (to) { event.preventDefault(); location.href = to; }
       return;
     }
@@ -578,6 +578,97 @@
     return { refresh };
   }
 
+  // --- bulk actions: select, look, confirm, act -----------------------------------------------
+  function bulkPage() {
+    const params = new URLSearchParams(location.search);
+    const field = (name, attrs = {}) => h("input", { name, id: `bulk-${name}`, size: 18, autocomplete: "off", value: params.get(name) || "", ...attrs });
+    const action = h("select", { name: "action", id: "bulk-action" },
+      [["reject", "reject pending approvals"], ["approve", "approve pending approvals"], ["resolve", "resolve human tasks"], ["cancel", "cancel runs"]]
+        .map(([value, label]) => h("option", { value, selected: params.get("action") === value }, label)));
+    const resolution = h("select", { name: "resolution", id: "bulk-resolution" },
+      ["not_applied", "applied", "wrong_effect", "approve_compensation", "reject_compensation"].map((r) => h("option", { value: r }, r)));
+    const kind = h("select", { name: "task_kind", id: "bulk-task_kind" }, ["", "unknown_effect", "compensation_approval", "circuit_open"].map((k) => h("option", { value: k }, k || "any kind")));
+    const runs = h("textarea", { name: "runs", id: "bulk-runs", rows: 3, cols: 40, placeholder: "one run id per line" }, params.get("runs") || "");
+    const form = h("form", { id: "bulk-form", class: "filters" },
+      h("label", {}, "action ", action), h("label", {}, "tenant ", field("tenant")), h("label", { class: "for-calls for-tasks" }, "tool ", field("tool")),
+      h("label", { class: "for-calls for-tasks" }, "run ", field("run")),
+      h("label", { class: "for-tasks" }, "task kind ", kind), h("label", { class: "for-tasks" }, "resolution ", resolution),
+      h("label", { class: "for-tasks" }, "output ", field("output")),
+      h("label", { class: "for-runs" }, "runs ", runs),
+      h("label", {}, "note ", field("note", { size: 30 })),
+      h("button", { type: "submit", id: "bulk-preview" }, "Show what it touches"));
+    const plan = h("section", { id: "bulk-plan" });
+    main.replaceChildren(h("h1", {}, "Bulk actions"),
+      h("p", { class: "muted" }, "Select, look at every target, confirm. Each target is decided as one decision would be, signed for you, and every call it names gets a bulk_action entry in its audit chain."),
+      canDecide() ? form : h("p", { id: "bulk-viewer" }, "Bulk actions need the operator role."), plan);
+    if (!canDecide()) return {};
+    function shown() {
+      const a = action.value;
+      for (const el of $$("label.for-calls, label.for-tasks, label.for-runs", form)) {
+        el.hidden = !((a === "approve" || a === "reject") ? el.classList.contains("for-calls") : a === "resolve" ? el.classList.contains("for-tasks") : el.classList.contains("for-runs"));
+      }
+    }
+    action.addEventListener("change", () => { shown(); plan.replaceChildren(); });
+    shown();
+    function request() {
+      const data = new FormData(form);
+      const text = (name) => String(data.get(name) || "").trim() || null;
+      const selection = { tenant: text("tenant"), tool: action.value === "cancel" ? null : text("tool") };
+      const body = { action: action.value, selection, note: text("note") };
+      if (action.value === "approve" || action.value === "reject") selection.run = text("run");
+      if (action.value === "resolve") {
+        selection.run = text("run");
+        selection.task_kind = text("task_kind");
+        body.resolution = text("resolution");
+        body.output = text("output");
+      }
+      if (action.value === "cancel") selection.runs = String(data.get("runs") || "").split(/\s+/).filter(Boolean);
+      for (const [k, v] of Object.entries(selection)) if (v === null) delete selection[k];
+      return body;
+    }
+    const describe = (t) => t.kind === "call" ? `${t.tool} · ${t.tenant_id} / ${t.run_id} / ${t.call_id}`
+      : t.kind === "task" ? `${t.task_id} · ${t.tool} · ${t.tenant_id}${t.run_id ? ` / ${t.run_id} / ${t.call_id}` : ` · ${t.calls} calls`}`
+      : `${t.tenant_id} / ${t.run_id} · ${t.calls} calls`;
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const body = request();
+      let planned;
+      try {
+        planned = await post("/api/bulk/plan", body);
+      } catch (error) {
+        banner(`Nothing to show: ${error.message}`, "bad");
+        return;
+      }
+      banner("", "ok");
+      const verb = { approve: "Approve", reject: "Reject", resolve: "Resolve", cancel: "Cancel" }[planned.action];
+      const one = planned.count === 1;
+      const noun = planned.action === "cancel" ? (one ? "run" : "runs") : planned.action === "resolve" ? (one ? "task" : "tasks") : (one ? "call" : "calls");
+      const table = h("table", { id: "bulk-targets" }, h("thead", {}, h("tr", {}, ["target", "result"].map((t) => h("th", {}, t)))),
+        h("tbody", {}, planned.targets.map((t) => h("tr", { class: "row", dataset: { target: t.task_id || t.call_id || t.run_id } }, h("td", { class: "mono" }, describe(t)), h("td", { class: "result" }, "")))));
+      const confirm = h("button", { type: "button", class: "primary", id: "bulk-confirm", disabled: planned.count === 0 }, `${verb} ${planned.count} ${noun}`);
+      const cancel = h("button", { type: "button", onclick: () => plan.replaceChildren() }, "Cancel");
+      plan.replaceChildren(
+        h("p", { id: "bulk-summary" }, `${planned.count} ${noun} (${planned.calls} call${planned.calls === 1 ? "" : "s"}) would be touched`, planned.count > planned.targets.length ? `; the first ${planned.targets.length} are listed` : "", "."),
+        table, h("p", {}, confirm, " ", cancel));
+      confirm.focus();
+      confirm.addEventListener("click", async () => {
+        confirm.disabled = true;
+        try {
+          const done = await post("/api/bulk/apply", { ...body, digest: planned.digest });
+          for (const r of done.results) {
+            const row = $(`#bulk-targets tr[data-target="${CSS.escape(r.task_id || r.call_id || r.run_id)}"] td.result`);
+            if (row) { row.textContent = r.detail; row.className = `result ${r.ok ? "ok" : "error"}`; }
+          }
+          banner(`${done.bulk_id}: ${done.done} done, ${done.failed} refused.`, done.failed ? "warn" : "ok");
+          cancel.textContent = "Close";
+        } catch (error) {
+          banner(`Not done: ${error.message}`, "bad");
+        }
+      });
+    });
+    return {};
+  }
+
   // --- fleet: pools, workers, tenants, limits ------------------------------------------------
   function fleet() {
     const filter = h("input", { "data-filter": true, placeholder: "filter: pool, worker, tenant, tool…", size: 32, autocomplete: "off" });
@@ -779,12 +870,13 @@
       scope.hidden = false;
     }
     const path = location.pathname;
-    const page = path === "/" ? "live" : path === "/tasks" ? "tasks" : path === "/circuits" ? "circuits" : path === "/fleet" ? "fleet" : path.startsWith("/calls/") ? "call" : null;
+    const page = path === "/" ? "live" : path === "/tasks" ? "tasks" : path === "/circuits" ? "circuits" : path === "/fleet" ? "fleet" : path === "/bulk" ? "bulk" : path.startsWith("/calls/") ? "call" : null;
     for (const link of $$("nav a")) if (link.dataset.nav === page) link.setAttribute("aria-current", "page");
     if (page === "live") state.view = live();
     else if (page === "tasks") state.view = tasks();
     else if (page === "circuits") state.view = circuits();
     else if (page === "fleet") state.view = fleet();
+    else if (page === "bulk") state.view = bulkPage();
     else if (page === "call") state.view = callPage();
     else main.replaceChildren(h("p", {}, "No such page. ", h("a", { href: "/" }, "Live")));
     document.body.dataset.ready = page || "none";
