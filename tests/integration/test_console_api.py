@@ -873,7 +873,15 @@ async def test_bulk_actions_show_what_they_touch_act_once_confirmed_and_land_in_
     again = (await http.post("/api/bulk/plan", json=reject)).json()
     assert again["count"] == 0  # decided: nothing left to touch
 
-    # Resolve a human task in bulk: the reconciler carries out each resolution.
+
+async def test_human_tasks_resolved_in_bulk_are_carried_out_by_the_reconciler(
+    *,
+    http: httpx.AsyncClient,
+    client: FleetClient,
+    fleet: LocalFleet,
+    redis: Redis,
+    keys: Keys,
+) -> None:
     lost = turn("acme", ("n", "note", {"text": "bulk", "mode": "apply_then_drop"}))
     lost_call = await _submitted(client, lost)
     task = await _task_for(redis, keys, lost_call)
@@ -891,7 +899,10 @@ async def test_bulk_actions_show_what_they_touch_act_once_confirmed_and_land_in_
     chain = await _audit_events(redis, keys, "acme", lost.run_id, lost_call)
     assert [e["bulk"] for e in chain if e["event"] == "bulk_action"] == [done.json()["bulk_id"]]
 
-    # Cancel runs in bulk: each run is marked cancelled, and its calls' chains say why.
+
+async def test_runs_cancelled_in_bulk_are_marked_and_their_calls_chains_say_so(
+    *, http: httpx.AsyncClient, client: FleetClient, redis: Redis, keys: Keys
+) -> None:
     held = turn("acme", ("h", "transfer", {"amount": 1, "to": "y"}))
     assert (await client.run_turn(held)).status == "interrupted"
     cancel = {"action": "cancel", "selection": {"tenant": "acme", "runs": [held.run_id]}}
