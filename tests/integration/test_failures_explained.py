@@ -16,6 +16,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -23,6 +24,7 @@ import httpx
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from playwright.async_api import async_playwright, expect
 from pydantic import SecretStr
 from redis.asyncio import Redis
 
@@ -36,11 +38,13 @@ from schemas import ModelResponseEvent
 from tests.conftest import wait_for
 from tests.integration.console_support import bearer, served_console, tokens_setting
 from toolfleet.app import operations
+from toolfleet.app.console import ConsoleOptions
 from toolfleet.testing import InProcessFleet, capture_spans
 
 pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
 
 CONSOLE_URL = "https://console.example"
+CHROMIUM = Path("/usr/bin/chromium")
 SECRET = "hunter2-secret"
 """In each failure's message as ``password=...``: it must reach neither the ledger nor a log."""
 
@@ -122,8 +126,9 @@ async def explained(settings: Settings) -> AsyncIterator[Fleet]:
             "recovery_retry_backoff_s": 0.05,
             "recovery_probe_backoff_s": 0.05,
             "recovery_report_after_s": 120.0,  # turns wait for the reconciler's verdict
+            # Only a version that fails every call trips (explained_upload fails two in three).
             "circuit_min_calls": 6,
-            "circuit_error_rate": 0.5,
+            "circuit_error_rate": 0.9,
             "circuit_cache_s": 0.0,
             "console_public_url": CONSOLE_URL,
             "console_tokens": SecretStr(tokens_setting()),
@@ -291,6 +296,57 @@ async def test_each_failed_attempt_keeps_its_traceback_shown_by_the_api_and_link
             [failure] = [f for f in shown["failures"] if f["attempt"] == attempt]
             assert failure["type"] == line["error_type"]
             assert unquote(call) == "call_1"
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Path:
+    """Debian's chromium: missing, the test fails (it never skips)."""
+    assert CHROMIUM.exists(), f"{CHROMIUM} is missing: run scripts/install-chromium.sh"
+    return CHROMIUM
+
+
+async def test_the_call_page_shows_each_failed_attempt_opening_the_one_a_log_line_links(
+    explained: Fleet, chromium: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In headless Chromium (Debian's): the link of a failure's log line opens the call's page
+    at that attempt's traceback; every other failed attempt is there, folded."""
+    caplog.set_level(logging.WARNING, logger="kernel.tools")
+    event = turn("acme", ("call_1", "explained_upload", {"name": "slides.key"}))
+    assert (await explained.fleet.client.run_turn(event, within=60)).status == "completed"
+    [first] = [
+        r.__dict__["call_view"] for r in caplog.records
+        if r.__dict__.get("run_id") == event.run_id and r.__dict__.get("attempt") == 1
+    ]  # fmt: skip
+    link = urlsplit(first)
+    token = uuid.uuid4().hex
+    local = explained.settings.model_copy(update={"console_tokens": None})
+    async with (
+        served_console(local, ConsoleOptions(local_token=token)) as url,
+        async_playwright() as playwright,
+    ):
+        browser = await playwright.chromium.launch(executable_path=str(chromium), headless=True)
+        try:
+            page = await browser.new_page(base_url=url)
+            await page.goto(f"/?token={token}")  # this console's local login
+            await page.goto(f"{link.path}?{link.query}#{link.fragment}")
+            await expect(page.locator("h1")).to_have_text("call call_1")
+            await expect(page.locator("h2", has_text="What the tool raised")).to_have_text(
+                "What the tool raised (2 failed attempts)"
+            )
+            linked, later = page.locator("details#attempt-1"), page.locator("details#attempt-2")
+            await expect(linked).to_have_attribute("open", "")
+            await expect(later).not_to_have_attribute("open", "")
+            await expect(linked.locator("summary")).to_contain_text(
+                "attempt 1: ConnectionRefusedError"
+            )
+            await expect(linked.locator("pre")).to_contain_text("raise ConnectionRefusedError(")
+            await expect(linked.locator("pre")).to_be_visible()
+            await expect(later.locator("summary")).to_contain_text("attempt 2")
+            await later.locator("summary").click()
+            await expect(later.locator("pre")).to_contain_text("(attempt 2, password=<redacted>)")
+            assert SECRET not in await page.content()
+        finally:
+            await browser.close()
 
 
 # -- the reconciler's spans in the call's trace -----------------------------------------------
