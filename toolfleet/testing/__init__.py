@@ -21,8 +21,12 @@ limits=None, cleanup=True, ready_within=60.0, quiet_within=5.0)``, used as
   command topic (about 0.3 s with a warm local broker); ``stop`` waits until every record on
   the fleet's topics is handled and committed (``quiet_within``), stops every service (calls in
   flight finish, offsets are committed, no task is left), and deletes the topics and Redis keys
-  (``cleanup``; ``purge()`` does it later). A service that stops on an error makes the next
-  ``serve``, ``check()`` or ``stop`` raise UnavailableError with that error chained.
+  (``cleanup``; ``purge()`` does it later). A service that stops on an error, or loses one of
+  its background loops (a worker's capacity registration, the planner's admission tick: the
+  service then stops), makes the next ``serve``, ``check()`` or ``stop`` raise
+  UnavailableError with that error chained. Those loops wait through asyncio's functions as
+  imported, so a test that patches ``asyncio.wait_for`` or ``asyncio.sleep`` module-wide
+  changes the fleet's Kafka and Redis I/O while it runs, not the loops after it.
 - ``await fleet.serve(*tools, **options)`` serves Agents SDK ``FunctionTool`` objects, toolfleet
   ``Tool`` objects and whole ``ToolRegistry`` objects, defined anywhere (inside a test, as a
   closure, from a factory); ``options`` are toolfleet's options of an SDK function tool
