@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from executors import Tool, ToolRegistry, run_call
+from executors import Tool, ToolRegistry, run_call, run_compensate, run_probe
 from kernel.settings import TRACEBACK_REDACT_PATTERN, Settings
 from kernel.stores.ledger import CallFailure, LedgerEntry
 from kernel.tools import FailureRecording, ToolFailure, call_view_path
@@ -225,3 +225,39 @@ def test_an_entry_written_before_per_attempt_records_reads_its_one_failure() -> 
     entry = LedgerEntry.from_hash("acme", "c", raw)
     assert [f.message for f in entry.failures] == ["only"]
     assert LedgerEntry.from_hash("acme", "c", {b"state": b"committed"}).failures == ()
+
+
+async def test_a_failing_compensate_action_is_kept_and_a_failing_probe_is_logged_with_links(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def book(seat: str) -> str:
+        return seat
+
+    tool = ToolRegistry().tool(name="lookup", effect="non_idempotent", timeout=5)(book)
+
+    @tool.probe
+    async def find(ctx: Any) -> Any:
+        raise ConnectionError("probe: password=pw-1 refused")
+
+    @tool.compensate
+    async def cancel(ctx: Any, original_output: str) -> str:
+        raise RuntimeError("cancel: api_key=k-2 rejected")
+
+    caplog.set_level(logging.INFO, logger="kernel.tools")
+    recording = FailureRecording(console_url="https://c")
+    answer = await run_probe(tool, command({"seat": "1A"}, kind="probe"), recording=recording)
+    assert answer.detail == "probe raised ConnectionError: probe: password=<redacted> refused"
+    kept: list[ToolFailure] = []
+    compensation = command(
+        {"seat": "1A"}, kind="compensate", call_id="call_2#compensate", original_output="1A"
+    )
+    with pytest.raises(RuntimeError):
+        await run_compensate(tool, compensation, recording=recording, on_failure=kept.append)
+    assert [f.message for f in kept] == ["cancel: api_key=<redacted> rejected"]
+    probe_line, compensate_line = [r for r in caplog.records if r.name == "kernel.tools"]
+    # A probe is no attempt: its link is the call's page; a compensation's attempt has one.
+    assert probe_line.__dict__["call_view"] == "https://c/calls/acme/call_2?run=run%2F7"
+    assert compensate_line.__dict__["call_view"] == (
+        "https://c/calls/acme/call_2%23compensate?run=run%2F7#attempt-3"
+    )
+    assert "pw-1" not in caplog.text and "k-2" not in caplog.text
