@@ -122,6 +122,13 @@ bench-kafka: setup
 bench-mcp: setup
 	$(BIN)/python -m bench.mcp_door $(BENCH_ARGS)
 
+## bench-console: the console's history at 100,000 turns: search pages and a run view over
+## HTTP (p50/p95), the console's RSS, Redis's memory (bench/results/console-history.md;
+## about 2 minutes)
+.PHONY: bench-console
+bench-console: setup
+	$(BIN)/python -m bench.console_history $(BENCH_ARGS)
+
 ## fuzz: 5,000 hostile messages on every inbound topic; prints the figures
 fuzz: setup
 	TOOLFLEET_FUZZ_MESSAGES=5000 $(BIN)/pytest -q -s tests/integration/test_fuzz.py

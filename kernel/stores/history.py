@@ -106,15 +106,17 @@ class CallFacts:
     details: Mapping[str, Any] = field(default_factory=dict)
 
     def doc(self) -> dict[str, Any]:
-        """The call as the entry's JSON holds it (its decider is kept beside: ``by``)."""
-        return {
+        """The call as the entry's JSON holds it: what is unknown or none is left out (read
+        back as null), its decider is kept beside (``by``)."""
+        given = {
             "call_id": self.call_id,
             "tool": self.tool,
-            "version": self.version or None,
+            "version": self.version,
             "status": self.status,
             "effect": self.effect,
             **self.details,
         }
+        return {k: v for k, v in given.items() if v is not None and v != ""}
 
 
 @dataclass(frozen=True)
@@ -143,38 +145,41 @@ class NewEntry:
         return member_of(self.at, self.kind, self.ident)
 
     def doc(self) -> dict[str, Any]:
-        """Its JSON summary."""
-        return {
-            "kind": self.kind,
-            "tenant_id": self.tenant_id,
-            "run_id": self.run_id,
-            "at": self.at,
-            "status": self.status,
-            **self.details,
-            "calls": [c.doc() for c in self.calls],
-        }
+        """Its JSON summary, as stored: its tenant and kind are in its key, what is none is
+        left out (``HistoryEntry`` gives them all back)."""
+        given = {"run_id": self.run_id, "at": self.at, "status": self.status, **self.details}
+        found = {k: v for k, v in given.items() if v is not None}
+        return found | {"calls": [c.doc() for c in self.calls]}
 
     def indexes(self) -> list[tuple[str, str]]:
         """The (facet, value) of every index it belongs to."""
-        found: list[tuple[str, str]] = [("kind", self.kind)]
-        if self.run_id:
-            found.append(("run", self.run_id))
-        if self.status:
-            found.append(("status", self.status))
-        for c in self.calls:
-            found += [
-                (facet, value)
-                for facet, value in (
-                    ("call", c.call_id),
-                    ("tool", c.tool),
-                    ("version", version_ref(c.tool, c.version) if c.tool and c.version else ""),
-                    ("call_status", c.status),
-                    ("effect", c.effect),
-                    ("decider", c.decided_by),
-                )
-                if value
-            ]
-        return list(dict.fromkeys(found))
+        return facets_of(self.kind, self.run_id, self.status, self.calls)
+
+
+def facets_of(
+    kind: Kind, run_id: str | None, status: str, calls: Iterable[CallFacts]
+) -> list[tuple[str, str]]:
+    """The (facet, value) of every index an entry with these facts belongs to: its kind, run
+    and status, and each call's id, tool, tool version, status, effect and decider."""
+    found: list[tuple[str, str]] = [("kind", kind)]
+    if run_id:
+        found.append(("run", run_id))
+    if status:
+        found.append(("status", status))
+    for c in calls:
+        found += [
+            (facet, value)
+            for facet, value in (
+                ("call", c.call_id),
+                ("tool", c.tool),
+                ("version", version_ref(c.tool, c.version) if c.tool and c.version else ""),
+                ("call_status", c.status),
+                ("effect", c.effect),
+                ("decider", c.decided_by),
+            )
+            if value
+        ]
+    return list(dict.fromkeys(found))
 
 
 def turn_ident(run_id: str, turn_id: int) -> str:
@@ -384,8 +389,21 @@ class HistoryEntry:
         return Cursor(self.member, self.tenant_id)
 
 
+_DEFAULTS: dict[Kind, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "turn": (
+        ("turn_id", "started_at", "finished_at", "error"),
+        ("version", "attempts", "started_at", "finished_at", "error", "trace_id", "reason"),
+    ),
+    "decision": (("message", "sticky", "by_policy"), ("version",)),
+    "task": (("turn_id", "task_calls"), ("call_id", "version")),
+    "cancellation": ((), ()),
+}
+"""The fields an entry leaves out when they are none, given back as null when read."""
+_CALL_KEYS = ("call_id", "tool", "status", "effect")
+
+
 def _decode_entry(
-    tenant_id: str, member: str, raw: Sequence[bytes | None], *, outputs: bool
+    tenant_id: str, kind: Kind, member: str, raw: Sequence[bytes | str | None], *, outputs: bool
 ) -> HistoryEntry | None:
     """An entry from HMGET v doc by res [out]; None when it expired, or is of a later
     format."""
@@ -395,10 +413,10 @@ def _decode_entry(
     written_as = text(version) if version is not None else "1"
     if not written_as.isdigit() or int(written_as) > HISTORY_FORMAT:
         return None
-    kind = _KIND_OF.get(member.split(_US, 2)[1] if member.count(_US) >= 2 else "")
-    if kind is None:
-        return None
-    doc = json.loads(doc_raw)
+    doc = {"kind": kind, "tenant_id": tenant_id, "run_id": None} | json.loads(doc_raw)
+    top, per_call = _DEFAULTS[kind]
+    for name in top:
+        doc.setdefault(name, None)
     deciders = _deciders(text(by_raw) if by_raw else "")
     resolution = json.loads(res_raw) if res_raw else None
     if resolution is not None:
@@ -407,6 +425,8 @@ def _decode_entry(
         doc["note"] = resolution.get("note")
         doc["resolved_at"] = resolution.get("at")
     for call in doc.get("calls") or []:
+        for name in (*_CALL_KEYS, *per_call):
+            call.setdefault(name, None)
         if resolution is not None:
             call["decided_by"] = resolution.get("decided_by") or None
         else:
@@ -415,6 +435,27 @@ def _decode_entry(
     if outputs and len(raw) > 4:
         out = json.loads(raw[4]) if raw[4] else {}
     return HistoryEntry(tenant_id, kind, member, doc, resolution, out)
+
+
+def _kind_of(member: str) -> Kind | None:
+    parts = member.split(_US, 2)
+    return _KIND_OF.get(parts[1]) if len(parts) == 3 else None
+
+
+def _stored_facets(entry: HistoryEntry) -> list[tuple[str, str]]:
+    """The indexes a stored entry is in: what its write and its links put it in."""
+    calls = [
+        CallFacts(
+            call_id=c.get("call_id") or "",
+            tool=c.get("tool") or "",
+            version=c.get("version") or "",
+            status=c.get("status") or "",
+            effect=c.get("effect") or "",
+            decided_by=c.get("decided_by") or "",
+        )
+        for c in entry.calls
+    ]
+    return facets_of(entry.kind, entry.run_id, entry.status, calls)
 
 
 def _deciders(by: str) -> dict[str, str]:
@@ -626,6 +667,32 @@ class RunPage:
     cursor: Cursor | None
 
 
+@dataclass(frozen=True)
+class _Prior:
+    """An entry as a write read it: what the write checks is unchanged (its seq, deciders and
+    resolution), and the indexes it is in."""
+
+    seq: str = ""
+    by: str = ""
+    res: str = ""
+    facets: tuple[tuple[str, str], ...] = ()
+
+
+_PRIOR_FIELDS = ("v", "doc", "by", "res", "seq", "m")
+_FACET_CODES = {
+    "kind": "k",
+    "run": "r",
+    "status": "s",
+    "call": "c",
+    "tool": "t",
+    "version": "v",
+    "call_status": "cs",
+    "effect": "e",
+    "decider": "d",
+}
+"""Each facet's code in its indexes' keys (keys are stored once per index; short is cheap)."""
+
+
 class History:
     """The history of every tenant, over one Redis connection."""
 
@@ -649,10 +716,10 @@ class History:
         return self.keys.history(tenant_id, "e" + member[MS_DIGITS:])
 
     def _index(self, tenant_id: str, facet: str, value: str) -> str:
-        return self.keys.history(tenant_id, f"ix{_US}{facet}{_US}{value}")
+        return self.keys.history(tenant_id, f"i{_US}{_FACET_CODES[facet]}{_US}{value}")
 
     def _marks(self, tenant_id: str, run_id: str) -> str:
-        return self.keys.history(tenant_id, f"run{_US}{run_id}")
+        return self.keys.history(tenant_id, f"r{_US}{run_id}")
 
     def _cutoff(self) -> str:
         return f"{_ms(time.time() - self.retention_s):0{MS_DIGITS}d}"
@@ -663,42 +730,65 @@ class History:
         ``seq`` replaces it). A turn takes its calls' deciders from its run's marks; a
         decision marks its run and links its call's turn; a task takes the resolution that
         came before it, if any."""
-        if entry.kind == "turn" and entry.run_id:
-            verdict = await self._put_turn(entry)
-        elif entry.kind == "task":
-            verdict = await self._put_task(entry)
-        elif entry.kind == "decision" and entry.run_id and entry.calls:
-            verdict = await self._put_decision(entry)
-        else:
-            verdict = cast(Written, await self._write(entry, self._entry_key_for(entry), [], []))
-        await self._mark_tenant(entry.tenant_id)
-        return verdict
+        for _ in range(_STALE_TRIES):
+            if entry.kind == "turn" and entry.run_id:
+                verdict = await self._put_turn(entry)
+            elif entry.kind == "task":
+                verdict = await self._put_task(entry)
+            elif entry.kind == "decision" and entry.run_id and entry.calls:
+                verdict = await self._put_decision(entry)
+            else:
+                key = self._entry_key_for(entry)
+                verdict = await self._write(entry, key, await self._prior(entry, key), [], [])
+            if verdict != "stale":
+                await self._mark_tenant(entry.tenant_id)
+                return verdict
+        raise UnavailableError(
+            f"history: {entry.kind} {entry.ident!r} of {entry.tenant_id} kept changing while "
+            "it was written; retry"
+        )
 
     def _entry_key_for(self, entry: NewEntry) -> str:
         return self._entry_key(entry.tenant_id, entry.kind, entry.ident)
 
-    async def _put_turn(self, entry: NewEntry) -> Written:
+    async def _prior(self, entry: NewEntry, key: str) -> _Prior:
+        return self._prior_of(entry, await self.redis.hmget(key, _PRIOR_FIELDS))
+
+    def _prior_of(self, entry: NewEntry, raw: Sequence[bytes | str | None]) -> _Prior:
+        values = [text(v) if v is not None else "" for v in raw]
+        if not values[1]:  # no entry yet (or fields a link keeps for it)
+            return _Prior(by=values[2], res=values[3])
+        stored = _decode_entry(entry.tenant_id, entry.kind, values[5], raw[:4], outputs=False)
+        facets = tuple(_stored_facets(stored)) if stored is not None else ()
+        return _Prior(values[4], values[2], values[3], facets)
+
+    async def _put_turn(self, entry: NewEntry) -> Written | Literal["stale"]:
         assert entry.run_id is not None
         marks = self._marks(entry.tenant_id, entry.run_id)
+        key = self._entry_key_for(entry)
         calls = list(dict.fromkeys(c.call_id for c in entry.calls if c.call_id))
-        for _ in range(_STALE_TRIES):
-            read = await self.redis.hmget(marks, [f"d{_US}{c}" for c in calls]) if calls else []
-            deciders = {c: text(v) for c, v in zip(calls, read, strict=True) if v}
-            facts = tuple(replace(c, decided_by=deciders.get(c.call_id, "")) for c in entry.calls)
-            guards = [(f"d{_US}{c}", deciders.get(c, "")) for c in calls]
-            linked = [(f"c{_US}{c}", entry.ident) for c in calls]
-            verdict = await self._write(replace(entry, calls=facts), marks, guards, linked)
-            if verdict != "stale":
-                return verdict
-        raise UnavailableError(f"history: run {entry.run_id}'s decisions kept changing; retry")
+        async with self.redis.pipeline(transaction=False) as pipe:  # one tenant: one slot
+            pipe.hmget(key, _PRIOR_FIELDS)
+            if calls:
+                pipe.hmget(marks, [f"d{_US}{c}" for c in calls])
+            replies = await pipe.execute()
+        prior = self._prior_of(entry, replies[0])
+        read = replies[1] if calls else []
+        deciders = {c: text(v) for c, v in zip(calls, read, strict=True) if v}
+        facts = tuple(replace(c, decided_by=deciders.get(c.call_id, "")) for c in entry.calls)
+        guards = [(f"d{_US}{c}", deciders.get(c, "")) for c in calls]
+        linked = [(f"c{_US}{c}", entry.ident) for c in calls]
+        return await self._write(replace(entry, calls=facts), marks, prior, guards, linked)
 
-    async def _put_decision(self, entry: NewEntry) -> Written:
+    async def _put_decision(self, entry: NewEntry) -> Written | Literal["stale"]:
         assert entry.run_id is not None
         call = entry.calls[0]
         marks = self._marks(entry.tenant_id, entry.run_id)
-        verdict = await self._write(entry, marks, [], [(f"d{_US}{call.call_id}", call.decided_by)])
+        prior = await self._prior(entry, self._entry_key_for(entry))
+        mark = [(f"d{_US}{call.call_id}", call.decided_by)]
+        verdict = await self._write(entry, marks, prior, [], mark)
         if verdict != "written":
-            return "older"
+            return verdict
         turn = await self.redis.hget(marks, f"c{_US}{call.call_id}")
         if turn is not None and call.decided_by:
             await self.link(
@@ -710,20 +800,15 @@ class History:
             )
         return verdict
 
-    async def _put_task(self, entry: NewEntry) -> Written:
+    async def _put_task(self, entry: NewEntry) -> Written | Literal["stale"]:
         key = self._entry_key_for(entry)
-        for _ in range(_STALE_TRIES):
-            raw = await self.redis.hget(key, "res")
-            resolution = json.loads(raw) if raw else None
-            shown = entry
-            if resolution is not None:
-                by = str(resolution.get("decided_by") or "")
-                calls = tuple(replace(c, decided_by=by) for c in entry.calls)
-                shown = replace(entry, status="resolved", calls=calls)
-            verdict = await self._write(shown, key, [("res", text(raw) if raw else "")], [])
-            if verdict != "stale":
-                return verdict
-        raise UnavailableError(f"history: task {entry.ident} kept changing; retry")
+        prior = await self._prior(entry, key)
+        shown = entry
+        if prior.res:
+            by = str(json.loads(prior.res).get("decided_by") or "")
+            calls = tuple(replace(c, decided_by=by) for c in entry.calls)
+            shown = replace(entry, status="resolved", calls=calls)
+        return await self._write(shown, key, prior, [], [])
 
     async def resolve_task(self, resolution: TaskResolution, *, at: float) -> str:
         """Note a human task's resolution on its entry (kept for the task's entry if it has
@@ -776,10 +861,12 @@ class History:
         self,
         entry: NewEntry,
         marks_on: str,
+        prior: _Prior,
         guards: Sequence[tuple[str, str]],
         marks: Sequence[tuple[str, str]],
     ) -> Written | Literal["stale"]:
         indexes = [self._index(entry.tenant_id, f, v) for f, v in entry.indexes()]
+        before = [self._index(entry.tenant_id, f, v) for f, v in prior.facets]
         by = _RS.join(f"{c.call_id}{_US}{c.decided_by}" for c in entry.calls if c.decided_by)
         fields: list[str | int] = [
             "v", HISTORY_FORMAT,
@@ -790,7 +877,8 @@ class History:
             fields += ["out", json.dumps(dict(entry.outputs), separators=(",", ":"))]
         seq = entry.seq or seq_of(_ms(entry.at), 0)
         args: list[str | int] = [
-            seq, entry.member, self.retention_s * 1000, self._cutoff(), TRIM_BUDGET, len(guards)
+            seq, entry.member, self.retention_s * 1000, self._cutoff(), TRIM_BUDGET,
+            len(indexes), prior.seq, prior.by, prior.res, len(guards),
         ]  # fmt: skip
         for name, value in guards:
             args += [name, value]
@@ -799,8 +887,8 @@ class History:
         args.append(len(marks))
         for name, value in marks:
             args += [name, value]
-        reply = await self._put(keys=[self._entry_key_for(entry), marks_on, *indexes], args=args)
-        return cast(Written, text(reply))
+        keys = [self._entry_key_for(entry), marks_on, *indexes, *before]
+        return cast(Written | Literal["stale"], text(await self._put(keys=keys, args=args)))
 
     async def _mark_tenant(self, tenant_id: str) -> None:
         now = time.monotonic()
@@ -876,10 +964,13 @@ class History:
             for member in members:
                 pipe.hmget(self._entry_key_of(tenant, member), names)
             replies = await pipe.execute()
-        return [
-            _decode_entry(tenant, member, raw, outputs=outputs)
-            for member, raw in zip(members, replies, strict=True)
-        ]
+        found: list[HistoryEntry | None] = []
+        for member, raw in zip(members, replies, strict=True):
+            kind = _kind_of(member)
+            found.append(
+                None if kind is None else _decode_entry(tenant, kind, member, raw, outputs=outputs)
+            )
+        return found
 
     async def run(
         self, tenant_id: str, run_id: str, *, cursor: Cursor | None = None, limit: int = 500

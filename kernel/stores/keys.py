@@ -170,7 +170,7 @@ class Keys:
         """One of a tenant's history keys (an entry, an index, a run's marks): they share
         the tenant's hash tag, so one script writes an entry and its indexes together on a
         Redis Cluster too, and tenants spread over the shards."""
-        return f"{self.namespace}:{{h.{tenant_id}}}:hist:{part}"
+        return f"{self.namespace}:{{h.{tenant_id}}}:{part}"
 
     @property
     def history_tenants(self) -> str:

@@ -238,7 +238,7 @@ async def test_each_write_trims_what_aged_out_of_the_retention_a_bounded_amount(
     await asyncio.gather(
         *(kept_long.put(turn_entry(_turn(t, f"old-{i}", 0), at=now - 3_600)) for i in range(40))
     )
-    index = keys.history(t, "ix\x1fkind\x1fturn")
+    index = keys.history(t, "i\x1fk\x1fturn")
     assert await redis.zcard(index) == 40
     short = History(redis, keys, retention_s=600)  # everything above is an hour old
     await short.put(turn_entry(_turn(t, "new-0", 0), at=now))
@@ -317,7 +317,7 @@ async def test_on_a_cluster_each_tenant_keeps_to_one_slot_and_tenants_spread_ove
     for port in range(cluster.redis_cluster_port, cluster.redis_cluster_port + 3):
         node = redis.Redis(port=port)
         try:
-            holding += bool(node.keys("*:hist:*"))
+            holding += bool(node.keys("*{h.tenant-*"))
         finally:
             node.close()
     assert holding == 3, "every shard holds some tenants' history"

@@ -1,6 +1,7 @@
 -- Add to an entry what was decided after it was written (History.link): the person who
 -- decided the approval of one of a turn's calls, a human task's resolution. An entry not
--- written yet keeps the fields for its write (which reads them first, under a guard).
+-- written yet keeps the fields for its write (which reads them first, and writes only if
+-- they are still what it read).
 -- KEYS[1]: the entry's hash; KEYS[2 .. n_add + 1]: indexes to add the entry to; the rest:
 -- indexes to take it out of.
 -- ARGV: ttl_ms (0: kept for ever), cutoff (13-digit ms; '' trims nothing), trim budget,
@@ -33,26 +34,10 @@ if not member then
   if ttl > 0 then redis.call('PEXPIRE', entry, ttl) end
   return 'missing'
 end
-local ix, has = {}, {}
-for _, key in ipairs(cjson.decode(redis.call('HGET', entry, 'ix') or '[]')) do
-  ix[#ix + 1] = key
-  has[key] = true
-end
 for i = 2, n_add + 1 do
   index(KEYS[i], member, ttl, cutoff, budget)
-  if not has[KEYS[i]] then
-    ix[#ix + 1] = KEYS[i]
-    has[KEYS[i]] = true
-  end
 end
-local out = {}
 for i = n_add + 2, #KEYS do
   redis.call('ZREM', KEYS[i], member)
-  out[KEYS[i]] = true
 end
-local kept = {}
-for _, key in ipairs(ix) do
-  if not out[key] then kept[#kept + 1] = key end
-end
-redis.call('HSET', entry, 'ix', cjson.encode(kept))
 return 'linked'
