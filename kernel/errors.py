@@ -15,6 +15,10 @@ Catch the branch that says what you can do about it::
     │   ├── ToolNotFoundError            a call names a tool that no worker pool publishes
     │   ├── NotFoundError                (toolfleet.app.operations) no such task, call, tool
     │   ├── AlreadyDecidedError          (toolfleet.app.operations) decided already, or ran
+    │   ├── SelectionChangedError        (toolfleet.app.bulk) a bulk action's targets changed
+    │   │                                since they were shown: look again, then confirm
+    │   ├── InvalidQueryError            (kernel.stores.history) a history search that cannot be
+    │   │   └── InvalidCursorError       a page cursor that is not one the history gave
     │   └── NotAllowedError              (toolfleet.app.operations) another tenant's data, or
     │       │                            fleet-wide, for an operator scoped to one tenant
     │       ├── NotAuthenticatedError    (toolfleet.app.console) not signed in (HTTP 401)

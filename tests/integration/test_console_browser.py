@@ -7,12 +7,14 @@ at the provider too, and ``toolfleet console`` with nothing configured signs in 
 login URL it prints.
 
 Screenshots of every test go to ``.artifacts/console/``; with
-``TOOLFLEET_CONSOLE_SCREENSHOT=docs/console.png`` (``make console-screenshot``) the live page's
-is also written there, for the README.
+``TOOLFLEET_CONSOLE_SCREENSHOTS=docs`` (``make console-screenshot``) the live page's and a run
+view's are also written there (``console.png``, ``console-run.png``), for the docs and the
+README.
 """
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import json
 import os
@@ -20,6 +22,7 @@ import re
 import shutil
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ from kernel.settings import Settings
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
 from kernel.stores.tasks import StoredTask, TaskStore
+from schemas import TurnResult
 from tests.conftest import wait_for
 from tests.integration.console_support import (
     TRACE_TEMPLATE,
@@ -227,11 +231,12 @@ async def shot(page: Page, name: str) -> Path:
     return path
 
 
-def _publish(screenshot: Path) -> None:
-    """Copy the live page's screenshot to TOOLFLEET_CONSOLE_SCREENSHOT, when it is set."""
-    target = os.environ.get("TOOLFLEET_CONSOLE_SCREENSHOT")
-    if target:
-        shutil.copyfile(screenshot, target)
+def _publish(screenshot: Path, name: str) -> None:
+    """Copy a page's screenshot to TOOLFLEET_CONSOLE_SCREENSHOTS/NAME, when that (a folder:
+    ``make console-screenshot`` sets ``docs``) is set."""
+    folder = os.environ.get("TOOLFLEET_CONSOLE_SCREENSHOTS")
+    if folder:
+        shutil.copyfile(screenshot, Path(folder) / name)
 
 
 async def open_live(page: Page, path: str = "/") -> None:
@@ -276,7 +281,7 @@ async def test_the_console_loads_shows_turns_live_and_opens_a_call_from_the_keyb
     for event in (done, waiting, failing, other):
         await expect(turn_row(page, event.run_id)).to_be_visible()
     await expect(turn_row(page, waiting.run_id)).to_have_attribute("data-status", "interrupted")
-    _publish(await shot(page, "live"))
+    _publish(await shot(page, "live"), "console.png")
 
     # j/k move through the rows, Enter opens the selected turn's call: the call's page.
     rows = page.locator("tr.row")
@@ -551,6 +556,70 @@ async def test_an_operator_rejects_resolves_and_cancels_in_bulk_after_seeing_eac
     viewer: Page = await signed_in("victor", "/bulk")
     await expect(viewer.locator("#bulk-viewer")).to_be_visible()
     await expect(viewer.locator("main button, main form")).to_have_count(0)
+
+
+async def test_the_history_pages_through_1050_turns_and_a_run_opens_down_to_a_traceback(
+    signed_in: Any, client: FleetClient
+) -> None:
+    tenant = f"paged-{uuid.uuid4().hex[:6]}"
+    results = [
+        TurnResult(tenant_id=tenant, run_id=f"run-{i:04d}", turn_id=0, status="completed")
+        for i in range(1_050)
+    ]
+    await asyncio.gather(*[await client.bus.publish("turn-results", r.run_id, r) for r in results])
+    page: Page = await signed_in("alice", "/history")
+    await expect(page_ready(page)).to_have_count(1)
+
+    async def recorded() -> bool:
+        cursor, seen = None, 0
+        while True:
+            query = f"tenant={tenant}&limit=500" + (f"&cursor={cursor}" if cursor else "")
+            _, data = await _fetch(page, f"/api/history?{query}")
+            seen += len(data["entries"])
+            cursor = data["cursor"]
+            if cursor is None:
+                return seen == 1_050
+
+    await wait_for(recorded, within=60)
+    await page.locator("#history-tenant").fill(tenant)
+    await page.get_by_role("button", name="Search").click()
+    runs: list[str] = []
+    for number in range(1, 22):
+        await expect(page.locator("#history-info")).to_contain_text(f"page {number} ·")
+        runs += await page.locator("#history tr.row").evaluate_all(
+            "rs => rs.map(r => r.dataset.run)"
+        )
+        if number < 21:
+            await page.get_by_role("button", name="Older →").click()
+    assert await page.get_by_role("button", name="Older →").is_disabled()
+    assert len(runs) == len(set(runs)) == 1_050  # every turn once: nothing skipped or repeated
+    assert runs[0] == "run-1049" and runs[-1] == "run-0000"  # newest first
+    await page.get_by_role("button", name="← Newer").click()
+    await expect(page.locator("#history-info")).to_contain_text("page 20 ·")
+
+    await page.locator("#history-run").fill("run-0007")
+    await page.get_by_role("button", name="Search").click()
+    await expect(page.locator("#history tr.row")).to_have_count(1)
+    await expect(page.locator("#history tr.row")).to_contain_text("run-0007")
+
+    failing = turn("acme", ("q", "quote", {"fail": True}), ("l", "lookup", {"city": "Rome"}))
+    assert (await client.run_turn(failing)).status == "completed"
+    await page.locator("#history-tenant").fill("acme")
+    await page.locator("#history-run").fill(failing.run_id)
+    await page.get_by_role("button", name="Search").click()
+    row = page.locator("#history tr.row")
+    await expect(row).to_have_count(1, timeout=20_000)
+    await row.get_by_role("link", name=failing.run_id).click()
+    await expect(page.locator("#run-id")).to_have_text(failing.run_id)
+    quote = failing.function_calls[0].call_id
+    call_row = page.locator(f"tr[data-call='{quote}']")
+    await expect(call_row).to_contain_text("failed")
+    await expect(
+        page.locator(f"tr[data-call='{failing.function_calls[1].call_id}']")
+    ).to_contain_text("Rome")  # what the model saw
+    _publish(await shot(page, "run-view"), "console-run.png")
+    await call_row.get_by_role("link", name=quote).click()
+    await expect(page.locator("#failure-traceback")).to_contain_text("Traceback")
 
 
 async def test_an_operator_of_one_tenant_sees_and_decides_nothing_of_another(

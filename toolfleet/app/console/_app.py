@@ -94,7 +94,7 @@ from toolfleet.app.identity import Identity, Role
 
 log = logging.getLogger(__name__)
 
-PAGES = ("/", "/tasks", "/circuits", "/fleet", "/bulk")
+PAGES = ("/", "/history", "/tasks", "/circuits", "/fleet", "/bulk")
 """The console's pages (and every call's, under /calls/TENANT/CALL_ID)."""
 
 _BODY_MAX_BYTES = 65_536
@@ -725,6 +725,7 @@ def create_app(settings: Settings, options: ConsoleOptions | None = None) -> Sta
     routes = [
         *(Route(path, console.page) for path in PAGES),
         Route("/calls/{tenant}/{call_id:path}", console.page),
+        Route("/runs/{tenant}/{run_id:path}", console.page),
         Route("/healthz", console.healthz),
         Route(LOGIN_PATH, console.login.login),
         Route(CALLBACK_PATH, console.login.callback),

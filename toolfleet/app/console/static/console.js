@@ -137,7 +137,7 @@
     if (typing(event.target) || event.ctrlKey || event.metaKey || event.altKey) return;
     if (state.gPending) {
       state.gPending = false;
-      const to = { l: "/", h: "/", t: "/tasks", c: "/circuits", f: "/fleet", b: "/bulk" }[event.key];
+      const to = { l: "/", h: "/history", t: "/tasks", c: "/circuits", f: "/fleet", b: "/bulk" }[event.key];
       if (to) { event.preventDefault(); location.href = to; }
       return;
     }
@@ -578,6 +578,126 @@
     return { refresh };
   }
 
+  // --- history: search, page, open a run -----------------------------------------------------
+  const runHref = (tenant, runId) => `/runs/${encodeURIComponent(tenant)}/${encodeURIComponent(runId)}`;
+  function when(unix) {
+    if (!unix) return "";
+    const d = new Date(unix * 1000);
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${clock(unix)}`;
+  }
+  function historyPage() {
+    const params = new URLSearchParams(location.search);
+    const FIELDS = ["tenant", "run", "call", "tool", "version", "status", "call_status", "effect", "decider"];
+    const input = (name) => h("input", { name, id: `history-${name}`, size: 14, autocomplete: "off", value: params.get(name) || "" });
+    const kind = h("select", { name: "kind", id: "history-kind" }, ["turn", "decision", "task", "cancellation"].map((k) => h("option", { value: k, selected: (params.get("kind") || "turn") === k }, k)));
+    const since = h("input", { name: "since", id: "history-since", type: "datetime-local", value: params.get("since") || "" });
+    const until = h("input", { name: "until", id: "history-until", type: "datetime-local", value: params.get("until") || "" });
+    const form = h("form", { id: "history-form", class: "filters" },
+      h("label", {}, "kind ", kind), ...FIELDS.map((f) => h("label", {}, `${f.replace("_", " ")} `, input(f))),
+      h("label", {}, "since ", since), h("label", {}, "until ", until),
+      h("button", { type: "submit", id: "history-search" }, "Search"));
+    const body = h("tbody", {});
+    const info = h("p", { id: "history-info", class: "muted" });
+    const newer = h("button", { type: "button", id: "history-newer", disabled: true }, "← Newer");
+    const older = h("button", { type: "button", id: "history-older", disabled: true }, "Older →");
+    const act = h("span", { id: "history-act" });
+    main.replaceChildren(h("h1", {}, "History"), form,
+      h("table", { id: "history" }, h("thead", {}, h("tr", {}, ["time", "tenant", "kind", "run", "turn", "status", "calls", "by"].map((t) => h("th", {}, t)))), body),
+      h("p", {}, newer, " ", older, " ", info, " ", act));
+    const pages = [null]; // the cursor of each page shown so far (the first has none)
+    let at = 0;
+    function query(cursor) {
+      const q = new URLSearchParams();
+      for (const [k, v] of new FormData(form).entries()) {
+        const text = String(v).trim();
+        if (!text) continue;
+        // datetime-local is the browser's local time: send it as an absolute time.
+        q.set(k, (k === "since" || k === "until") ? String(new Date(text).getTime() / 1000) : text);
+      }
+      if (cursor) q.set("cursor", cursor);
+      return q;
+    }
+    function summary(e) {
+      const calls = e.calls || [];
+      const counts = {};
+      for (const c of calls) counts[c.status] = (counts[c.status] || 0) + 1;
+      return Object.entries(counts).map(([k, n]) => `${n} ${k}`).join(", ") || (calls.length ? "" : "—");
+    }
+    async function load() {
+      const q = query(pages[at]);
+      q.set("limit", "50");
+      const data = await api(`/api/history?${q}`);
+      const shown = new URLSearchParams(query(null));
+      history.replaceState(null, "", `/history${shown.toString() ? `?${shown}` : ""}`);
+      body.replaceChildren(...data.entries.map((e) => h("tr", { class: "row", dataset: { href: e.run_id ? runHref(e.tenant_id, e.run_id) : "", run: e.run_id || "", tenant: e.tenant_id } },
+        h("td", { class: "when" }, when(e.at)), h("td", {}, e.tenant_id), h("td", {}, e.kind || kind.value),
+        h("td", { class: "mono" }, e.run_id ? h("a", { href: runHref(e.tenant_id, e.run_id) }, e.run_id) : "—"),
+        h("td", {}, e.turn_id === undefined || e.turn_id === null ? "" : String(e.turn_id)),
+        h("td", {}, badge(`s-${e.status}`, e.status || "")), h("td", {}, summary(e)),
+        h("td", {}, [...new Set((e.calls || []).map((c) => c.decided_by).filter(Boolean))].join(", ")))));
+      if (!data.entries.length) body.append(h("tr", { class: "empty" }, h("td", { colspan: 8 }, data.cursor ? "Nothing in this stretch: look older." : "Nothing found.")));
+      if (pages.length === at + 1 && data.cursor) pages.push(data.cursor);
+      newer.disabled = at === 0;
+      older.disabled = !(pages.length > at + 1);
+      info.textContent = `page ${at + 1} · ${data.entries.length} shown · ${data.looked} index entries read` + (data.recording.state !== "recording" ? ` · history ${data.recording.state}` : "");
+      const tenant = new FormData(form).get("tenant");
+      const runs = [...new Set(data.entries.map((e) => e.run_id).filter(Boolean))];
+      act.replaceChildren(canDecide() && tenant && runs.length
+        ? h("a", { id: "history-cancel", href: `/bulk?${new URLSearchParams({ action: "cancel", tenant: String(tenant), runs: runs.join("\n") })}` }, `Cancel these ${runs.length} runs…`)
+        : "");
+    }
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      pages.splice(1); at = 0;
+      load().catch((error) => banner(`Search failed: ${error.message}`, "bad"));
+    });
+    older.addEventListener("click", () => { at += 1; load().catch((error) => banner(`Search failed: ${error.message}`, "bad")); });
+    newer.addEventListener("click", () => { at = Math.max(0, at - 1); load().catch((error) => banner(`Search failed: ${error.message}`, "bad")); });
+    load().catch((error) => banner(`Search failed: ${error.message}`, "bad"));
+    return {};
+  }
+
+  function runPage() {
+    const [, , tenantRaw, ...rest] = location.pathname.split("/");
+    const tenant = decodeURIComponent(tenantRaw || "");
+    const runId = decodeURIComponent(rest.join("/"));
+    async function refresh() {
+      const view = await api(`/api/runs/${encodeURIComponent(tenant)}/${encodeURIComponent(runId)}`);
+      const fact = (label, ...value) => [h("dt", {}, label), h("dd", {}, ...value)];
+      const secs = (v) => (v === null || v === undefined ? "" : `${Number(v).toFixed(3)} s`);
+      const turns = view.turns.map((t) => h("section", { class: "turn", id: `turn-${t.turn_id}` },
+        h("h2", {}, `Turn ${t.turn_id} `, badge(`s-${t.status}`, t.status), h("span", { class: "muted" }, ` ${when(t.at)}`)),
+        t.error ? h("p", { class: "error" }, `${t.error.type}: ${t.error.message}`) : null,
+        h("table", { class: "calls" },
+          h("thead", {}, h("tr", {}, ["call", "tool", "status", "effect", "attempts", "took", "what the model saw", "decision", "tasks", "trace"].map((x) => h("th", {}, x)))),
+          h("tbody", {}, t.calls.map((c) => h("tr", { class: "row", dataset: { call: c.call_id, href: callHref(tenant, c.call_id, runId) } },
+            h("td", { class: "mono" }, h("a", { href: callHref(tenant, c.call_id, runId) }, c.call_id)),
+            h("td", {}, c.version ? `${c.tool}@${c.version}` : c.tool),
+            h("td", {}, badge(`s-${c.status}`, c.status)), h("td", {}, badge(`e-${c.effect}`, c.effect)),
+            h("td", {}, String(c.attempts || 0)), h("td", {}, secs(c.duration_s)),
+            h("td", { class: "output" }, c.output === undefined || c.output === null ? h("span", { class: "muted" }, "—") : h("pre", {}, c.output)),
+            h("td", {}, c.decision ? `${c.decision.status} by ${c.decision.decided_by || "?"}` : ""),
+            h("td", {}, (c.tasks || []).map((x) => h("div", {}, `${x.task_id} (${x.task_kind}, ${x.status})`))),
+            h("td", {}, c.trace ? (c.trace.url ? h("a", { href: c.trace.url, target: "_blank", rel: "noopener noreferrer", class: "mono" }, c.trace.id.slice(0, 12)) : h("span", { class: "mono" }, c.trace.id.slice(0, 12))) : ""))))))); 
+      const others = [
+        ...view.decisions.map((d) => ({ at: d.at, what: `decision: ${d.status} ${(d.calls || []).map((c) => c.call_id).join(", ")}`, by: (d.calls || [])[0] ? d.calls[0].decided_by : "" })),
+        ...view.tasks.map((t) => ({ at: t.at, what: `task ${t.task_id || ""}: ${t.task_kind || ""} ${t.status}`, by: "" })),
+        ...view.cancellations.map((c) => ({ at: c.at, what: `cancelled: ${c.reason || ""}`, by: (c.calls || [])[0] ? c.calls[0].decided_by : "" })),
+      ].sort((a, b) => a.at - b.at);
+      main.replaceChildren(
+        h("p", {}, h("a", { href: "/history" }, "← history"), " · ", h("a", { href: `/history?${new URLSearchParams({ tenant, run: runId })}` }, "this run's entries")),
+        h("h1", {}, "run ", h("span", { class: "mono", id: "run-id" }, runId)),
+        h("dl", { class: "facts" }, fact("tenant", tenant), fact("turns", String(view.turns.length)),
+          fact("recording", view.recording.state)),
+        ...(turns.length ? turns : [h("p", { class: "muted" }, "No turn of this run in the history.")]),
+        h("h2", {}, "Decisions, tasks and cancellations"),
+        h("table", { id: "run-events" }, h("thead", {}, h("tr", {}, ["time", "what", "by"].map((x) => h("th", {}, x)))),
+          h("tbody", {}, others.map((o) => h("tr", {}, h("td", { class: "when" }, when(o.at)), h("td", {}, o.what), h("td", {}, o.by || ""))))));
+    }
+    refresh().catch((error) => main.replaceChildren(h("h1", {}, "run ", runId), h("p", { class: "error" }, error.message)));
+    return { refresh };
+  }
+
   // --- bulk actions: select, look, confirm, act -----------------------------------------------
   function bulkPage() {
     const params = new URLSearchParams(location.search);
@@ -870,13 +990,15 @@
       scope.hidden = false;
     }
     const path = location.pathname;
-    const page = path === "/" ? "live" : path === "/tasks" ? "tasks" : path === "/circuits" ? "circuits" : path === "/fleet" ? "fleet" : path === "/bulk" ? "bulk" : path.startsWith("/calls/") ? "call" : null;
+    const page = path === "/" ? "live" : path === "/tasks" ? "tasks" : path === "/circuits" ? "circuits" : path === "/fleet" ? "fleet" : path === "/bulk" ? "bulk" : path === "/history" ? "history" : path.startsWith("/runs/") ? "run" : path.startsWith("/calls/") ? "call" : null;
     for (const link of $$("nav a")) if (link.dataset.nav === page) link.setAttribute("aria-current", "page");
     if (page === "live") state.view = live();
     else if (page === "tasks") state.view = tasks();
     else if (page === "circuits") state.view = circuits();
     else if (page === "fleet") state.view = fleet();
     else if (page === "bulk") state.view = bulkPage();
+    else if (page === "history") state.view = historyPage();
+    else if (page === "run") state.view = runPage();
     else if (page === "call") state.view = callPage();
     else main.replaceChildren(h("p", {}, "No such page. ", h("a", { href: "/" }, "Live")));
     document.body.dataset.ready = page || "none";
