@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -19,6 +20,7 @@ from pydantic import SecretStr
 from redis.asyncio import Redis
 
 from kernel.adapters.bus import KafkaBus
+from kernel.errors import InvalidMessageError
 from kernel.settings import Settings
 from kernel.stores.keys import Keys
 from schemas import CancelRequest, DeadLetter, ModelResponseEvent, TurnResult
@@ -33,6 +35,7 @@ from tests.integration.console_support import (
     tokens_setting,
     turn,
 )
+from toolfleet.app.console._history import HistoryRecorder
 from toolfleet.client import FleetClient
 from toolfleet.testing import LocalFleet, connected_client, result_of
 
@@ -279,6 +282,45 @@ async def test_a_tenant_scoped_viewer_never_reads_another_tenants_history(
         assert twice.status_code == 400 and "once" in twice.json()["error"]
         assert (await vera.get(f"/api/runs/acme/{run}")).json()["turns"][0]["tenant_id"] == "acme"
         assert (await vera.get("/api/history", params={"cursor": "garbage"})).status_code == 400
+
+
+@dataclass
+class _Record:
+    """A consumed record as the consume loop hands it to the recorder."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int
+    headers: Sequence[tuple[str, bytes]] = ()
+
+
+async def test_a_redelivered_record_rewrites_its_entry_and_a_later_result_replaces_it(
+    http: httpx.AsyncClient, settings: Settings, redis: Redis
+) -> None:
+    recorder = HistoryRecorder(settings, redis)  # its handler alone, as its loop calls it
+    tenant, ms = f"redo-{uuid.uuid4().hex[:6]}", int(time.time() * 1000)
+    waiting = TurnResult(
+        tenant_id=tenant, run_id="r", turn_id=0, status="interrupted",
+        interruptions=[{"call_id": "c1", "tool_name": "transfer", "arguments": "{}"}],
+    )  # fmt: skip
+    done = waiting.model_copy(update={"status": "completed", "interruptions": []})
+    topic = settings.topic("turn-results")
+    first = _Record(topic, 0, 7, b"r", waiting.encode(), ms)
+    for _ in range(3):  # delivered, and delivered again after a rebalance
+        await recorder.handle(first)
+    [entry] = await _entries(http, tenant=tenant)
+    assert (entry["status"], entry["calls"][0]["status"]) == ("interrupted", "pending_approval")
+    await recorder.handle(_Record(topic, 0, 9, b"r", done.encode(), ms + 5))
+    await recorder.handle(first)  # the earlier result once more: the later one stays
+    assert [(e["turn_id"], e["status"]) for e in await _entries(http, tenant=tenant)] == [
+        (0, "completed")
+    ]
+    assert await _entries(http, tenant=tenant, status="interrupted") == []
+    with pytest.raises(InvalidMessageError):  # the consume loop dead-letters it
+        await recorder.handle(_Record(topic, 0, 10, b"r", b'{"tenant_id": "x"}', ms))
 
 
 async def test_a_record_that_does_not_decode_is_dead_lettered_by_the_console(

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from kernel.errors import UsageError
 from kernel.stores.history import (
     Cursor,
     HistoryEntry,
@@ -24,6 +25,7 @@ from kernel.stores.history import (
     turn_entry,
 )
 from schemas import ApprovalDecision, HumanTask, TurnResult
+from toolfleet.app.console._history_views import query_of, turn_event
 
 
 def _result(**kw: object) -> TurnResult:
@@ -180,3 +182,33 @@ def test_paging_through_several_tenants_skips_nothing_and_repeats_nothing(
         if cursor is None:
             break
     assert [e.position for e in seen] == [e.position for e in everything]
+
+
+def test_the_apis_parameters_become_a_query_and_bad_ones_say_what_to_change() -> None:
+    query = query_of(
+        {"kind": "task", "status": "open", "since": "2026-12-06T10:00:00Z", "until": "1800000000"}
+    )
+    assert (query.kind, query.status, query.until) == ("task", "open", 1_800_000_000.0)
+    assert query.since == 1_796_551_200.0
+    assert query_of({"tool": "pay", "version": "2", "run": ""}).facets() == [
+        ("kind", "turn"), ("tool", "pay"), ("version", "pay@2"),
+    ]  # fmt: skip
+    with pytest.raises(UsageError, match="ISO 8601"):
+        query_of({"since": "yesterday"})
+    with pytest.raises(UsageError, match="kind"):
+        query_of({"kind": "outcome"})
+
+
+def test_a_history_turn_reads_like_a_live_feed_turn() -> None:
+    entry = _entry(
+        "acme", 5_000, run_id="r", turn_id=3, status="interrupted", error=None,
+        calls=[{"call_id": "c1", "tool": "pay", "status": "succeeded", "effect": "applied",
+                "attempts": 2},
+               {"call_id": "c2", "tool": "pay", "status": "pending_approval",
+                "effect": "not_executed", "reason": "held"}],
+    )  # fmt: skip
+    event = turn_event(entry)
+    assert (event["kind"], event["turn_id"], event["received_at"]) == ("turn", 3, 5.0)
+    assert event["calls"] == [{"call_id": "c1", "tool_name": "pay", "status": "succeeded",
+                               "effect": "applied", "attempts": 2}]  # fmt: skip
+    assert event["interruptions"] == [{"call_id": "c2", "tool_name": "pay", "reason": "held"}]
