@@ -113,12 +113,14 @@ async def test_the_recorder_fills_the_history_and_the_search_finds_every_facet(
         assert (await _run_turn(client, event)).status == "completed"
     assert (await _run_turn(client, approval)).status == "interrupted"
     # The interrupted turn is in the history, waiting; bob approves it on the console.
-    [waiting] = await _until(http, 1, run=run, status="interrupted")
+    [waiting] = await _until(http, tenant="acme", count=1, run=run, status="interrupted")
     assert waiting["calls"][0]["status"] == "pending_approval"
     decision = {"tenant_id": "acme", "run_id": run, "call_id": f"{run}-t", "approve": True}
     sent = await http.post("/api/approvals/decide", json=decision, headers=bearer("bob"))
     assert sent.status_code == 202, sent.text
-    await _until(http, 1, run=run, decider="token:bob")  # the decision reached its turn
+    await _until(
+        http, tenant="acme", count=1, run=run, decider="token:bob"
+    )  # the decision reached its turn
     assert (await _run_turn(client, approval.model_copy(update={"resume": True}))).status == (
         "completed"
     )
@@ -126,7 +128,7 @@ async def test_the_recorder_fills_the_history_and_the_search_finds_every_facet(
     lost = turn("acme", ("n", "note", {"text": "h1", "mode": "apply_then_drop"}), run_id=run,
                 turn_id=3)  # fmt: skip
     await client.submit(lost)
-    [task] = await _until(http, 1, kind="task", run=run)
+    [task] = await _until(http, tenant="acme", count=1, kind="task", run=run)
     assert (task["status"], task["task_kind"], task["calls"][0]["call_id"]) == (
         "open", "unknown_effect", f"{run}-n",
     )  # fmt: skip
@@ -140,29 +142,40 @@ async def test_the_recorder_fills_the_history_and_the_search_finds_every_facet(
     )
 
     # Every turn of the run, newest first; the resumed turn once, completed.
-    found = await _until(http, 4, run=run, status="completed")
+    found = await _until(http, tenant="acme", count=4, run=run, status="completed")
     assert _turns(found) == [3, 2, 1, 0]
-    assert _turns(await _entries(http, run=run)) == [3, 2, 1, 0]
-    assert _turns(await _entries(http, call=f"{run}-q")) == [1]
-    assert _turns(await _entries(http, run=run, tool="quote")) == [1]
-    [quoted] = await _entries(http, run=run, tool="quote", version="2")
+    assert _turns(await _entries(http, tenant="acme", run=run)) == [3, 2, 1, 0]
+    assert _turns(await _entries(http, tenant="acme", call=f"{run}-q")) == [1]
+    assert _turns(await _entries(http, tenant="acme", run=run, tool="quote")) == [1]
+    [quoted] = await _entries(http, tenant="acme", run=run, tool="quote", version="2")
     assert (quoted["calls"][0]["version"], quoted["calls"][0]["status"]) == ("2", "failed")
     assert quoted["calls"][0]["error"]["message"] == "quote v2 is broken"
-    assert await _entries(http, run=run, version="quote@1") == []
-    assert _turns(await _entries(http, run=run, call_status="failed")) == [1]
-    assert _turns(await _entries(http, run=run, effect="applied")) == [3, 2, 0]
-    assert _turns(await _entries(http, run=run, tool="quote", effect="applied")) == []
-    assert _turns(await _entries(http, run=run, decider="token:bob")) == [2]
-    assert _turns(await _entries(http, run=run, since=since, until=time.time())) == [3, 2, 1, 0]
-    assert await _entries(http, run=run, until=since - 1) == []
-    [approved] = await _entries(http, kind="decision", run=run)
+    assert await _entries(http, tenant="acme", run=run, version="quote@1") == []
+    assert _turns(await _entries(http, tenant="acme", run=run, call_status="failed")) == [1]
+    assert _turns(await _entries(http, tenant="acme", run=run, effect="applied")) == [3, 2, 0]
+    assert (
+        _turns(await _entries(http, tenant="acme", run=run, tool="quote", effect="applied")) == []
+    )
+    assert _turns(await _entries(http, tenant="acme", run=run, decider="token:bob")) == [2]
+    assert _turns(await _entries(http, tenant="acme", run=run, since=since, until=time.time())) == [
+        3,
+        2,
+        1,
+        0,
+    ]
+    assert await _entries(http, tenant="acme", run=run, until=since - 1) == []
+    [approved] = await _entries(http, tenant="acme", kind="decision", run=run)
     assert (approved["status"], approved["calls"][0]["decided_by"]) == ("approved", "token:bob")
-    [done] = await _until(http, 1, kind="task", run=run, status="resolved")
+    [done] = await _until(http, tenant="acme", count=1, kind="task", run=run, status="resolved")
     assert (done["resolution"], done["calls"][0]["decided_by"]) == ("applied", "token:alice")
-    [cancel] = await _until(http, 1, kind="cancellation", decider="carol", run=cancelled)
+    [cancel] = await _until(
+        http, tenant="acme", count=1, kind="cancellation", decider="carol", run=cancelled
+    )
     assert (cancel["status"], cancel["whole_run"]) == ("cancelled", True)
     # The live console's recent turns come from the history too.
-    recent = (await http.get("/api/recent", params={"run": run, "outcomes": "0"})).json()
+    recent = (
+        await http.get("/api/recent", params={"tenant": "acme", "run": run, "outcomes": "0"})
+    ).json()
     assert [e["turn_id"] for e in recent["events"]] == [0, 1, 2, 3]  # oldest first
     assert {e["source"] for e in recent["events"]} == {"history"}
 
