@@ -21,6 +21,7 @@ from kernel.stores.history import History
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
 from kernel.stores.mcp_tasks import McpTasks
+from kernel.stores.overview import Overview
 from kernel.stores.reconciling import ReconcileState
 from kernel.stores.registry import ToolDirectory, publish_tools
 from kernel.stores.schema import StateSchema
@@ -102,6 +103,10 @@ class Stores:
         s = self.settings
         retention = s.history_retention_s or s.ledger_retention_s or LEDGER_RETENTION_S
         return History(self._redis, self.keys, retention_s=retention)
+
+    def overview(self) -> Overview:
+        """The console's overview: windowed counts and sampled gauges."""
+        return Overview(self._redis, self.keys)
 
     def unknowns(self, ledger: Ledger) -> UnknownEffects:
         """The index of calls whose effect is unknown (entries read through ``ledger``)."""

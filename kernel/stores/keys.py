@@ -172,6 +172,12 @@ class Keys:
         Redis Cluster too, and tenants spread over the shards."""
         return f"{self.namespace}:{{h.{tenant_id}}}:{part}"
 
+    # the console's overview (kernel/stores/overview.py): one hash per time bucket
+    def overview(self, width: int, start: int) -> str:
+        """The overview's counts of one ``width``-second bucket starting at ``start``: a
+        slot of its own (the buckets of a day spread over a cluster's shards)."""
+        return f"{self.namespace}:ov:{{{width}.{start}}}"
+
     @property
     def history_tenants(self) -> str:
         """Sorted set: the tenants that have history, by when they last wrote (ms)."""

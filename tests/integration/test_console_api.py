@@ -928,3 +928,41 @@ async def test_runs_cancelled_in_bulk_are_marked_and_their_calls_chains_say_so(
     elsewhere = {"action": "cancel", "selection": {"tenant": "globex", "runs": ["r"]}}
     refused = await http.post("/api/bulk/plan", json=elsewhere, headers=_as("acme-ops"))
     assert refused.status_code == 403
+
+
+async def test_the_overview_counts_calls_and_turn_latency_and_samples_the_pools(
+    *, http: httpx.AsyncClient, acme: httpx.AsyncClient, client: FleetClient
+) -> None:
+    def calls_in(data: dict[str, Any]) -> int:
+        rates = (sum(v) for k, v in data["calls"].items() if k.startswith("status:"))
+        return round(sum(rates) * data["width"])
+
+    before = (await http.get("/api/overview", params={"span": "15m"})).json()
+    counted = calls_in(before)
+    events = [turn("acme", ("o", "lookup", {"city": f"C{i}"})) for i in range(5)]
+    for event in events:
+        assert (await client.run_turn(event)).status == "completed"
+
+    async def folded() -> dict[str, Any] | None:
+        data = (await http.get("/api/overview", params={"span": "15m"})).json()
+        seconds = data["width"]
+        done = round(
+            sum(sum(v) * seconds for k, v in data["calls"].items() if k.startswith("status:"))
+        )
+        sampled = any(k.startswith("pool.capacity|") for k in data["gauges"])
+        return data if done >= counted + 5 and sampled else None
+
+    data = await wait_for(folded, within=60)
+    assert data["job"]["state"] == "folding"
+    assert len(data["starts"]) == 15 and data["width"] == 60
+    assert any(p is not None and p > 0 for p in data["latency_p50_s"])
+    assert data["tenants"]["acme"] >= 5
+    assert any(v for v in data["gauges"]["pool.capacity|default"] if v)
+    hours = (await http.get("/api/overview", params={"span": "24h"})).json()
+    assert (len(hours["starts"]), hours["width"]) == (24, 3600)
+    bad = await http.get("/api/overview", params={"span": "1y"})
+    assert bad.status_code == 400 and "span must be one of" in bad.json()["error"]
+    # The overview counts every tenant's calls: a console for one tenant has none to show.
+    assert (await acme.get("/api/overview")).status_code == 403
+    scoped = await http.get("/api/overview", headers=_as("acme-ops"))
+    assert scoped.status_code == 403 and "identity of every tenant" in scoped.json()["error"]

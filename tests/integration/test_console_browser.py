@@ -622,6 +622,26 @@ async def test_the_history_pages_through_1050_turns_and_a_run_opens_down_to_a_tr
     await expect(page.locator("#failure-traceback")).to_contain_text("Traceback")
 
 
+async def test_the_overview_draws_its_charts_and_a_tenant_scoped_operator_is_refused(
+    signed_in: Any, client: FleetClient
+) -> None:
+    for i in range(3):
+        await client.run_turn(turn("acme", ("v", "lookup", {"city": f"V{i}"})))
+    page: Page = await signed_in("victor", "/overview")
+    await expect(page.locator("body[data-charts='7']")).to_have_count(1)
+    await expect(page.locator("#charts canvas")).to_have_count(7)
+    await expect(page.locator("#chart-status")).to_contain_text("Calls per second, by status")
+    await expect(page.locator("#overview-tenants tr[data-tenant='acme']")).to_be_visible(
+        timeout=20_000
+    )
+    await page.get_by_role("button", name="24h").click()
+    await expect(page.locator("#overview-status")).to_contain_text("24h in hours")
+    _publish(await shot(page, "overview"), "console-overview.png")
+
+    scoped: Page = await signed_in("ana", "/overview")
+    await expect(scoped.locator("#banner")).to_contain_text("identity of every tenant")
+
+
 async def test_an_operator_of_one_tenant_sees_and_decides_nothing_of_another(
     signed_in: Any, client: FleetClient, redis: Redis, keys: Keys
 ) -> None:

@@ -13,6 +13,7 @@ pages, ``/api/config``                                      viewer    (the API's
 ``/api/calls/T/ID``, ``/api/tasks``, ``/api/approvals``     viewer    in scope only
 ``/api/history``, ``/api/runs/T/RUN``                          viewer    in scope only
 ``/api/circuits``, ``/api/pools``                           viewer    fleet-wide facts
+``/api/overview``                                           viewer    every tenant ("*")
 ``/api/tenants``                                            viewer    in scope only
 ``POST /api/tasks/ID/resolve``, ``/api/approvals/decide``   operator  the task's or call's
 ``POST /api/circuits/REF/resume``, ``/api/tools/NAME/*``    admin     every tenant ("*")
@@ -83,6 +84,7 @@ from toolfleet.app.console._login import (
     Login,
     page,
 )
+from toolfleet.app.console._overview import OverviewJob, overview_json
 from toolfleet.app.console._views import (
     approval_json,
     call_json,
@@ -94,7 +96,7 @@ from toolfleet.app.identity import Identity, Role
 
 log = logging.getLogger(__name__)
 
-PAGES = ("/", "/history", "/tasks", "/circuits", "/fleet", "/bulk")
+PAGES = ("/", "/overview", "/history", "/tasks", "/circuits", "/fleet", "/bulk")
 """The console's pages (and every call's, under /calls/TENANT/CALL_ID)."""
 
 _BODY_MAX_BYTES = 65_536
@@ -200,6 +202,8 @@ class Console:
         self.bus_ready = False
         self._redis: Redis | None = None
         self._group_lag: GroupLag | None = None
+        self.overview: OverviewJob | None = None
+        """The overview's job (a console for every tenant that records the history)."""
         self._connecting: asyncio.Task[None] | None = None
         self._page = (resources.files(__package__) / "static" / "index.html").read_text()
 
@@ -219,6 +223,10 @@ class Console:
             recorder = HistoryRecorder(self.settings, self._redis, tenant=self.options.tenant)
             self.history.recorder = recorder
             await recorder.start()
+        if self.options.record_history and self.options.tenant is None:
+            # The overview counts every tenant's calls: a console for every tenant runs it.
+            self.overview = OverviewJob(self.settings, self._redis)
+            await self.overview.start()
         await self.feed.start()
         self._connecting = asyncio.create_task(self._start_bus())
         try:
@@ -229,6 +237,8 @@ class Console:
                 await self._connecting
             if self.history.recorder is not None:
                 await self.history.recorder.stop()
+            if self.overview is not None:
+                await self.overview.stop()
             await self.feed.stop()
             with contextlib.suppress(*TRANSIENT_ERRORS):
                 await self.bus.stop()
@@ -568,6 +578,24 @@ class Console:
         )  # fmt: skip
         return JSONResponse(results_json(bulk_id, results), 202)
 
+    # --- the overview ---------------------------------------------------------------------------
+    async def overview_data(self, request: Request, who: Identity) -> Response:
+        """The overview's charts for ``span`` (15m, 1h, 6h, 24h, 7d)."""
+        if self.access.tenants(who) is not None:
+            raise operations.NotAllowedError(
+                "the overview counts every tenant's calls: it needs an identity of every tenant"
+            )
+        if self.overview is not None and self.overview.lag is None:
+            self.overview.lag = await self._lag()  # the pools' lag, once Kafka answers
+        found = await overview_json(
+            Stores(self.redis, self.settings).overview(),
+            request.query_params.get("span", "1h"),
+            time.time(),
+        )
+        job = self.overview
+        state = {"state": "off" if job is None else job.state, "error": job and job.error}
+        return JSONResponse(found | {"job": state})
+
     # --- pools, workers, tenants and limits ---------------------------------------------------
     async def pools(self, _request: Request, who: Identity) -> Response:
         """Each pool's capacity, running calls, lag and workers (fleet-wide facts)."""
@@ -747,6 +775,7 @@ def create_app(settings: Settings, options: ConsoleOptions | None = None) -> Sta
         Route("/api/tools/{name}/unpin", admin(console.unpin), methods=["POST"]),
         Route("/api/bulk/plan", operator(console.bulk_plan), methods=["POST"]),
         Route("/api/bulk/apply", operator(console.bulk_apply), methods=["POST"]),
+        Route("/api/overview", viewer(console.overview_data)),
         Route("/api/pools", viewer(console.pools)),
         Route("/api/tenants", viewer(console.tenants)),
         Route(

@@ -137,7 +137,7 @@
     if (typing(event.target) || event.ctrlKey || event.metaKey || event.altKey) return;
     if (state.gPending) {
       state.gPending = false;
-      const to = { l: "/", h: "/history", t: "/tasks", c: "/circuits", f: "/fleet", b: "/bulk" }[event.key];
+      const to = { l: "/", o: "/overview", h: "/history", t: "/tasks", c: "/circuits", f: "/fleet", b: "/bulk" }[event.key];
       if (to) { event.preventDefault(); location.href = to; }
       return;
     }
@@ -578,6 +578,80 @@
     return { refresh };
   }
 
+  // --- overview: charts of the last minutes and hours ----------------------------------------
+  const PALETTE = ["#6cb6ff", "#56d364", "#ff7b72", "#e3b341", "#d2a8ff", "#ffa657", "#79c0ff", "#a5d6ff", "#f778ba", "#7ee787"];
+  function overviewPage() {
+    const spans = ["15m", "1h", "6h", "24h", "7d"];
+    let span = new URLSearchParams(location.search).get("span") || "1h";
+    const picker = h("div", { class: "filters", role: "group", "aria-label": "span" }, spans.map((s) => h("button", { type: "button", dataset: { span: s }, "aria-pressed": String(s === span), onclick: () => { span = s; for (const b of $$("[data-span]", picker)) b.setAttribute("aria-pressed", String(b.dataset.span === span)); history.replaceState(null, "", `/overview?span=${s}`); refresh().catch(failed); } }, s)));
+    const grid = h("div", { class: "charts", id: "charts" });
+    const status = h("p", { class: "muted", id: "overview-status" });
+    const shares = h("tbody", {});
+    main.replaceChildren(h("h1", {}, "Overview"), picker, status, grid,
+      h("h2", {}, "Tenants: their share of the calls against their weight's"),
+      h("table", { id: "overview-tenants" }, h("thead", {}, h("tr", {}, ["tenant", "calls", "share of calls", "share by weight now", "waiting now"].map((t) => h("th", {}, t)))), shares));
+    const charts = new Map();
+    const failed = (error) => banner(`Could not load: ${error.message}`, "bad");
+    function draw(id, title, xs, lines, unit) {
+      let box = charts.get(id);
+      const names = Object.keys(lines);
+      const data = [xs, ...names.map((n) => lines[n])];
+      if (box && box.names.join("\u001f") === names.join("\u001f")) { box.plot.setData(data); return; }
+      if (box) { box.plot.destroy(); box.el.remove(); }
+      const el = h("figure", { class: "chart", id }, h("figcaption", {}, title));
+      grid.append(el);
+      const width = Math.max(320, Math.min(640, (grid.clientWidth || 1200) / 2 - 24));
+      const plot = new uPlot({
+        width, height: 200, legend: { show: true },
+        scales: { x: { time: true } },
+        axes: [{ stroke: "#a9b3bf", grid: { stroke: "#2c3440" } }, { stroke: "#a9b3bf", grid: { stroke: "#2c3440" }, size: 72, values: (_u, ticks) => ticks.map((v) => `${Number(v.toPrecision(3))}${unit}`) }],
+        // Points as well as lines: a bucket with one sample between gaps is still seen.
+        series: [{}, ...names.map((n, i) => ({ label: n, stroke: PALETTE[i % PALETTE.length], width: 2, spanGaps: false, points: { show: true, size: 4 } }))],
+      }, data, el);
+      charts.set(id, { plot, el, names });
+    }
+    const pick = (prefix, gauges) => Object.fromEntries(Object.entries(gauges).filter(([k]) => k.startsWith(prefix)).map(([k, v]) => [k.slice(prefix.length), v]));
+    async function refresh() {
+      const [data, tenants] = await Promise.all([api(`/api/overview?span=${span}`), api("/api/tenants")]);
+      const xs = data.starts;
+      const byStatus = Object.fromEntries(Object.entries(data.calls).filter(([k]) => k.startsWith("status:")).map(([k, v]) => [k.slice(7), v]));
+      const byEffect = Object.fromEntries(Object.entries(data.calls).filter(([k]) => k.startsWith("effect:")).map(([k, v]) => [k.slice(7), v]));
+      draw("chart-status", "Calls per second, by status", xs, Object.keys(byStatus).length ? byStatus : { none: xs.map(() => 0) }, "/s");
+      draw("chart-effect", "Calls per second, by effect", xs, Object.keys(byEffect).length ? byEffect : { none: xs.map(() => 0) }, "/s");
+      draw("chart-latency", "Turn latency (model response to result)", xs, { p50: data.latency_p50_s, p99: data.latency_p99_s }, " s");
+      const capacity = pick("pool.capacity|", data.gauges);
+      const running = pick("pool.running|", data.gauges);
+      const saturation = Object.fromEntries(Object.keys(capacity).map((p) => [p, capacity[p].map((c, i) => (c && running[p] && running[p][i] !== null ? (100 * running[p][i]) / c : null))]));
+      draw("chart-saturation", "Pools: running calls / slots", xs, Object.keys(saturation).length ? saturation : { none: xs.map(() => null) }, "%");
+      const lag = pick("pool.lag|", data.gauges);
+      draw("chart-lag", "Pools: commands not yet taken (lag)", xs, Object.keys(lag).length ? lag : { none: xs.map(() => null) }, "");
+      const waiting = pick("tenant.waiting|", data.gauges);
+      draw("chart-waiting", "Tenants: calls waiting for admission", xs, Object.keys(waiting).length ? waiting : { none: xs.map(() => null) }, "");
+      draw("chart-attention", "Waiting for people: open tasks and unknown effects", xs, { "open tasks": data.gauges["tasks.open|all"] || xs.map(() => null), "unknown effects": data.gauges["unknown.open|all"] || xs.map(() => null) }, "");
+      const total = Object.values(data.tenants).reduce((a, b) => a + b, 0);
+      const now = Object.fromEntries(tenants.tenants.map((t) => [t.tenant_id, t]));
+      const names = Object.keys(data.tenants).sort((a, b) => data.tenants[b] - data.tenants[a]).slice(0, 50);
+      shares.replaceChildren(...names.map((name) => {
+        const share = total ? data.tenants[name] / total : 0;
+        const t = now[name];
+        const fair = t && t.fair_share !== null ? `${Math.round(t.fair_share * 100)}%` : "idle";
+        return h("tr", { class: "row", dataset: { tenant: name } }, h("td", {}, name), h("td", {}, String(data.tenants[name])),
+          h("td", {}, meterOf(share), ` ${Math.round(share * 100)}%`), h("td", {}, fair), h("td", {}, t ? String(t.waiting) : "0"));
+      }));
+      if (!names.length) shares.append(h("tr", { class: "empty" }, h("td", { colspan: 5 }, "No call in this span.")));
+      status.textContent = `${span} in ${data.width === 60 ? "minutes" : "hours"} · ${total} calls · overview job ${data.job.state}${data.job.error ? ` (${data.job.error})` : ""}`;
+      document.body.dataset.charts = String(charts.size);
+    }
+    function meterOf(value) {
+      const fill = h("span", {});
+      fill.style.width = `${Math.max(0, Math.min(1, value || 0)) * 100}%`;
+      return h("span", { class: "meter" }, fill);
+    }
+    refresh().catch(failed);
+    autoRefresh(refresh);
+    return { refresh };
+  }
+
   // --- history: search, page, open a run -----------------------------------------------------
   const runHref = (tenant, runId) => `/runs/${encodeURIComponent(tenant)}/${encodeURIComponent(runId)}`;
   function when(unix) {
@@ -990,7 +1064,7 @@
       scope.hidden = false;
     }
     const path = location.pathname;
-    const page = path === "/" ? "live" : path === "/tasks" ? "tasks" : path === "/circuits" ? "circuits" : path === "/fleet" ? "fleet" : path === "/bulk" ? "bulk" : path === "/history" ? "history" : path.startsWith("/runs/") ? "run" : path.startsWith("/calls/") ? "call" : null;
+    const page = path === "/" ? "live" : path === "/tasks" ? "tasks" : path === "/circuits" ? "circuits" : path === "/fleet" ? "fleet" : path === "/bulk" ? "bulk" : path === "/overview" ? "overview" : path === "/history" ? "history" : path.startsWith("/runs/") ? "run" : path.startsWith("/calls/") ? "call" : null;
     for (const link of $$("nav a")) if (link.dataset.nav === page) link.setAttribute("aria-current", "page");
     if (page === "live") state.view = live();
     else if (page === "tasks") state.view = tasks();
@@ -998,6 +1072,7 @@
     else if (page === "fleet") state.view = fleet();
     else if (page === "bulk") state.view = bulkPage();
     else if (page === "history") state.view = historyPage();
+    else if (page === "overview") state.view = overviewPage();
     else if (page === "run") state.view = runPage();
     else if (page === "call") state.view = callPage();
     else main.replaceChildren(h("p", {}, "No such page. ", h("a", { href: "/" }, "Live")));
