@@ -966,3 +966,31 @@ async def test_the_overview_counts_calls_and_turn_latency_and_samples_the_pools(
     assert (await acme.get("/api/overview")).status_code == 403
     scoped = await http.get("/api/overview", headers=_as("acme-ops"))
     assert scoped.status_code == 403 and "identity of every tenant" in scoped.json()["error"]
+
+
+async def test_tools_pinned_in_bulk_stay_where_their_calls_go_and_only_admins_pin(
+    *, http: httpx.AsyncClient, redis: Redis, keys: Keys
+) -> None:
+    pin = {"action": "pin", "selection": {"tools": ["quote", "lookup"]}}
+    refused = await http.post("/api/bulk/plan", json=pin)  # alice: an operator
+    assert refused.status_code == 403 and "needs the admin role" in refused.json()["error"]
+    root = _as("root")
+    planned = (await http.post("/api/bulk/plan", json=pin, headers=root)).json()
+    assert {(t["tool"], t["version"]) for t in planned["targets"]} == {
+        ("lookup", "1"),
+        ("quote", "2"),
+    }
+    only_rolled_back = pin | {"selection": {"tools": ["quote", "lookup"], "rolled_back": True}}
+    assert (await http.post("/api/bulk/plan", json=only_rolled_back, headers=root)).json()[
+        "count"
+    ] == 0  # no circuit is open: nothing was rolled back
+    done = await http.post(
+        "/api/bulk/apply", json=pin | {"digest": planned["digest"]}, headers=root
+    )
+    assert done.json()["done"] == 2, done.text
+    try:
+        assert await pinned_version(redis, keys, "quote") == "2"
+        assert await pinned_version(redis, keys, "lookup") == "1"
+    finally:
+        for name in ("quote", "lookup"):
+            await http.post(f"/api/tools/{name}/unpin", json={}, headers=root)

@@ -35,6 +35,7 @@ from redis.asyncio import Redis
 from kernel.settings import Settings
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
+from kernel.stores.registry import pinned_version, unpin_version
 from kernel.stores.tasks import StoredTask, TaskStore
 from schemas import TurnResult
 from tests.conftest import wait_for
@@ -640,6 +641,23 @@ async def test_the_overview_draws_its_charts_and_a_tenant_scoped_operator_is_ref
 
     scoped: Page = await signed_in("ana", "/overview")
     await expect(scoped.locator("#banner")).to_contain_text("identity of every tenant")
+
+
+async def test_an_admin_pins_tools_in_bulk_after_seeing_where_each_goes(
+    signed_in: Any, redis: Redis, keys: Keys
+) -> None:
+    page: Page = await signed_in("adele", "/bulk?action=pin")
+    await expect(page_ready(page)).to_have_count(1)
+    await expect(page.locator("#bulk-tenant")).to_be_hidden()  # a pin touches every tenant
+    await page.locator("#bulk-tool").fill("lookup")
+    await page.get_by_role("button", name="Show what it touches").click()
+    await expect(page.locator("#bulk-targets")).to_contain_text("lookup → version 1")
+    await page.get_by_role("button", name="Pin 1 tool").click()
+    await expect(page.locator("#banner")).to_contain_text("1 done, 0 refused")
+    try:
+        assert await pinned_version(redis, keys, "lookup") == "1"
+    finally:
+        await unpin_version(redis, keys, "lookup")
 
 
 async def test_an_operator_of_one_tenant_sees_and_decides_nothing_of_another(

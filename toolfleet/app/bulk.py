@@ -13,6 +13,7 @@ action's id, so the call's history says it was part of one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import uuid
@@ -37,7 +38,7 @@ from toolfleet.app.operations import Resolution, TenantScope
 MAX_TARGETS = 1000
 """The most targets one bulk action touches: a larger selection is refused (narrow it)."""
 
-BulkActionName = Literal["approve", "reject", "resolve", "cancel"]
+BulkActionName = Literal["approve", "reject", "resolve", "cancel", "pin"]
 
 
 class Selection(BaseModel):
@@ -55,6 +56,11 @@ class Selection(BaseModel):
     """These tasks only (``resolve``)."""
     runs: list[str] | None = Field(default=None, max_length=MAX_TARGETS)
     """These runs of ``tenant`` only (``cancel``)."""
+    tools: list[str] | None = Field(default=None, max_length=MAX_TARGETS)
+    """These tools only (``pin``; absent: every tool, or ``tool``)."""
+    rolled_back: bool = False
+    """``pin``: only tools whose new calls go to an earlier version than their newest (an
+    open circuit passed over it): pinning keeps them there once it closes."""
 
 
 class BulkRequest(BaseModel):
@@ -77,6 +83,8 @@ class BulkRequest(BaseModel):
     def _complete(self) -> BulkRequest:
         if self.action == "resolve" and self.resolution is None:
             raise ValueError("resolve needs a resolution: " + ", ".join(operations.RESOLUTIONS))
+        if self.action == "pin" and self.selection.tenant is not None:
+            raise ValueError("a pin touches every tenant: select tools, not a tenant")
         if self.action == "cancel" and not (self.selection.tenant and self.selection.runs):
             raise ValueError("cancel needs a tenant and the runs to cancel (selection.runs)")
         return self
@@ -86,7 +94,7 @@ class BulkRequest(BaseModel):
 class Target:
     """One thing a bulk action touches."""
 
-    kind: Literal["call", "task", "run"]
+    kind: Literal["call", "task", "run", "tool"]
     tenant_id: str
     run_id: str | None
     call_id: str | None
@@ -94,13 +102,14 @@ class Target:
     tool: str | None
     calls: tuple[tuple[str, str], ...] = ()
     """(run, call) of every call it names (a task's call, a circuit's calls)."""
+    version: str | None = None
+    """``pin``: the version the tool is pinned to (where its new calls go now)."""
 
     @property
     def key(self) -> str:
         """What identifies it in the digest."""
-        return "\x1f".join(
-            (self.kind, self.tenant_id, self.run_id or "", self.call_id or "", self.task_id or "")
-        )
+        parts = (self.kind, self.tenant_id, self.run_id, self.call_id, self.task_id, self.tool)
+        return "\x1f".join(p or "" for p in (*parts, self.version))
 
 
 @dataclass(frozen=True)
@@ -179,6 +188,12 @@ async def plan(
             and (sel.tool is None or t.tool_name == sel.tool)
             and (sel.run is None or t.run_id == sel.run)
         ]
+    elif request.action == "pin":
+        if not fleet_wide:
+            raise operations.NotAllowedError(
+                "pinning tools touches every tenant: it needs the admin role"
+            )
+        targets = await _pins(redis, settings, sel, tenant)
     else:
         assert sel.tenant is not None and sel.runs is not None  # the request's validator
         history = Stores(redis, settings).history()
@@ -282,6 +297,11 @@ class _Acting:
                 fleet_wide=self.fleet_wide,
             )
             return f"resolved: {request.resolution}"
+        if target.kind == "tool":
+            assert target.tool is not None and target.version is not None
+            return await operations.pin_tool(
+                self.redis, self.settings, target.tool, target.version, tenant=self.tenant
+            )
         assert target.run_id is not None
         await operations.cancel_run(
             self.bus, self.settings, tenant_id=target.tenant_id, run_id=target.run_id,
@@ -289,6 +309,25 @@ class _Acting:
             tenant=self.tenant,
         )  # fmt: skip
         return "cancellation sent"
+
+
+async def _pins(
+    redis: Redis, settings: Settings, sel: Selection, tenant: TenantScope
+) -> list[Target]:
+    """Each selected tool, at the version its new calls go to now (pins touch every tenant)."""
+    operations.check_fleet_wide(tenant, "pinning tools")
+    names = await operations.list_tools(redis, settings)
+    wanted = set(sel.tools) if sel.tools is not None else None
+    targets = []
+    for name in names:
+        if (wanted is not None and name not in wanted) or (sel.tool and name != sel.tool):
+            continue
+        with contextlib.suppress(operations.NotFoundError):  # unpublished meanwhile
+            view = await operations.tool_versions(redis, settings, name)
+            if sel.rolled_back and not view.choice.passed_over:
+                continue
+            targets.append(Target("tool", "*", None, None, None, name, version=view.choice.version))
+    return targets
 
 
 def _narrowed(tenant: TenantScope, only: str | None) -> TenantScope:

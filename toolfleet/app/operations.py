@@ -68,6 +68,7 @@ __all__ = [
     "VersionView",
     "call_fields",
     "cancel_run",
+    "check_fleet_wide",
     "check_tenant",
     "complete_call",
     "decide_approval",
@@ -137,7 +138,9 @@ def check_tenant(tenant: TenantScope, owner: str, what: str) -> None:
         )
 
 
-def _fleet_wide(tenant: TenantScope, what: str) -> None:
+def check_fleet_wide(tenant: TenantScope, what: str) -> None:
+    """Refuse (``NotAllowedError``) ``what``, which touches every tenant, to an operator
+    scoped to some."""
     allowed = _allowed(tenant)
     if allowed is not None:
         raise NotAllowedError(
@@ -191,7 +194,7 @@ async def resolve_task(
     check_tenant(tenant, stored.task.tenant_id, f"task {task_id}")
     if stored.task.kind == "circuit_open":
         what = f"task {task_id} (an open circuit's)"
-        _fleet_wide(tenant, what)
+        check_fleet_wide(tenant, what)
         if not fleet_wide:
             raise NotAllowedError(f"{what} touches every tenant: it needs the admin role")
     message = TaskResolution(
@@ -426,7 +429,7 @@ async def resume_circuit(
 ) -> bool:
     """Close an open circuit (after reconciling the calls its task lists); False when it was
     not open."""
-    _fleet_wide(tenant, f"resuming {ref}")
+    check_fleet_wide(tenant, f"resuming {ref}")
     return await CircuitBreaker(redis, settings).close(ref)
 
 
@@ -483,7 +486,7 @@ async def pin_tool(
 ) -> str:
     """Send new calls of ``name`` to a live ``version`` (a rollback, or a pin); the ledger and
     human tasks are left as they are. Returns what happened, for the operator."""
-    _fleet_wide(tenant, f"pinning {name}")
+    check_fleet_wide(tenant, f"pinning {name}")
     keys = Keys.of(settings)
     live = await _live_or_fail(redis, keys, name)
     if version not in live:
@@ -504,7 +507,7 @@ async def unpin_tool(
 ) -> bool:
     """Drop ``name``'s pin: new calls go to the newest healthy live version again. False: it
     was not pinned."""
-    _fleet_wide(tenant, f"unpinning {name}")
+    check_fleet_wide(tenant, f"unpinning {name}")
     return await unpin_version(redis, Keys.of(settings), name)
 
 
@@ -608,7 +611,7 @@ async def set_limits(
 ) -> Limits:
     """Change a tenant's or a tool's limits, live for the next admission; returns them. A
     tenant's limits decide what every other tenant gets: fleet-wide, as a tool's are."""
-    _fleet_wide(tenant, f"changing the limits of {name}")
+    check_fleet_wide(tenant, f"changing the limits of {name}")
     takes = set(Limits.__dataclass_fields__) - (
         {"tenant_rate", "tenant_burst"} if kind == "tenants" else {"weight"}
     )

@@ -68,6 +68,7 @@ def _target_json(target: Target) -> dict[str, Any]:
         "call_id": target.call_id,
         "task_id": target.task_id,
         "tool": target.tool,
+        "version": target.version,
         "calls": len(target.calls),
     }
 

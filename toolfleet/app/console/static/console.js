@@ -777,14 +777,15 @@
     const params = new URLSearchParams(location.search);
     const field = (name, attrs = {}) => h("input", { name, id: `bulk-${name}`, size: 18, autocomplete: "off", value: params.get(name) || "", ...attrs });
     const action = h("select", { name: "action", id: "bulk-action" },
-      [["reject", "reject pending approvals"], ["approve", "approve pending approvals"], ["resolve", "resolve human tasks"], ["cancel", "cancel runs"]]
+      [["reject", "reject pending approvals"], ["approve", "approve pending approvals"], ["resolve", "resolve human tasks"], ["cancel", "cancel runs"], ["pin", "pin tools where their calls go now"]]
         .map(([value, label]) => h("option", { value, selected: params.get("action") === value }, label)));
     const resolution = h("select", { name: "resolution", id: "bulk-resolution" },
       ["not_applied", "applied", "wrong_effect", "approve_compensation", "reject_compensation"].map((r) => h("option", { value: r }, r)));
     const kind = h("select", { name: "task_kind", id: "bulk-task_kind" }, ["", "unknown_effect", "compensation_approval", "circuit_open"].map((k) => h("option", { value: k }, k || "any kind")));
     const runs = h("textarea", { name: "runs", id: "bulk-runs", rows: 3, cols: 40, placeholder: "one run id per line" }, params.get("runs") || "");
     const form = h("form", { id: "bulk-form", class: "filters" },
-      h("label", {}, "action ", action), h("label", {}, "tenant ", field("tenant")), h("label", { class: "for-calls for-tasks" }, "tool ", field("tool")),
+      h("label", {}, "action ", action), h("label", { class: "for-calls for-tasks for-runs" }, "tenant ", field("tenant")), h("label", { class: "for-calls for-tasks for-tools" }, "tool ", field("tool")),
+      h("label", { class: "for-tools" }, h("input", { type: "checkbox", name: "rolled_back", id: "bulk-rolled_back" }), " only those rolled back (a circuit open on a newer version)"),
       h("label", { class: "for-calls for-tasks" }, "run ", field("run")),
       h("label", { class: "for-tasks" }, "task kind ", kind), h("label", { class: "for-tasks" }, "resolution ", resolution),
       h("label", { class: "for-tasks" }, "output ", field("output")),
@@ -798,16 +799,16 @@
     if (!canDecide()) return {};
     function shown() {
       const a = action.value;
-      for (const el of $$("label.for-calls, label.for-tasks, label.for-runs", form)) {
-        el.hidden = !((a === "approve" || a === "reject") ? el.classList.contains("for-calls") : a === "resolve" ? el.classList.contains("for-tasks") : el.classList.contains("for-runs"));
-      }
+      const kind = (a === "approve" || a === "reject") ? "for-calls" : a === "resolve" ? "for-tasks" : a === "pin" ? "for-tools" : "for-runs";
+      for (const el of $$("label.for-calls, label.for-tasks, label.for-runs, label.for-tools", form)) el.hidden = !el.classList.contains(kind);
     }
     action.addEventListener("change", () => { shown(); plan.replaceChildren(); });
     shown();
     function request() {
       const data = new FormData(form);
       const text = (name) => String(data.get(name) || "").trim() || null;
-      const selection = { tenant: text("tenant"), tool: action.value === "cancel" ? null : text("tool") };
+      const selection = { tenant: action.value === "pin" ? null : text("tenant"), tool: action.value === "cancel" ? null : text("tool") };
+      if (action.value === "pin" && data.get("rolled_back") === "on") selection.rolled_back = true;
       const body = { action: action.value, selection, note: text("note") };
       if (action.value === "approve" || action.value === "reject") selection.run = text("run");
       if (action.value === "resolve") {
@@ -822,6 +823,7 @@
     }
     const describe = (t) => t.kind === "call" ? `${t.tool} · ${t.tenant_id} / ${t.run_id} / ${t.call_id}`
       : t.kind === "task" ? `${t.task_id} · ${t.tool} · ${t.tenant_id}${t.run_id ? ` / ${t.run_id} / ${t.call_id}` : ` · ${t.calls} calls`}`
+      : t.kind === "tool" ? `${t.tool} → version ${t.version}`
       : `${t.tenant_id} / ${t.run_id} · ${t.calls} calls`;
     form.addEventListener("submit", async (event) => {
       event.preventDefault();
@@ -834,11 +836,11 @@
         return;
       }
       banner("", "ok");
-      const verb = { approve: "Approve", reject: "Reject", resolve: "Resolve", cancel: "Cancel" }[planned.action];
+      const verb = { approve: "Approve", reject: "Reject", resolve: "Resolve", cancel: "Cancel", pin: "Pin" }[planned.action];
       const one = planned.count === 1;
-      const noun = planned.action === "cancel" ? (one ? "run" : "runs") : planned.action === "resolve" ? (one ? "task" : "tasks") : (one ? "call" : "calls");
+      const noun = planned.action === "cancel" ? (one ? "run" : "runs") : planned.action === "resolve" ? (one ? "task" : "tasks") : planned.action === "pin" ? (one ? "tool" : "tools") : (one ? "call" : "calls");
       const table = h("table", { id: "bulk-targets" }, h("thead", {}, h("tr", {}, ["target", "result"].map((t) => h("th", {}, t)))),
-        h("tbody", {}, planned.targets.map((t) => h("tr", { class: "row", dataset: { target: t.task_id || t.call_id || t.run_id } }, h("td", { class: "mono" }, describe(t)), h("td", { class: "result" }, "")))));
+        h("tbody", {}, planned.targets.map((t) => h("tr", { class: "row", dataset: { target: t.task_id || t.call_id || t.run_id || t.tool } }, h("td", { class: "mono" }, describe(t)), h("td", { class: "result" }, "")))));
       const confirm = h("button", { type: "button", class: "primary", id: "bulk-confirm", disabled: planned.count === 0 }, `${verb} ${planned.count} ${noun}`);
       const cancel = h("button", { type: "button", onclick: () => plan.replaceChildren() }, "Cancel");
       plan.replaceChildren(
@@ -850,7 +852,7 @@
         try {
           const done = await post("/api/bulk/apply", { ...body, digest: planned.digest });
           for (const r of done.results) {
-            const row = $(`#bulk-targets tr[data-target="${CSS.escape(r.task_id || r.call_id || r.run_id)}"] td.result`);
+            const row = $(`#bulk-targets tr[data-target="${CSS.escape(r.task_id || r.call_id || r.run_id || r.tool)}"] td.result`);
             if (row) { row.textContent = r.detail; row.className = `result ${r.ok ? "ok" : "error"}`; }
           }
           banner(`${done.bulk_id}: ${done.done} done, ${done.failed} refused.`, done.failed ? "warn" : "ok");
