@@ -26,10 +26,10 @@ from kernel.stores.keys import Keys
 from schemas import CancelRequest, DeadLetter, ModelResponseEvent, TurnResult
 from tests.conftest import wait_for
 from tests.integration.console_support import (
+    FLEET_ENV,
     TOKENS,
     TRACE_TEMPLATE,
     bearer,
-    console_fleet,
     records,
     served_console,
     tokens_setting,
@@ -46,7 +46,10 @@ VIEWER_TOKENS = TOKENS | {"acme-viewer": ("viewer", ["acme"])}
 
 @pytest.fixture(scope="module")
 def fleet(settings: Settings, topics: list[str]) -> Iterator[LocalFleet]:
-    with console_fleet(settings) as running:
+    """The console's fleet, serving tools of this module's own (``history_tools``)."""
+    with LocalFleet(
+        settings, tools="tests.integration.history_tools:tools", workers=1, extra_env=FLEET_ENV
+    ) as running:
         yield running
 
 
@@ -106,9 +109,9 @@ async def test_the_recorder_fills_the_history_and_the_search_finds_every_facet(
     http: httpx.AsyncClient, client: FleetClient, fleet: LocalFleet
 ) -> None:
     run, since = "a-acme-3", time.time()
-    lookup = turn("acme", ("a", "lookup", {"city": "Lisbon"}), run_id=run, turn_id=0)
-    failing = turn("acme", ("q", "quote", {"fail": True}), run_id=run, turn_id=1)
-    approval = turn("acme", ("t", "transfer", {"amount": 5, "to": "x"}), run_id=run, turn_id=2)
+    lookup = turn("acme", ("a", "h_lookup", {"city": "Lisbon"}), run_id=run, turn_id=0)
+    failing = turn("acme", ("q", "h_quote", {"fail": True}), run_id=run, turn_id=1)
+    approval = turn("acme", ("t", "h_transfer", {"amount": 5, "to": "x"}), run_id=run, turn_id=2)
     for event in (lookup, failing):
         assert (await _run_turn(client, event)).status == "completed"
     assert (await _run_turn(client, approval)).status == "interrupted"
@@ -125,7 +128,7 @@ async def test_the_recorder_fills_the_history_and_the_search_finds_every_facet(
         "completed"
     )
     # A lost response: an operator settles it from a human task.
-    lost = turn("acme", ("n", "note", {"text": "h1", "mode": "apply_then_drop"}), run_id=run,
+    lost = turn("acme", ("n", "h_note", {"text": "h1", "mode": "apply_then_drop"}), run_id=run,
                 turn_id=3)  # fmt: skip
     await client.submit(lost)
     [task] = await _until(http, tenant="acme", count=1, kind="task", run=run)
@@ -146,15 +149,15 @@ async def test_the_recorder_fills_the_history_and_the_search_finds_every_facet(
     assert _turns(found) == [3, 2, 1, 0]
     assert _turns(await _entries(http, tenant="acme", run=run)) == [3, 2, 1, 0]
     assert _turns(await _entries(http, tenant="acme", call=f"{run}-q")) == [1]
-    assert _turns(await _entries(http, tenant="acme", run=run, tool="quote")) == [1]
-    [quoted] = await _entries(http, tenant="acme", run=run, tool="quote", version="2")
+    assert _turns(await _entries(http, tenant="acme", run=run, tool="h_quote")) == [1]
+    [quoted] = await _entries(http, tenant="acme", run=run, tool="h_quote", version="2")
     assert (quoted["calls"][0]["version"], quoted["calls"][0]["status"]) == ("2", "failed")
     assert quoted["calls"][0]["error"]["message"] == "quote v2 is broken"
-    assert await _entries(http, tenant="acme", run=run, version="quote@1") == []
+    assert await _entries(http, tenant="acme", run=run, version="h_quote@1") == []
     assert _turns(await _entries(http, tenant="acme", run=run, call_status="failed")) == [1]
     assert _turns(await _entries(http, tenant="acme", run=run, effect="applied")) == [3, 2, 0]
     assert (
-        _turns(await _entries(http, tenant="acme", run=run, tool="quote", effect="applied")) == []
+        _turns(await _entries(http, tenant="acme", run=run, tool="h_quote", effect="applied")) == []
     )
     assert _turns(await _entries(http, tenant="acme", run=run, decider="token:bob")) == [2]
     assert _turns(await _entries(http, tenant="acme", run=run, since=since, until=time.time())) == [
@@ -184,8 +187,8 @@ async def test_the_run_view_has_every_turn_in_order_with_its_calls_decisions_and
     http: httpx.AsyncClient, client: FleetClient, redis: Redis, keys: Keys
 ) -> None:
     run = f"view-{uuid.uuid4().hex[:8]}"
-    await _run_turn(client, turn("acme", ("a", "lookup", {"city": "Porto"}), run_id=run))
-    waits = turn("acme", ("t", "transfer", {"amount": 9, "to": "y"}), run_id=run, turn_id=1)
+    await _run_turn(client, turn("acme", ("a", "h_lookup", {"city": "Porto"}), run_id=run))
+    waits = turn("acme", ("t", "h_transfer", {"amount": 9, "to": "y"}), run_id=run, turn_id=1)
     assert (await _run_turn(client, waits)).status == "interrupted"
     decision = {"tenant_id": "acme", "run_id": run, "call_id": f"{run}-t", "approve": False,
                 "message": "Not this one."}  # fmt: skip
@@ -202,7 +205,7 @@ async def test_the_run_view_has_every_turn_in_order_with_its_calls_decisions_and
     assert (first["turn_id"], second["turn_id"]) == (0, 1)
     [looked_up] = first["calls"]
     assert (looked_up["tool"], looked_up["status"], looked_up["effect"]) == (
-        "lookup", "succeeded", "applied",
+        "h_lookup", "succeeded", "applied",
     )  # fmt: skip
     assert looked_up["attempts"] == 1 and looked_up["output"] == "Porto: sunny"
     assert looked_up["duration_s"] is not None and looked_up["duration_s"] >= 0
@@ -265,7 +268,7 @@ async def test_a_tenant_scoped_viewer_never_reads_another_tenants_history(
     run = f"shared-{uuid.uuid4().hex[:8]}"
     for tenant, turn_id in (("globex", 0), ("acme", 1)):
         await _run_turn(
-            client, turn(tenant, ("a", "lookup", {"city": "Oslo"}), run_id=run, turn_id=turn_id)
+            client, turn(tenant, ("a", "h_lookup", {"city": "Oslo"}), run_id=run, turn_id=turn_id)
         )
     async with (
         httpx.AsyncClient(base_url=console, timeout=10, headers=bearer("root")) as root,
@@ -317,7 +320,7 @@ async def test_a_redelivered_record_rewrites_its_entry_and_a_later_result_replac
     tenant, ms = f"redo-{uuid.uuid4().hex[:6]}", int(time.time() * 1000)
     waiting = TurnResult(
         tenant_id=tenant, run_id="r", turn_id=0, status="interrupted",
-        interruptions=[{"call_id": "c1", "tool_name": "transfer", "arguments": "{}"}],
+        interruptions=[{"call_id": "c1", "tool_name": "h_transfer", "arguments": "{}"}],
     )  # fmt: skip
     done = waiting.model_copy(update={"status": "completed", "interruptions": []})
     topic = settings.topic("turn-results")
