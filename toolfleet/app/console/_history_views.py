@@ -85,6 +85,8 @@ def query_of(params: Mapping[str, str], *, kind: Kind | None = None) -> Query:
 def _once(params: Any) -> None:
     """Refuse a parameter given more than once: read one way by one layer and another way by
     another, a repeated ``tenant`` could be checked as one tenant and used as the other."""
+    if not hasattr(params, "multi_items"):  # a plain mapping: one value each
+        return
     repeated = sorted({k for k, _ in params.multi_items() if len(params.getlist(k)) > 1})
     if repeated:
         raise UsageError(f"give each parameter once ({', '.join(repeated)} came more than once)")
@@ -259,6 +261,7 @@ class HistoryApi:
     ) -> tuple[list[dict[str, Any]], str | None]:
         """The newest ``limit`` turns that pass the filters, as feed events oldest first,
         and the cursor of the page before them."""
+        _once(params)
         page = await self.page(who, params, kind="turn", limit=limit)
         cursor = None if page.cursor is None else page.cursor.encode()
         return [turn_event(e) for e in reversed(page.entries)], cursor
