@@ -154,6 +154,11 @@ class Keys:
         """Hash: the human tasks of one slot group, by id."""
         return f"{self.namespace}:{{{GROUP_TAGS[group]}}}:tasks"
 
+    def task_assignees(self, group: int) -> str:
+        """Hash: who each human task of one slot group is assigned to, by id (apart from the
+        task's record, which the reconciler rewrites when it closes it)."""
+        return f"{self.namespace}:{{{GROUP_TAGS[group]}}}:task-assignees"
+
     # the MCP door
     def mcp_task(self, tenant_id: str, run_id: str) -> str:
         """Hash: the MCP door's record of a call it submitted (a task, or a plain call with

@@ -24,6 +24,8 @@ class StoredTask:
     task: HumanTask
     status: Literal["open", "resolved"]
     resolution: dict[str, Any] | None
+    assignee: dict[str, Any] | None = None
+    """Who it is assigned to (``to``), by whom (``by``) and when (``at``); None: nobody."""
 
 
 def new_task_id() -> str:
@@ -48,16 +50,35 @@ class TaskStore:
         record = {"task": task.model_dump(mode="json"), "status": "open", "resolution": None}
         await self.redis.hset(self._key(task.task_id), task.task_id, json.dumps(record))
 
+    def _assignees(self, task_id: str) -> str:
+        return self.keys.task_assignees(self.keys.task_group(task_id))
+
     async def get(self, task_id: str) -> StoredTask | None:
         """One task, or None."""
-        raw = await self.redis.hget(self._key(task_id), task_id)
-        return _decode(raw) if raw else None
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hget(self._key(task_id), task_id)
+            pipe.hget(self._assignees(task_id), task_id)
+            raw, assignee = await pipe.execute()
+        return _decode(raw, assignee) if raw else None
+
+    async def assign(self, task_id: str, to: str, *, by: str, at: float) -> None:
+        """Assign a task to ``to`` (an identity; empty: nobody). Kept apart from the task's
+        record, so it never races the reconciler closing the task."""
+        if to:
+            entry = json.dumps({"to": to, "by": by, "at": at})
+            await self.redis.hset(self._assignees(task_id), task_id, entry)
+        else:
+            await self.redis.hdel(self._assignees(task_id), task_id)
 
     async def all(self) -> list[StoredTask]:
         """Every task, oldest first (every group's index, read at once)."""
         groups = [self.keys.tasks(g) for g in range(SLOT_GROUPS)]
+        owners = [self.keys.task_assignees(g) for g in range(SLOT_GROUPS)]
         indexes = await asyncio.gather(*(self.redis.hgetall(key) for key in groups))
-        tasks = (_decode(v) for raw in indexes for v in raw.values())
+        assigned: dict[bytes | str, bytes | str] = {}
+        for found in await asyncio.gather(*(self.redis.hgetall(key) for key in owners)):
+            assigned.update(found)
+        tasks = (_decode(v, assigned.get(k)) for raw in indexes for k, v in raw.items())
         return sorted(tasks, key=lambda t: t.task.created_at)
 
     async def open_by_kind(self) -> dict[str, int]:
@@ -90,11 +111,12 @@ class TaskStore:
         return True
 
 
-def _decode(raw: bytes | str) -> StoredTask:
+def _decode(raw: bytes | str, assignee: bytes | str | None = None) -> StoredTask:
     record = json.loads(text(raw))
     check_record("human task", record.get("v"))
     return StoredTask(
         task=HumanTask.model_validate(record["task"]),
         status=record["status"],
         resolution=record.get("resolution"),
+        assignee=json.loads(text(assignee)) if assignee else None,
     )

@@ -994,3 +994,37 @@ async def test_tools_pinned_in_bulk_stay_where_their_calls_go_and_only_admins_pi
     finally:
         for name in ("quote", "lookup"):
             await http.post(f"/api/tools/{name}/unpin", json={}, headers=root)
+
+
+async def test_human_tasks_are_assigned_one_by_one_or_in_bulk_and_their_calls_say_so(
+    *, http: httpx.AsyncClient, client: FleetClient, redis: Redis, keys: Keys
+) -> None:
+    lost = [
+        turn("acme", ("a", "note", {"text": f"a{i}", "mode": "apply_then_drop"})) for i in range(2)
+    ]
+    tasks = [await _task_for(redis, keys, await _submitted(client, e)) for e in lost]
+    first = tasks[0].task.task_id
+    viewer = await http.post(f"/api/tasks/{first}/assign", json={"to": "x"}, headers=_as("vera"))
+    assert viewer.status_code == 403
+    other = await http.post(f"/api/tasks/{first}/assign", json={"to": "x"}, headers=_as("acme-ops"))
+    assert other.status_code == 200  # acme's operator: acme's task
+    mine = await http.post(f"/api/tasks/{first}/assign", json={"to": "bob"})
+    assert mine.json()["task"]["assignee"]["to"] == "bob"
+    assert mine.json()["task"]["assignee"]["by"] == "token:alice"
+    listed = {t["task_id"]: t for t in (await http.get("/api/tasks")).json()["tasks"]}
+    assert listed[first]["assignee"]["to"] == "bob"
+
+    ids = [t.task.task_id for t in tasks]
+    bulk = {"action": "assign", "selection": {"task_ids": ids}, "assignee": "carol"}
+    planned = (await http.post("/api/bulk/plan", json=bulk)).json()
+    assert sorted(t["task_id"] for t in planned["targets"]) == sorted(ids)
+    done = await http.post("/api/bulk/apply", json=bulk | {"digest": planned["digest"]})
+    assert done.json()["done"] == 2
+    listed = {t["task_id"]: t for t in (await http.get("/api/tasks")).json()["tasks"]}
+    assert [listed[i]["assignee"]["to"] for i in ids] == ["carol", "carol"]
+    chain = await _audit_events(redis, keys, "acme", lost[0].run_id, tasks[0].task.call_id or "")
+    assigned = [(e["to"], e["by"]) for e in chain if e["event"] == "task_assigned"]
+    assert assigned == [("x", "token:acme-ops"), ("bob", "token:alice"), ("carol", "token:alice")]
+    for task_id in ids:  # leave nothing open for the module's other tests
+        answer = {"resolution": "applied", "output": "x"}
+        assert (await http.post(f"/api/tasks/{task_id}/resolve", json=answer)).status_code == 202

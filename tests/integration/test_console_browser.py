@@ -392,6 +392,32 @@ async def test_an_operator_resolves_a_human_task_by_clicking(
     assert stored.resolution["decided_by"] == ALICE
 
 
+async def test_an_operator_assigns_a_human_task_to_a_colleague_by_clicking(
+    page: Page, client: FleetClient, fleet: LocalFleet, redis: Redis, keys: Keys
+) -> None:
+    event = turn("acme", ("n", "note", {"text": "n2", "mode": "apply_then_drop"}))
+    await client.submit(event)
+    task = await _task_for(redis, keys, event.function_calls[0].call_id)
+    await page.goto("/tasks")
+    row = page.locator(f'#tasks tr[data-task="{task.task.task_id}"]')
+    await row.get_by_role("button", name="Assign…").click()
+    form = page.locator("tr.form-row form")
+    await form.locator("input[name=to]").fill("oidc:bob@corp")
+    await form.get_by_role("button", name="Confirm assign").click()
+    await expect(page.locator("#banner")).to_have_text(
+        f"{task.task.task_id} is oidc:bob@corp's now."
+    )
+    await expect(row.locator(".assignee")).to_have_text(" · oidc:bob@corp")
+    stored = await TaskStore(redis, keys).get(task.task.task_id)
+    assert stored is not None and stored.assignee is not None
+    assert (stored.assignee["to"], stored.assignee["by"]) == ("oidc:bob@corp", ALICE)
+    answer = {"resolution": "applied", "output": "done"}  # leave nothing open
+    await row.get_by_role("button", name="Resolve…").click()
+    await page.locator("tr.form-row form input[name=output]").fill(answer["output"])
+    await page.get_by_role("button", name="Confirm resolve").click()
+    assert (await result_of(fleet, client, event.run_id)).status == "completed"
+
+
 async def test_an_operator_approves_a_pending_call_by_clicking_and_it_then_runs(
     page: Page, client: FleetClient, redis: Redis, keys: Keys
 ) -> None:

@@ -27,7 +27,6 @@ from redis.asyncio import Redis
 from kernel.adapters.bus import Bus
 from kernel.errors import UsageError
 from kernel.settings import Settings
-from kernel.stores.circuit import parse_task_call_ref
 from kernel.stores.door import Stores
 from kernel.stores.history import History
 from kernel.stores.keys import Keys
@@ -38,7 +37,7 @@ from toolfleet.app.operations import Resolution, TenantScope
 MAX_TARGETS = 1000
 """The most targets one bulk action touches: a larger selection is refused (narrow it)."""
 
-BulkActionName = Literal["approve", "reject", "resolve", "cancel", "pin"]
+BulkActionName = Literal["approve", "reject", "resolve", "assign", "cancel", "pin"]
 
 
 class Selection(BaseModel):
@@ -74,6 +73,8 @@ class BulkRequest(BaseModel):
     """``resolve``: the answer to every selected task."""
     output: str | None = None
     """``resolve`` with ``applied``: the output the model sees."""
+    assignee: str | None = Field(default=None, max_length=200)
+    """``assign``: who the tasks are assigned to (empty: nobody)."""
     note: str | None = Field(default=None, max_length=2000)
     """Why: the rejection's message, the resolution's note, the cancellation's reason."""
     digest: str | None = None
@@ -81,6 +82,8 @@ class BulkRequest(BaseModel):
 
     @model_validator(mode="after")
     def _complete(self) -> BulkRequest:
+        if self.action == "assign" and self.assignee is None:
+            raise ValueError("assign needs an assignee (empty to unassign)")
         if self.action == "resolve" and self.resolution is None:
             raise ValueError("resolve needs a resolution: " + ", ".join(operations.RESOLUTIONS))
         if self.action == "pin" and self.selection.tenant is not None:
@@ -167,7 +170,7 @@ async def plan(
             and (sel.tool is None or e.tool_name == sel.tool)
             and (sel.run is None or e.run_id == sel.run)
         ]
-    elif request.action == "resolve":
+    elif request.action in ("resolve", "assign"):
         tasks = await operations.list_tasks(redis, settings, tenant=scope)
         wanted = set(sel.task_ids) if sel.task_ids is not None else None
         targets = [
@@ -178,7 +181,7 @@ async def plan(
                 t.call_id,
                 t.task_id,
                 t.tool_name,
-                _task_calls(t.run_id, t.call_id, t.calls),
+                tuple(operations.task_calls(t)),
             )
             for s in tasks
             if (t := s.task)
@@ -282,6 +285,13 @@ class _Acting:
                 tenant=self.tenant,
             )
             return "approved" if request.action == "approve" else "rejected"
+        if target.kind == "task" and request.action == "assign":
+            assert target.task_id is not None and request.assignee is not None
+            await operations.assign_task(
+                self.redis, self.settings, target.task_id, request.assignee,
+                decided_by=self.decided_by, tenant=self.tenant, fleet_wide=self.fleet_wide,
+            )  # fmt: skip
+            return f"assigned to {request.assignee}" if request.assignee else "unassigned"
         if target.kind == "task":
             assert target.task_id is not None and request.resolution is not None
             await operations.resolve_task(
@@ -336,17 +346,6 @@ def _narrowed(tenant: TenantScope, only: str | None) -> TenantScope:
         return tenant
     operations.check_tenant(tenant, only, f"tenant {only}")
     return only
-
-
-def _task_calls(
-    run_id: str | None, call_id: str | None, calls: Sequence[str]
-) -> tuple[tuple[str, str], ...]:
-    """The calls a task names: its own, or an open circuit's (those an earlier release listed
-    by bare call id cannot be found, and get no entry)."""
-    if run_id is not None and call_id is not None:
-        return ((run_id, call_id),)
-    refs = [parse_task_call_ref(c) for c in calls]
-    return tuple((run, call) for run, call in refs if run is not None)
 
 
 async def _calls_of_run(

@@ -18,6 +18,7 @@ and raises a ``UsageError`` that says what to fix when it cannot act:
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,7 +33,7 @@ from kernel.rules.auth import CompletionHandle, DecisionAuth
 from kernel.rules.versions import VersionChoice, choose_version, version_order, version_ref
 from kernel.settings import Settings
 from kernel.stores.admission import Admission, Limits, TenantView, WorkerView
-from kernel.stores.circuit import CircuitBreaker
+from kernel.stores.circuit import CircuitBreaker, parse_task_call_ref
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger, LedgerEntry
 from kernel.stores.registry import (
@@ -47,6 +48,7 @@ from schemas import (
     ApprovalDecision,
     CancelRequest,
     CompletionMessage,
+    HumanTask,
     TaskResolution,
     ToolSpec,
 )
@@ -66,6 +68,7 @@ __all__ = [
     "TenantShare",
     "ToolVersions",
     "VersionView",
+    "assign_task",
     "call_fields",
     "cancel_run",
     "check_fleet_wide",
@@ -82,6 +85,7 @@ __all__ = [
     "resolve_task",
     "resume_circuit",
     "set_limits",
+    "task_calls",
     "tenant_shares",
     "tool_limits",
     "tool_versions",
@@ -222,6 +226,50 @@ class CallView:
     def fields(self) -> dict[str, Any]:
         """The entry's fields without argument values (``call_fields``)."""
         return call_fields(self.entry)
+
+
+async def assign_task(
+    redis: Redis,
+    settings: Settings,
+    task_id: str,
+    to: str,
+    *,
+    decided_by: str,
+    tenant: TenantScope = None,
+    fleet_wide: bool = True,
+) -> StoredTask:
+    """Assign an open human task to ``to`` (an identity, as the console names it; empty:
+    nobody), so that operators can share the queue; the task's calls' audit chains say who
+    assigned it to whom. Returns the task as it is now."""
+    store = TaskStore(redis, Keys.of(settings))
+    stored = await store.get(task_id)
+    if stored is None:
+        raise NotFoundError(f"no task {task_id}; see `toolfleet tasks list`")
+    check_tenant(tenant, stored.task.tenant_id, f"task {task_id}")
+    if stored.task.kind == "circuit_open":
+        what = f"task {task_id} (an open circuit's)"
+        check_fleet_wide(tenant, what)
+        if not fleet_wide:
+            raise NotAllowedError(f"{what} touches every tenant: it needs the admin role")
+    if stored.status == "resolved":
+        raise AlreadyDecidedError(f"task {task_id} is resolved already: nothing to assign")
+    await store.assign(task_id, to, by=decided_by, at=time.time())
+    ledger = Ledger(redis, Keys.of(settings), settings.ledger_retention_s)
+    for run_id, call_id in task_calls(stored.task):
+        await ledger.append_audit(
+            stored.task.tenant_id, run_id, call_id, "task_assigned",
+            task_id=task_id, to=to or None, by=decided_by,
+        )  # fmt: skip
+    return await store.get(task_id) or stored
+
+
+def task_calls(task: HumanTask) -> list[tuple[str, str]]:
+    """(run, call) of every call a task names: its own, or an open circuit's (those an
+    earlier release listed by bare call id cannot be found)."""
+    if task.run_id is not None and task.call_id is not None:
+        return [(task.run_id, task.call_id)]
+    refs = [parse_task_call_ref(c) for c in task.calls]
+    return [(run, call) for run, call in refs if run is not None]
 
 
 def call_fields(entry: LedgerEntry) -> dict[str, Any]:

@@ -11,11 +11,11 @@ route                                                       role      tenants
 pages, ``/api/config``                                      viewer    (the API's)
 ``/events``, ``/api/recent``                                viewer    the filter's, in scope
 ``/api/calls/T/ID``, ``/api/tasks``, ``/api/approvals``     viewer    in scope only
-``/api/history``, ``/api/runs/T/RUN``                          viewer    in scope only
+``/api/history``, ``/api/runs/T/RUN``                       viewer    in scope only
 ``/api/circuits``, ``/api/pools``                           viewer    fleet-wide facts
 ``/api/overview``                                           viewer    every tenant ("*")
 ``/api/tenants``                                            viewer    in scope only
-``POST /api/tasks/ID/resolve``, ``/api/approvals/decide``   operator  the task's or call's
+``POST /api/tasks/ID/*``, ``/api/approvals/decide``      operator  the task's or call's
 ``POST /api/circuits/REF/resume``, ``/api/tools/NAME/*``    admin     every tenant ("*")
 ``POST /api/limits/tenants|tools/NAME``                     admin     every tenant ("*")
 ``POST /api/bulk/plan``, ``/api/bulk/apply``                operator  each target's
@@ -440,6 +440,26 @@ class Console:
         )
         return JSONResponse({"sent": sent.model_dump(mode="json", exclude={"signature"})}, 202)
 
+    async def assign(self, request: Request, who: Identity) -> Response:
+        """Assign an open human task to someone (``to``; empty: nobody)."""
+        self.access.check_decision(request, who)
+        body = await _body(request)
+        to = body.get("to")
+        if not isinstance(to, str) or len(to) > 200:
+            raise UsageError("to must be who the task is assigned to (empty: nobody)")
+        task_id = request.path_params["task_id"]
+        stored = await operations.assign_task(
+            self.redis,
+            self.settings,
+            task_id,
+            to.strip(),
+            decided_by=who.name,
+            tenant=self.access.tenants(who),
+            fleet_wide=self.access.may_act_fleet_wide(who),
+        )
+        log.info("console decision", extra={"operator": who.name, "task": task_id, "to": to})
+        return JSONResponse({"task": task_json(stored)})
+
     async def approvals(self, _request: Request, who: Identity) -> Response:
         """Calls waiting for approval: the ledger's index, and interruptions seen live."""
         tenants = self.access.tenants(who)
@@ -767,6 +787,7 @@ def create_app(settings: Settings, options: ConsoleOptions | None = None) -> Sta
         Route("/api/calls/{tenant}/{call_id:path}", viewer(console.call)),
         Route("/api/tasks", viewer(console.tasks)),
         Route("/api/tasks/{task_id}/resolve", operator(console.resolve), methods=["POST"]),
+        Route("/api/tasks/{task_id}/assign", operator(console.assign), methods=["POST"]),
         Route("/api/approvals", viewer(console.approvals)),
         Route("/api/approvals/decide", operator(console.decide), methods=["POST"]),
         Route("/api/circuits", viewer(console.circuits)),

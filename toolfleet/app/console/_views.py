@@ -76,6 +76,7 @@ def task_json(stored: StoredTask) -> dict[str, Any]:
         "call_refs": [{"run_id": run, "call_id": call} for run, call in refs],
         "status": stored.status,
         "resolution": resolution,
+        "assignee": stored.assignee,
         "age_s": max(0.0, time.time() - stored.task.created_at),
     }
 

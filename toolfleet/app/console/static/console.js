@@ -442,6 +442,16 @@
       });
     }
 
+    function assign(row, t) {
+      decisionForm(row, 8, () => withLabel([h("span", {}, `Assign ${t.task_id} to`),
+        h("input", { name: "to", size: 24, value: t.assignee ? t.assignee.to : state.config.operator, placeholder: "empty: nobody" })], "Confirm assign"),
+      async (data) => {
+        const to = String(data.get("to") || "").trim();
+        await post(`/api/tasks/${encodeURIComponent(t.task_id)}/assign`, { to });
+        return to ? `${t.task_id} is ${to}'s now.` : `${t.task_id} is nobody's now.`;
+      });
+    }
+
     function approvalRow(a) {
       const decided = a.decision
         ? h("span", {}, badge(a.decision.approve ? "s-completed" : "s-rejected", a.decision.approve ? "approved" : "rejected"),
@@ -467,15 +477,16 @@
         : h("a", { class: "mono", href: "/circuits" }, `${t.tool_name}@${t.tool_version}`);
       const open = t.status === "open";
       const actions = !open ? (t.resolution ? `${t.resolution.resolution} by ${t.resolution.decided_by}` : "")
-        : t.call_id ? decisionButton("Resolve…", () => resolve(row, t))
-          : h("a", { href: "/circuits" }, "resume the circuit…");
+        : [t.call_id ? decisionButton("Resolve…", () => resolve(row, t)) : h("a", { href: "/circuits" }, "resume the circuit…"),
+          " ", decisionButton("Assign…", () => assign(row, t))];
       const row = h("tr", { class: "row", id: `task-${t.task_id}`, dataset: { kind: "task", task: t.task_id, tenant: t.tenant_id, href: t.call_id ? callHref(t.tenant_id, t.call_id, t.run_id) : "/circuits" } },
         h("td", { class: "mono" }, t.task_id), h("td", {}, t.kind.replace(/_/g, " ")), h("td", {}, t.tenant_id),
         h("td", {}, subject, t.calls && t.calls.length ? h("details", { class: "muted task-calls" },
           h("summary", {}, `${t.calls.length} call(s) ran while it failed`),
           (t.call_refs || []).map((c) => h("div", { class: "mono" }, c.run_id ? h("a", { href: callHref(t.tenant_id, c.call_id, c.run_id) }, `${c.run_id}/${c.call_id}`) : c.call_id))) : null),
         h("td", {}, t.reason), h("td", { class: "when" }, age(t.age_s)),
-        h("td", {}, badge(`s-${t.status}`, t.status)), h("td", { class: "actions" }, actions));
+        h("td", { class: "task-status" }, badge(`s-${t.status}`, t.status), t.assignee ? h("span", { class: "assignee", title: `assigned by ${t.assignee.by}` }, ` · ${t.assignee.to}`) : null),
+        h("td", { class: "actions" }, actions));
       row._resolve = open && t.call_id && canDecide() ? () => resolve(row, t) : null;
       return row;
     }
@@ -777,18 +788,19 @@
     const params = new URLSearchParams(location.search);
     const field = (name, attrs = {}) => h("input", { name, id: `bulk-${name}`, size: 18, autocomplete: "off", value: params.get(name) || "", ...attrs });
     const action = h("select", { name: "action", id: "bulk-action" },
-      [["reject", "reject pending approvals"], ["approve", "approve pending approvals"], ["resolve", "resolve human tasks"], ["cancel", "cancel runs"], ["pin", "pin tools where their calls go now"]]
+      [["reject", "reject pending approvals"], ["approve", "approve pending approvals"], ["resolve", "resolve human tasks"], ["assign", "assign human tasks"], ["cancel", "cancel runs"], ["pin", "pin tools where their calls go now"]]
         .map(([value, label]) => h("option", { value, selected: params.get("action") === value }, label)));
     const resolution = h("select", { name: "resolution", id: "bulk-resolution" },
       ["not_applied", "applied", "wrong_effect", "approve_compensation", "reject_compensation"].map((r) => h("option", { value: r }, r)));
     const kind = h("select", { name: "task_kind", id: "bulk-task_kind" }, ["", "unknown_effect", "compensation_approval", "circuit_open"].map((k) => h("option", { value: k }, k || "any kind")));
     const runs = h("textarea", { name: "runs", id: "bulk-runs", rows: 3, cols: 40, placeholder: "one run id per line" }, params.get("runs") || "");
     const form = h("form", { id: "bulk-form", class: "filters" },
-      h("label", {}, "action ", action), h("label", { class: "for-calls for-tasks for-runs" }, "tenant ", field("tenant")), h("label", { class: "for-calls for-tasks for-tools" }, "tool ", field("tool")),
+      h("label", {}, "action ", action), h("label", { class: "for-calls for-resolve for-assign for-runs" }, "tenant ", field("tenant")), h("label", { class: "for-calls for-resolve for-assign for-tools" }, "tool ", field("tool")),
       h("label", { class: "for-tools" }, h("input", { type: "checkbox", name: "rolled_back", id: "bulk-rolled_back" }), " only those rolled back (a circuit open on a newer version)"),
-      h("label", { class: "for-calls for-tasks" }, "run ", field("run")),
-      h("label", { class: "for-tasks" }, "task kind ", kind), h("label", { class: "for-tasks" }, "resolution ", resolution),
-      h("label", { class: "for-tasks" }, "output ", field("output")),
+      h("label", { class: "for-calls for-resolve for-assign" }, "run ", field("run")),
+      h("label", { class: "for-resolve for-assign" }, "task kind ", kind), h("label", { class: "for-resolve" }, "resolution ", resolution),
+      h("label", { class: "for-resolve" }, "output ", field("output")),
+      h("label", { class: "for-assign" }, "assign to ", field("assignee")),
       h("label", { class: "for-runs" }, "runs ", runs),
       h("label", {}, "note ", field("note", { size: 30 })),
       h("button", { type: "submit", id: "bulk-preview" }, "Show what it touches"));
@@ -799,8 +811,8 @@
     if (!canDecide()) return {};
     function shown() {
       const a = action.value;
-      const kind = (a === "approve" || a === "reject") ? "for-calls" : a === "resolve" ? "for-tasks" : a === "pin" ? "for-tools" : "for-runs";
-      for (const el of $$("label.for-calls, label.for-tasks, label.for-runs, label.for-tools", form)) el.hidden = !el.classList.contains(kind);
+      const kind = (a === "approve" || a === "reject") ? "for-calls" : a === "resolve" ? "for-resolve" : a === "assign" ? "for-assign" : a === "pin" ? "for-tools" : "for-runs";
+      for (const el of $$("label.for-calls, label.for-runs, label.for-tools, label.for-resolve, label.for-assign", form)) el.hidden = !el.classList.contains(kind);
     }
     action.addEventListener("change", () => { shown(); plan.replaceChildren(); });
     shown();
@@ -811,12 +823,15 @@
       if (action.value === "pin" && data.get("rolled_back") === "on") selection.rolled_back = true;
       const body = { action: action.value, selection, note: text("note") };
       if (action.value === "approve" || action.value === "reject") selection.run = text("run");
-      if (action.value === "resolve") {
+      if (action.value === "resolve" || action.value === "assign") {
         selection.run = text("run");
         selection.task_kind = text("task_kind");
+      }
+      if (action.value === "resolve") {
         body.resolution = text("resolution");
         body.output = text("output");
       }
+      if (action.value === "assign") body.assignee = String(data.get("assignee") || "").trim();
       if (action.value === "cancel") selection.runs = String(data.get("runs") || "").split(/\s+/).filter(Boolean);
       for (const [k, v] of Object.entries(selection)) if (v === null) delete selection[k];
       return body;
@@ -836,9 +851,9 @@
         return;
       }
       banner("", "ok");
-      const verb = { approve: "Approve", reject: "Reject", resolve: "Resolve", cancel: "Cancel", pin: "Pin" }[planned.action];
+      const verb = { approve: "Approve", reject: "Reject", resolve: "Resolve", assign: "Assign", cancel: "Cancel", pin: "Pin" }[planned.action];
       const one = planned.count === 1;
-      const noun = planned.action === "cancel" ? (one ? "run" : "runs") : planned.action === "resolve" ? (one ? "task" : "tasks") : planned.action === "pin" ? (one ? "tool" : "tools") : (one ? "call" : "calls");
+      const noun = planned.action === "cancel" ? (one ? "run" : "runs") : (planned.action === "resolve" || planned.action === "assign") ? (one ? "task" : "tasks") : planned.action === "pin" ? (one ? "tool" : "tools") : (one ? "call" : "calls");
       const table = h("table", { id: "bulk-targets" }, h("thead", {}, h("tr", {}, ["target", "result"].map((t) => h("th", {}, t)))),
         h("tbody", {}, planned.targets.map((t) => h("tr", { class: "row", dataset: { target: t.task_id || t.call_id || t.run_id || t.tool } }, h("td", { class: "mono" }, describe(t)), h("td", { class: "result" }, "")))));
       const confirm = h("button", { type: "button", class: "primary", id: "bulk-confirm", disabled: planned.count === 0 }, `${verb} ${planned.count} ${noun}`);
