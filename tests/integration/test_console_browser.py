@@ -37,7 +37,7 @@ from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
 from kernel.stores.registry import pinned_version, unpin_version
 from kernel.stores.tasks import StoredTask, TaskStore
-from schemas import TurnResult
+from schemas import ProgressEvent, TurnResult
 from tests.conftest import wait_for
 from tests.integration.console_support import (
     TRACE_TEMPLATE,
@@ -684,6 +684,23 @@ async def test_an_admin_pins_tools_in_bulk_after_seeing_where_each_goes(
         assert await pinned_version(redis, keys, "lookup") == "1"
     finally:
         await unpin_version(redis, keys, "lookup")
+
+
+async def test_a_run_view_shows_a_running_calls_latest_progress(
+    signed_in: Any, client: FleetClient
+) -> None:
+    run = f"busy-{uuid.uuid4().hex[:6]}"
+    page: Page = await signed_in("alice", f"/runs/acme/{run}")
+    await expect(page.locator("#run-id")).to_have_text(run)
+    for sequence in (1, 2):
+        event = ProgressEvent(
+            tenant_id="acme", run_id=run, turn_id=0, call_id=f"{run}-c", tool_name="reindex",
+            attempt=1, sequence=sequence, done=float(sequence), total=4.0,
+            message=f"batch {sequence} of 4", at=time.time(),
+        )  # fmt: skip
+        await client.bus.publish_and_wait("progress", run, event)
+    live = page.locator(f"#run-live tr[data-call='{run}-c']")
+    await expect(live).to_contain_text("2 / 4 · batch 2 of 4 (attempt 1)")
 
 
 async def test_an_operator_of_one_tenant_sees_and_decides_nothing_of_another(

@@ -747,19 +747,30 @@
     const tenant = decodeURIComponent(tenantRaw || "");
     const runId = decodeURIComponent(rest.join("/"));
     async function refresh() {
-      const view = await api(`/api/runs/${encodeURIComponent(tenant)}/${encodeURIComponent(runId)}`);
+      const [view, recent] = await Promise.all([
+        api(`/api/runs/${encodeURIComponent(tenant)}/${encodeURIComponent(runId)}`),
+        api(`/api/recent?${new URLSearchParams({ tenant, run: runId, limit: "50" })}`),
+      ]);
+      // The live feed's latest progress of each call (the feed keeps the last 500 events):
+      // what a running call has said since it started, before its turn is in the history.
+      const progress = new Map();
+      for (const e of recent.events) if (e.kind === "progress") progress.set(e.call_id, e);
+      const ended = new Set(view.turns.flatMap((t) => t.calls.map((c) => c.call_id)));
+      const running = [...progress.values()].filter((p) => !ended.has(p.call_id));
+      const progressOf = (p) => p ? `${p.done}${p.total ? ` / ${p.total}` : ""}${p.message ? ` · ${p.message}` : ""} (attempt ${p.attempt})` : "";
       const fact = (label, ...value) => [h("dt", {}, label), h("dd", {}, ...value)];
       const secs = (v) => (v === null || v === undefined ? "" : `${Number(v).toFixed(3)} s`);
       const turns = view.turns.map((t) => h("section", { class: "turn", id: `turn-${t.turn_id}` },
         h("h2", {}, `Turn ${t.turn_id} `, badge(`s-${t.status}`, t.status), h("span", { class: "muted" }, ` ${when(t.at)}`)),
         t.error ? h("p", { class: "error" }, `${t.error.type}: ${t.error.message}`) : null,
         h("table", { class: "calls" },
-          h("thead", {}, h("tr", {}, ["call", "tool", "status", "effect", "attempts", "took", "what the model saw", "decision", "tasks", "trace"].map((x) => h("th", {}, x)))),
+          h("thead", {}, h("tr", {}, ["call", "tool", "status", "effect", "attempts", "took", "progress", "what the model saw", "decision", "tasks", "trace"].map((x) => h("th", {}, x)))),
           h("tbody", {}, t.calls.map((c) => h("tr", { class: "row", dataset: { call: c.call_id, href: callHref(tenant, c.call_id, runId) } },
             h("td", { class: "mono" }, h("a", { href: callHref(tenant, c.call_id, runId) }, c.call_id)),
             h("td", {}, c.version ? `${c.tool}@${c.version}` : c.tool),
             h("td", {}, badge(`s-${c.status}`, c.status)), h("td", {}, badge(`e-${c.effect}`, c.effect)),
             h("td", {}, String(c.attempts || 0)), h("td", {}, secs(c.duration_s)),
+            h("td", { class: "progress" }, progressOf(progress.get(c.call_id))),
             h("td", { class: "output" }, c.output === undefined || c.output === null ? h("span", { class: "muted" }, "—") : h("pre", {}, c.output)),
             h("td", {}, c.decision ? `${c.decision.status} by ${c.decision.decided_by || "?"}` : ""),
             h("td", {}, (c.tasks || []).map((x) => h("div", {}, `${x.task_id} (${x.task_kind}, ${x.status})`))),
@@ -769,17 +780,24 @@
         ...view.tasks.map((t) => ({ at: t.at, what: `task ${t.task_id || ""}: ${t.task_kind || ""} ${t.status}`, by: "" })),
         ...view.cancellations.map((c) => ({ at: c.at, what: `cancelled: ${c.reason || ""}`, by: (c.calls || [])[0] ? c.calls[0].decided_by : "" })),
       ].sort((a, b) => a.at - b.at);
-      main.replaceChildren(
+      main.replaceChildren(...[
         h("p", {}, h("a", { href: "/history" }, "← history"), " · ", h("a", { href: `/history?${new URLSearchParams({ tenant, run: runId })}` }, "this run's entries")),
         h("h1", {}, "run ", h("span", { class: "mono", id: "run-id" }, runId)),
         h("dl", { class: "facts" }, fact("tenant", tenant), fact("turns", String(view.turns.length)),
           fact("recording", view.recording.state)),
         ...(turns.length ? turns : [h("p", { class: "muted" }, "No turn of this run in the history.")]),
+        running.length ? h("section", { id: "run-live" }, h("h2", {}, "Running now"),
+          h("table", {}, h("thead", {}, h("tr", {}, ["call", "tool", "progress", "at"].map((x) => h("th", {}, x)))),
+            h("tbody", {}, running.map((p) => h("tr", { class: "row", dataset: { call: p.call_id, href: callHref(tenant, p.call_id, runId) } },
+              h("td", { class: "mono" }, h("a", { href: callHref(tenant, p.call_id, runId) }, p.call_id)), h("td", {}, p.tool_name),
+              h("td", { class: "progress" }, progressOf(p)), h("td", { class: "when" }, clock(p.at))))))) : null,
         h("h2", {}, "Decisions, tasks and cancellations"),
         h("table", { id: "run-events" }, h("thead", {}, h("tr", {}, ["time", "what", "by"].map((x) => h("th", {}, x)))),
-          h("tbody", {}, others.map((o) => h("tr", {}, h("td", { class: "when" }, when(o.at)), h("td", {}, o.what), h("td", {}, o.by || ""))))));
+          h("tbody", {}, others.map((o) => h("tr", {}, h("td", { class: "when" }, when(o.at)), h("td", {}, o.what), h("td", {}, o.by || ""))))),
+      ].filter(Boolean));
     }
     refresh().catch((error) => main.replaceChildren(h("h1", {}, "run ", runId), h("p", { class: "error" }, error.message)));
+    autoRefresh(refresh);
     return { refresh };
   }
 
