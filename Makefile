@@ -129,6 +129,13 @@ bench-mcp: setup
 bench-console: setup
 	$(BIN)/python -m bench.console_history $(BENCH_ARGS)
 
+## bench-overview: the console's overview job against faust-streaming (pinned, in a virtualenv
+## of its own, .artifacts/faust-venv) over the same 200,000 call outcomes: wall time, CPU,
+## RSS, faust's topics, counts checked (bench/results/overview-aggregates.md; about 10 minutes)
+.PHONY: bench-overview
+bench-overview: setup
+	$(BIN)/python -m bench.overview_aggregates $(BENCH_ARGS)
+
 ## fuzz: 5,000 hostile messages on every inbound topic; prints the figures
 fuzz: setup
 	TOOLFLEET_FUZZ_MESSAGES=5000 $(BIN)/pytest -q -s tests/integration/test_fuzz.py
