@@ -7,6 +7,12 @@ nothing. A batch that emits nothing (most outcomes settle no turn) costs no tran
 its own: its offsets go with the next one, at most ``COMMIT_INTERVAL_S`` later. The
 emission marker names the records that triggered it, so a redelivered trigger re-emits (the
 first attempt's transaction never committed) while a late duplicate does not.
+
+A transaction whose outcome is unknown (an answer lost: ``IndefiniteOutcome``) is not simply
+read again: it may have committed, and re-reading its records would emit their results a
+second time. Its producer is re-initialised first (the coordinator then has committed or
+aborted it for good), and the group's committed offsets say which: if they cover what the
+transaction sent, the records it handled are skipped; if not, they are handled again.
 """
 
 from __future__ import annotations
@@ -24,7 +30,15 @@ from opentelemetry.trace import Span, SpanKind
 
 from aggregator._store import StoredTurn, TurnStore
 from aggregator._turn import TurnState, accept_outcome, build_result, is_settled
-from kernel.adapters.bus import COMMIT_INTERVAL_S, TRANSIENT_ERRORS, Bus, ConsumeLoop, Record
+from kernel.adapters.bus import (
+    COMMIT_INTERVAL_S,
+    TRANSIENT_ERRORS,
+    Bus,
+    ConsumeLoop,
+    IndefiniteOutcome,
+    Record,
+    TransactionalProducer,
+)
 from kernel.adapters.dependencies import DEPENDENCIES
 from kernel.adapters.metrics import MESSAGES, TURN_LATENCY, labelled
 from kernel.adapters.tracing import context_from_traceparent, headers_of, tracer
@@ -79,6 +93,9 @@ class Aggregator:
         self.turns = TurnStore(stores.turn_hashes(), cached=_CACHED_TURNS)
         self._uncommitted: dict[TopicPartition, int] = {}
         """Offsets of handled batches that emitted nothing, for the next transaction."""
+        self._unresolved: dict[TopicPartition, int] | None = None
+        """The offsets a transaction of unknown outcome sent (None: there is none): resolved
+        before anything else is handled."""
         self._committed_at = time.monotonic()
         self._tracer = tracer("aggregator")
         self._batch_began_ns = time.time_ns()
@@ -143,7 +160,7 @@ class Aggregator:
     async def _process(
         self,
         consumer: AIOKafkaConsumer,
-        producer: AIOKafkaProducer,
+        producer: TransactionalProducer,
         group: str,
         batches: dict[TopicPartition, list[Record]],
     ) -> None:
@@ -151,6 +168,10 @@ class Aggregator:
         the batch is committed, and the consume loop reads it again; recording is
         idempotent)."""
         self._batch_began_ns = time.time_ns()
+        if self._unresolved is not None:
+            batches = await self._resolve(consumer, producer, batches)
+            if not batches:
+                return
         # One run's records in order, different runs concurrently (all keyed by run_id).
         by_key: dict[bytes | None, list[Record]] = {}
         for records in batches.values():
@@ -172,7 +193,7 @@ class Aggregator:
     async def _commit(
         self,
         consumer: AIOKafkaConsumer,
-        producer: AIOKafkaProducer,
+        producer: TransactionalProducer,
         group: str,
         emitted: Sequence[Emission],
         offsets: dict[TopicPartition, int],
@@ -180,20 +201,28 @@ class Aggregator:
         """One transaction: the results of ``emitted`` and the offsets of what was handled
         (of the partitions still assigned: a revoked one's new owner reads it again)."""
         mine = consumer.assignment()
+        owned = {tp: offset for tp, offset in offsets.items() if tp in mine}
         spans = [self._aggregation_span(e) for e in emitted]
+        topic = self.settings.topic("turn-results")
+
+        async def send(kafka: AIOKafkaProducer) -> None:
+            for emission, span in zip(emitted, spans, strict=True):
+                result = emission.result
+                raw = _fit(result, self.settings.max_message_bytes)
+                sent = await kafka.send(
+                    topic, raw, key=result.run_id.encode(), headers=headers_of(span) or None
+                )
+                # The commit says whether it landed; a record failed with its transaction
+                # (the producer replaced) needs no word of its own.
+                sent.add_done_callback(_retrieved)
+            if owned:
+                await kafka.send_offsets_to_transaction(owned, group)
+
         try:
-            async with producer.transaction():
-                topic = self.settings.topic("turn-results")
-                for emission, span in zip(emitted, spans, strict=True):
-                    result = emission.result
-                    raw = _fit(result, self.settings.max_message_bytes)
-                    await producer.send(
-                        topic, raw, key=result.run_id.encode(), headers=headers_of(span) or None
-                    )
-                owned = {tp: offset for tp, offset in offsets.items() if tp in mine}
-                if owned:
-                    await producer.send_offsets_to_transaction(owned, group)
+            await producer.transaction(send)
         except BaseException as exc:
+            if isinstance(exc, IndefiniteOutcome):
+                self._unresolved = owned  # resolved before the batch is handled again
             for span in spans:
                 span.record_exception(exc)
                 span.end()
@@ -224,8 +253,50 @@ class Aggregator:
             },
         )
 
+    async def _resolve(
+        self,
+        consumer: AIOKafkaConsumer,
+        producer: TransactionalProducer,
+        batches: dict[TopicPartition, list[Record]],
+    ) -> dict[TopicPartition, list[Record]]:
+        """Find out whether the transaction of unknown outcome committed, and return what of
+        ``batches`` is still to handle (a Kafka error is raised: asked again next batch).
+
+        The producer's InitProducerId returns only once the coordinator has committed or
+        aborted the old epoch's transaction, its offsets included; the group's committed
+        offsets then tell which. They cover every partition the transaction sent, or none
+        (it is atomic): a partition not covered means nothing of it committed. A transaction
+        that sent no offsets (every partition of its batch revoked) is taken as not committed:
+        the partitions' new owner reads those records again either way.
+        """
+        sent = self._unresolved or {}
+        await producer.start()
+        found = await asyncio.gather(*(consumer.committed(tp) for tp in sent))
+        committed = dict(zip(sent, found, strict=True))
+        self._unresolved = None
+        if not sent or any((committed[tp] or 0) < offset for tp, offset in sent.items()):
+            log.warning(
+                "a transaction of unknown outcome did not commit: its records go again",
+                extra={"partitions": len(sent)},
+            )
+            return batches
+        log.warning(
+            "a transaction of unknown outcome committed: its records are not handled again",
+            extra={"partitions": len(sent)},
+        )
+        self._uncommitted = {
+            tp: offset for tp, offset in self._uncommitted.items() if offset > sent.get(tp, -1)
+        }
+        self._committed_at = time.monotonic()
+        left = {}
+        for tp, records in batches.items():
+            rest = [r for r in records if r.offset >= (committed.get(tp) or 0)]
+            if rest:
+                left[tp] = rest
+        return left
+
     async def _commit_quietly(
-        self, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, group: str
+        self, consumer: AIOKafkaConsumer, producer: TransactionalProducer, group: str
     ) -> None:
         """Commit the offsets of batches that emitted nothing; a failure leaves them for the
         next transaction (their records are recorded: re-reading them changes nothing)."""
@@ -477,6 +548,11 @@ def _maybe_emit(state: StoredTurn, turn: TurnState, triggers: list[str]) -> Emis
         return None
     state.emitted = {"epoch": epoch, "by": triggers, "at": time.time()}
     return Emission(build_result(turn), turn.plan.planned_at, turn.plan.traceparent)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _fit(result: TurnResult, limit: int) -> bytes:

@@ -200,6 +200,14 @@ class Settings(BaseSettings):
         "load (those that arrive while one is in flight go in the next), and an idle turn "
         "does not wait on each of its hops",
     )
+    kafka_request_timeout_ms: int = Field(
+        default=40_000,
+        ge=1_000,
+        description="How long a producer waits for the broker's answer to one request. Past "
+        "it the request's outcome is unknown: the aggregator's transactional producer is "
+        "re-initialised (its old epoch fenced) before it sends anything else, and an "
+        "idempotent producer sends the same batch again, which the broker recognises",
+    )
     session_timeout_ms: int = Field(
         default=10_000,
         ge=6_000,

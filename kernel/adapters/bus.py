@@ -1,4 +1,5 @@
-"""The Kafka edge: an idempotent producer, manually committed consumers, dead-lettering."""
+"""The Kafka edge: an idempotent producer, manually committed consumers, dead-lettering, and a
+transactional producer that re-initialises after an indefinite error."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import contextlib
 import json
 import logging
 import time
+from asyncio import ensure_future as _ensure_future
+from asyncio import wait as _wait
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextvars import ContextVar
 from pathlib import Path
@@ -23,6 +26,12 @@ from aiokafka.errors import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from kernel.adapters._indefinite import (
+    ProducerRetired,
+    RequestGuard,
+    is_indefinite,
+    needs_new_producer,
+)
 from kernel.adapters.backoff import MESSAGE, Backoff, Interrupted, nap
 from kernel.adapters.dependencies import DEPENDENCIES
 from kernel.adapters.health import HEALTH
@@ -130,29 +139,43 @@ class Bus(Protocol):
     def consumer(self, topics: Iterable[str], group: str, **options: Any) -> AIOKafkaConsumer:
         """A consumer of logical ``topics`` whose offsets only the caller commits."""
 
-    def transactional_producer(self, transactional_id: str) -> AIOKafkaProducer:
+    def transactional_producer(self, transactional_id: str) -> TransactionalProducer:
         """A producer whose records a ``read_committed`` reader sees only once committed."""
 
 
 class KafkaBus:
-    """One process's connection to Kafka: publishes with an idempotent, acks=all producer."""
+    """One process's connection to Kafka: publishes with an idempotent, acks=all producer.
+
+    After an error that leaves that producer fenced or out of step with the broker, or a
+    batch's fate unknown to its caller (``needs_new_producer``), the producer is replaced
+    before the next record is sent; see ``publish`` for why a lost answer alone is not such
+    an error.
+    """
 
     def __init__(self, settings: Settings, service: str) -> None:
         self.settings = settings
         self.service = service
         self._producer: AIOKafkaProducer | None = None
+        self._stale: AIOKafkaProducer | None = None
+        """The producer to replace before anything else is sent (None: it is fine)."""
+        self._renewing = asyncio.Lock()
 
     async def start(self) -> None:
         """Connect the producer."""
-        self._producer = AIOKafkaProducer(
+        producer = self._idempotent_producer()
+        await producer.start()
+        self._producer = producer
+
+    def _idempotent_producer(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
             **kafka_options(self.settings),
             client_id=f"toolfleet-{self.service}",
             enable_idempotence=True,
             acks="all",
             linger_ms=self.settings.kafka_linger_ms,
             max_batch_size=PRODUCER_BATCH_BYTES,
+            request_timeout_ms=self.settings.kafka_request_timeout_ms,
         )
-        await self._producer.start()
 
     async def stop(self) -> None:
         """Flush and disconnect the producer."""
@@ -188,14 +211,60 @@ class KafkaBus:
         """
         raw_key = key.encode() if isinstance(key, str) else key
         raw = value.encode() if isinstance(value, Message) else value
-        future: asyncio.Future[Any] = await self.producer.send(
-            self.topic(topic),
-            raw,
-            key=raw_key,
-            partition=partition,
-            headers=(trace_headers() if headers is None else headers) or None,
-        )
+        producer = await self._usable_producer()
+        try:
+            future: asyncio.Future[Any] = await producer.send(
+                self.topic(topic),
+                raw,
+                key=raw_key,
+                partition=partition,
+                headers=(trace_headers() if headers is None else headers) or None,
+            )
+        except Exception as exc:
+            self._met(producer, exc)
+            raise
+        future.add_done_callback(lambda done: self._met(producer, _failure(done)))
         return future
+
+    def _met(self, producer: AIOKafkaProducer, error: BaseException | None) -> None:
+        """``producer`` raised ``error`` to a caller: replace it before the next send if it
+        can no longer go on as it is.
+
+        Not after a lost answer that aiokafka retries itself: the retry carries the same
+        producer id, epoch and sequence numbers, so the broker recognises a batch it already
+        has and answers with its first offset; records of one partition stay in order (one
+        request in flight per broker). A new producer id there would turn that retry into a
+        duplicate, and could let the old producer's batch land behind the new one's. Such a
+        wait is bounded by ``kafka_request_timeout_ms`` per attempt: the connection is then
+        dropped and the batch sent again. What reaches a caller is different: a batch failed
+        (or the producer's sender died), the caller sends its record again, and a producer
+        whose sequence numbers may no longer match the broker's would have every later batch
+        of that partition refused. A fresh producer id starts a fresh sequence space; the
+        record sent again may then be a duplicate, which every consumer of the fleet
+        tolerates (outcomes are recorded per call and fencing token, commands per call)."""
+        if producer is not self._producer or self._stale is producer:
+            return
+        if (error is not None and needs_new_producer(error)) or _sender_died(producer):
+            self._stale = producer
+            log.warning(
+                "the producer will be replaced before its next record",
+                extra={"service": self.service, "error": repr(error)},
+            )
+
+    async def _usable_producer(self) -> AIOKafkaProducer:
+        """The producer, replaced first when the last error said it must be."""
+        producer = self.producer
+        if self._stale is not producer:
+            return producer
+        async with self._renewing:
+            if self._stale is self._producer and self._producer is not None:
+                old = self._producer
+                await _discard(old, self.settings.kafka_request_timeout_ms / 1000)
+                fresh = self._idempotent_producer()
+                await fresh.start()
+                self._producer, self._stale = fresh, None
+                log.info("producer replaced", extra={"service": self.service})
+        return self.producer
 
     async def publish_and_wait(
         self, topic: str, key: str | bytes | None, value: Message | bytes
@@ -246,24 +315,30 @@ class KafkaBus:
             },
         )
 
-    def transactional_producer(self, transactional_id: str) -> AIOKafkaProducer:
-        """A producer for transactions under ``transactional_id`` (not started)."""
-        return AIOKafkaProducer(
-            **kafka_options(self.settings),
-            client_id=f"toolfleet-{self.service}",
-            transactional_id=transactional_id,
-            enable_idempotence=True,
-            acks="all",
-            linger_ms=self.settings.kafka_linger_ms,
-            max_batch_size=PRODUCER_BATCH_BYTES,
-            # A killed instance's open transaction blocks read_committed readers of
-            # turn-results until it times out; its successor has a new transactional id.
-            transaction_timeout_ms=10_000,
-            # A transaction begun right after the last commit meets CONCURRENT_TRANSACTIONS
-            # until the broker has written the commit markers (a few ms; KAFKA-5477), and
-            # aiokafka retries it after this backoff: 100 ms by default, a tail on a turn.
-            retry_backoff_ms=TRANSACTION_RETRY_BACKOFF_MS,
-        )
+    def transactional_producer(self, transactional_id: str) -> TransactionalProducer:
+        """A producer for transactions under ``transactional_id`` (not started), re-initialised
+        after an indefinite error (``TransactionalProducer``)."""
+
+        def make() -> AIOKafkaProducer:
+            return AIOKafkaProducer(
+                **kafka_options(self.settings),
+                client_id=f"toolfleet-{self.service}",
+                transactional_id=transactional_id,
+                enable_idempotence=True,
+                acks="all",
+                linger_ms=self.settings.kafka_linger_ms,
+                max_batch_size=PRODUCER_BATCH_BYTES,
+                request_timeout_ms=self.settings.kafka_request_timeout_ms,
+                # A killed instance's open transaction blocks read_committed readers of
+                # turn-results until it times out; its successor has a new transactional id.
+                transaction_timeout_ms=10_000,
+                # A transaction begun right after the last commit meets CONCURRENT_TRANSACTIONS
+                # until the broker has written the commit markers (a few ms; KAFKA-5477), and
+                # aiokafka retries it after this backoff: 100 ms by default, a tail on a turn.
+                retry_backoff_ms=TRANSACTION_RETRY_BACKOFF_MS,
+            )
+
+        return TransactionalProducer(make, transactional_id, self.service)
 
     def consumer(self, topics: Iterable[str], group: str, **options: Any) -> AIOKafkaConsumer:
         """A consumer of logical ``topics`` whose offsets are committed only by the caller."""
@@ -289,6 +364,211 @@ class KafkaBus:
         if names:
             consumer.subscribe(names, listener=_LogAssignments())
         return consumer
+
+
+class IndefiniteOutcome(InfrastructureError):
+    """A transaction's outcome is unknown: an answer it needed never came. Its producer has
+    been re-initialised (the old epoch fenced, the transaction committed or aborted for good
+    by the coordinator); what the transaction committed tells whether it did (a
+    consume-transform-produce loop reads its group's committed offsets), and its work is
+    redone only if it did not."""
+
+
+class TransactionalProducer:
+    """A transactional producer that re-initialises after an indefinite error.
+
+    Each ``transaction`` is begun, filled by its body and committed. aiokafka retries a lost
+    answer itself, with the same epoch, and that retry is what Jepsen showed can land in the
+    wrong transaction; so every request of the producer passes a ``RequestGuard``, which lets
+    nothing more out after the first request whose outcome is unknown (a timeout, a dropped
+    connection, an answer naming such an error). The producer is then closed and a new one
+    started under the same transactional id: its InitProducerId makes the coordinator finish
+    a transaction whose commit it already has or abort the open one, and bumps the epoch, so
+    nothing of the old epoch can land anywhere afterwards. Only then does ``transaction``
+    raise ``IndefiniteOutcome``; the caller decides from what it can read whether to redo
+    the transaction's work.
+    """
+
+    def __init__(
+        self, make: Callable[[], AIOKafkaProducer], transactional_id: str, service: str
+    ) -> None:
+        self._make = make
+        self.transactional_id = transactional_id
+        self.service = service
+        self._producer: AIOKafkaProducer | None = None
+        self._guard: RequestGuard | None = None
+        self.reinitialised = 0
+        """How many times an indefinite error made this producer start again."""
+
+    async def start(self) -> None:
+        """Start the producer unless it runs (an InitProducerId: once it returns, every
+        transaction of an earlier epoch of this transactional id is committed or aborted)."""
+        if self._producer is not None:
+            return
+        producer = self._make()
+        guard = RequestGuard(producer.client)
+        try:
+            await producer.start()
+        except BaseException:
+            guard.retire()
+            await _discard(producer, 0)
+            raise
+        self._producer, self._guard = producer, guard
+
+    async def stop(self) -> None:
+        """Flush and disconnect (a producer met by an indefinite error is simply closed)."""
+        producer, guard = self._producer, self._guard
+        self._producer = self._guard = None
+        if producer is None or guard is None:
+            return
+        if guard.error is None:
+            await producer.stop()
+        else:
+            guard.retire()
+            await _discard(producer, 0)
+
+    async def transaction(self, body: Callable[[AIOKafkaProducer], Awaitable[None]]) -> None:
+        """Run ``body`` (it sends records and offsets with the producer it is given) in one
+        transaction and commit it.
+
+        Raises ``IndefiniteOutcome`` when the transaction's outcome is unknown, once the
+        producer has been closed and (broker permitting) re-initialised: call ``start``, which
+        re-initialises it if that could not be done yet, before reading what the transaction
+        committed. Raises any other error once the transaction was aborted (nothing of it is
+        visible to a read_committed reader).
+        """
+        await self.start()  # again after a re-initialisation that could not start
+        producer, guard = self._producer, self._guard
+        assert producer is not None and guard is not None
+        work = _ensure_future(self._transact(producer, guard, body))
+        tripped = _ensure_future(guard.tripped.wait())
+        try:
+            await _wait((work, tripped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            tripped.cancel()
+            if not work.done():  # the guard tripped (or the caller was cancelled)
+                work.cancel()
+                await _wait((work,))
+        failure = None if work.cancelled() else work.exception()
+        if guard.error is None and failure is None:
+            return
+        if guard.error is None and failure is not None and not needs_new_producer(failure):
+            raise failure  # the transaction was aborted
+        cause = guard.error or failure
+        await self._reinitialise(cause)
+        if failure is None and not work.cancelled():
+            return  # committed: the answer to its EndTxn came; a later request lost its own
+        raise IndefiniteOutcome(
+            f"the outcome of a transaction of {self.transactional_id!r} is unknown "
+            f"({cause!r}): its producer was re-initialised; what it committed says whether "
+            "to redo it"
+        ) from cause
+
+    async def _transact(
+        self,
+        producer: AIOKafkaProducer,
+        guard: RequestGuard,
+        body: Callable[[AIOKafkaProducer], Awaitable[None]],
+    ) -> None:
+        await producer.begin_transaction()
+        try:
+            await body(producer)
+        except BaseException as exc:
+            # After an indefinite error nothing more is sent under this epoch (not even an
+            # abort): the next InitProducerId aborts the transaction.
+            if guard.error is None and not needs_new_producer(exc):
+                await producer.abort_transaction()
+            raise
+        await producer.commit_transaction()
+
+    async def _reinitialise(self, cause: BaseException | None) -> None:
+        """Close the producer (it sends nothing more) and start a new one under the same
+        transactional id, which fences the old epoch. If the broker cannot be reached for
+        that now, the next ``start`` (before any transaction) does it."""
+        old, guard = self._producer, self._guard
+        self._producer = self._guard = None
+        fenced = _producer_id(old)
+        if guard is not None:
+            guard.retire()
+        if old is not None:
+            await _discard(old, 0)
+        self.reinitialised += 1
+        try:
+            await self.start()
+        except Exception as exc:
+            log.warning(
+                "transactional producer not started again yet",
+                extra={"transactional_id": self.transactional_id, "error": repr(exc)},
+            )
+            return
+        log.warning(
+            "transactional producer re-initialised after an indefinite error",
+            extra={
+                "service": self.service,
+                "transactional_id": self.transactional_id,
+                "error": repr(cause),
+                "fenced": fenced,
+                "now": _producer_id(self._producer),
+            },
+        )
+
+
+def _failure(done: asyncio.Future[Any]) -> BaseException | None:
+    return None if done.cancelled() else done.exception()
+
+
+def _sender_died(producer: AIOKafkaProducer) -> bool:
+    """Whether the producer's sender task has ended: every later send raises what ended it
+    (aiokafka keeps no public flag for it)."""
+    task = getattr(getattr(producer, "_sender", None), "sender_task", None)
+    return task is not None and task.done()
+
+
+def _producer_id(producer: AIOKafkaProducer | None) -> str | None:
+    """The producer id and epoch of a started producer, as "id/epoch" for the log."""
+    manager = getattr(producer, "_txn_manager", None)
+    if manager is None or not manager.has_pid():
+        return None
+    return f"{manager.producer_id}/{manager.producer_epoch}"
+
+
+async def _discard(producer: AIOKafkaProducer, flush_within: float) -> None:
+    """Close ``producer`` without waiting on batches it can no longer deliver.
+
+    What it delivers within ``flush_within`` seconds is delivered; the rest fail with
+    ``ProducerRetired`` (their senders re-send them through the next producer, or the
+    transaction's work is redone). aiokafka's ``stop`` alone would wait for every batch, for
+    ever when the broker never answers; failing them goes through its accumulator, which has
+    no public method for it.
+    """
+    if flush_within > 0 and not _sender_died(producer):
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(flush_within):
+                await producer.flush()
+    _fail_batches(producer, ProducerRetired("the producer was replaced"))
+    try:
+        async with asyncio.timeout(_CLOSE_WITHIN_S):
+            await producer.stop()
+    except Exception as exc:  # closing what is being thrown away: nothing to do about it
+        log.debug("a replaced producer did not close cleanly", extra={"error": repr(exc)})
+
+
+def _fail_batches(producer: AIOKafkaProducer, error: BaseException) -> None:
+    """Fail every batch ``producer`` still holds with ``error``; the futures aiokafka keeps for
+    itself are marked retrieved (nothing else awaits them once the producer is closed)."""
+    accumulator = getattr(producer, "_message_accumulator", None)
+    if accumulator is None:
+        return
+    held = [b for batches in accumulator._batches.values() for b in batches]
+    held += list(accumulator._pending_batches)
+    accumulator.fail_all(error)
+    for batch in held:
+        for future in (batch.future, getattr(batch, "_drain_waiter", None)):
+            if future is not None and future.done() and not future.cancelled():
+                future.exception()
+
+
+_CLOSE_WITHIN_S = 5.0
 
 
 class _LogAssignments(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -702,8 +982,12 @@ __all__ = [
     "BatchHandler",
     "Bus",
     "ConsumeLoop",
+    "IndefiniteOutcome",
     "KafkaBus",
     "Record",
     "TopicPartition",
+    "TransactionalProducer",
+    "is_indefinite",
+    "needs_new_producer",
     "release_slot",
 ]
