@@ -1,0 +1,331 @@
+"""Indefinite errors against the real broker: the answer to a transaction's AddPartitionsToTxn,
+produce or EndTxn, or to an idempotent produce, is lost or comes too late.
+
+Jepsen's analysis of a Kafka-compatible broker (Bufstream, 2024) showed that a client that
+retries after such an error can abort reads, lose writes and tear transactions, and advised
+re-initialising producers. Here one service of an in-process fleet reaches Kafka through
+``KafkaProxy``, which cuts or delays the answers a test picks and records every request and
+answer; what the tests read is the broker's own word (the epochs its InitProducerId answers
+grant, the requests that reached it) and the topics read back with read_committed and
+read_uncommitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from redis.asyncio import Redis
+
+from executors import ToolRegistry
+from kernel.adapters.bus import KafkaBus
+from kernel.settings import Settings
+from kernel.stores.ledger import Ledger
+from schemas import AgentRef, CallOutcome, ModelResponseEvent, TurnResult
+from tests.conftest import aggregator_caught_up, wait_for
+from tests.integration.proxy import (
+    ADD_PARTITIONS_TO_TXN,
+    END_TXN,
+    INIT_PRODUCER_ID,
+    PRODUCE,
+    Fault,
+    KafkaAnswer,
+    KafkaProxy,
+    KafkaRequest,
+    Once,
+)
+from toolfleet.testing import InProcessFleet
+
+# A proxy in front of the one broker, and fleets of their own: the single-Redis pass runs them.
+pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
+
+TENANT = "indefinite"
+REQUEST_TIMEOUT_MS = 2_000
+"""The proxied service's request timeout: past it an answer counts as lost."""
+LATE = 3.0
+"""How late a delayed answer comes: after the request timed out."""
+
+tools = ToolRegistry()
+
+
+@tools.tool(effect="read_only")
+async def echo(text: str) -> str:
+    """Says it back."""
+    return text
+
+
+class _Proxied(InProcessFleet):
+    """An in-process fleet whose service ``proxied`` reaches Kafka through ``proxy``."""
+
+    def __init__(self, settings: Settings, proxy: KafkaProxy, proxied: str) -> None:
+        super().__init__(settings, echo, workers=1)
+        self.proxy, self.proxied = proxy, proxied
+
+    def _bus(self, service: str) -> KafkaBus:
+        if service != self.proxied:
+            return super()._bus(service)
+        through = {
+            "kafka_bootstrap_servers": self.proxy.address,
+            "kafka_request_timeout_ms": REQUEST_TIMEOUT_MS,
+        }
+        return KafkaBus(self.settings.model_copy(update=through), service=service)
+
+
+async def _fleet(settings: Settings, proxied: str) -> AsyncIterator[tuple[_Proxied, KafkaProxy]]:
+    host, port = settings.kafka_servers().split(",")[0].rsplit(":", 1)
+    proxy = KafkaProxy(host, int(port))
+    await proxy.start()
+    fleet = _Proxied(settings, proxy, proxied)
+    try:
+        async with fleet:
+            yield fleet, proxy
+    finally:
+        await proxy.stop()
+
+
+def turn(text: str) -> ModelResponseEvent:
+    """One call of ``echo`` in a run of its own."""
+    run = f"run-{uuid.uuid4().hex[:12]}"
+    return ModelResponseEvent(
+        tenant_id=TENANT, run_id=run, turn_id=0, agent=AgentRef(name="tester"),
+        response_id=f"resp-{run}",
+        items=[{"type": "function_call", "call_id": "c1", "name": "echo",
+                "arguments": json.dumps({"text": text})}],
+    )  # fmt: skip
+
+
+async def _run(fleet: InProcessFleet, texts: list[str]) -> list[ModelResponseEvent]:
+    """Submit a turn per text at once; each must end with its text as its one output."""
+    events = [turn(text) for text in texts]
+    for event in events:
+        await fleet.client.submit(event)
+    for event, text in zip(events, texts, strict=True):
+        result = await fleet.client.result(event.run_id, 0, within=30)
+        assert result.status == "completed", result
+        assert [o.output for o in result.outputs] == [text]
+    return events
+
+
+async def _records(settings: Settings, topic: str, isolation: str) -> list[bytes]:
+    """The value of every record on ``topic`` a reader with ``isolation`` sees."""
+    partitions = [TopicPartition(settings.topic(topic), p) for p in range(settings.partitions)]
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_servers(),
+        isolation_level=isolation,
+        enable_auto_commit=False,
+    )
+    consumer.assign(partitions)
+    await consumer.start()
+    try:
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        found: list[bytes] = []
+        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+            batch = await consumer.getmany(timeout_ms=500)
+            found += [r.value or b"" for rs in batch.values() for r in rs]
+        return found
+    finally:
+        await consumer.stop()
+
+
+def _after(proxy: KafkaProxy, request: KafkaRequest) -> list[KafkaRequest]:
+    """The requests that reached the proxy after ``request``."""
+    return proxy.requests[proxy.requests.index(request) + 1 :]
+
+
+@pytest.fixture(scope="class")
+async def aggregating(settings: Settings) -> AsyncIterator[tuple[_Proxied, KafkaProxy]]:
+    """A fleet whose aggregator reaches Kafka through the proxy."""
+    async for running in _fleet(settings, "aggregator"):
+        yield running
+
+
+def _transactional_id(fleet: InProcessFleet, proxy: KafkaProxy) -> str:
+    """The aggregator's transactional id, as its first InitProducerId named it."""
+    prefix = f"{fleet.settings.topic_prefix}aggregator-"
+    for request in proxy.requests:
+        if request.api_key == INIT_PRODUCER_ID and (request.transactional_id or "").startswith(
+            prefix
+        ):
+            return request.transactional_id or ""
+    raise AssertionError("the aggregator's transactional producer never started")
+
+
+def _matcher(kind: int, transactional_id: str) -> Callable[[KafkaRequest], bool]:
+    """Picks the aggregator's first request of ``kind`` in a transaction that carries turn
+    results (an EndTxn: of a transaction that added a partition of turn-results)."""
+    added = False
+
+    def matches(request: KafkaRequest) -> bool:
+        nonlocal added
+        if request.transactional_id != transactional_id:
+            return False
+        if request.api_key == ADD_PARTITIONS_TO_TXN:
+            added = True
+        return request.api_key == kind and (kind != END_TXN or added)
+
+    return matches
+
+
+class TestTheAggregatorsTransactions:
+    """Every transactional producer re-initialises (its old epoch fenced) before it goes on;
+    no turn result is emitted twice or torn, and every turn ends with exactly one result."""
+
+    @pytest.mark.timeout(60)
+    @pytest.mark.parametrize("fault", ["cut", LATE], ids=["answer-cut", "answer-late"])
+    @pytest.mark.parametrize(
+        "kind",
+        [ADD_PARTITIONS_TO_TXN, PRODUCE, END_TXN],
+        ids=["AddPartitionsToTxn", "Produce", "EndTxn"],
+    )
+    async def test_a_lost_answer_re_initialises_the_producer_and_each_turn_has_one_result(
+        self, aggregating: tuple[_Proxied, KafkaProxy], kind: int, fault: Fault
+    ) -> None:
+        fleet, proxy = aggregating
+        transactional_id = _transactional_id(fleet, proxy)
+        rule = Once(_matcher(kind, transactional_id), fault)
+        proxy.rule = rule
+        try:
+            events = await _run(fleet, [f"{kind}-{fault}-{i}" for i in range(4)])
+        finally:
+            proxy.rule = None
+        hit = rule.hit
+        assert hit is not None, "the fault was never injected"
+        old = hit.producer()
+        assert old is not None
+
+        def granted_after() -> list[tuple[int, int]]:
+            return [
+                (a.fields["producer_id"], a.fields["producer_epoch"])
+                for a in proxy.answers
+                if a.request in _after(proxy, hit)
+                and a.request.api_key == INIT_PRODUCER_ID
+                and a.request.transactional_id == transactional_id
+                and a.fields.get("error_code") == 0
+            ]
+
+        # Re-initialised: the broker granted the same producer id a newer epoch (fencing the
+        # old one) once the answer was lost.
+        (renewed, *_) = await wait_for(lambda: asyncio.sleep(0, granted_after()), within=20)
+        assert renewed[0] == old[0] and renewed[1] > old[1], (old, renewed)
+        # Nothing under the old epoch after that InitProducerId was sent, and the request
+        # whose answer was lost was never sent again under it (aiokafka's own retry).
+        after = _after(proxy, hit)
+        init = next(
+            r
+            for r in after
+            if r.api_key == INIT_PRODUCER_ID and r.transactional_id == transactional_id
+        )
+        assert [r for r in _after(proxy, init) if r.producer() == old] == []
+        assert [r for r in after if r.api_key == kind and r.producer() == old] == []
+
+        await wait_for(lambda: aggregator_caught_up(fleet.settings), within=20)
+        runs = {event.run_id for event in events}
+        committed = _runs(await _records(fleet.settings, "turn-results", "read_committed"))
+        seen = _runs(await _records(fleet.settings, "turn-results", "read_uncommitted"))
+        # Exactly one result per turn for a read_committed reader, whatever was aborted.
+        assert {run: committed[run] for run in runs} == dict.fromkeys(runs, 1)
+        extra = {run: seen[run] - 1 for run in runs if seen[run] > 1}
+        if kind == PRODUCE:
+            # The lost produce had landed in the transaction the new epoch aborted: its
+            # records are in the log, never committed, and each turn's result was sent again.
+            assert extra, "the aborted attempt's results should be in the log"
+            assert all(n == 1 for n in extra.values()), extra
+        else:
+            # AddPartitionsToTxn: nothing had been produced yet. EndTxn: the transaction had
+            # committed, and the group's offsets said so: nothing was emitted again.
+            assert extra == {}, extra
+
+
+def _written(answer: KafkaAnswer) -> dict[tuple[str, int], tuple[int, int]]:
+    """(error code, base offset) per (topic, partition) of a produce answer."""
+    return {
+        (topic, partition[0]): (partition[1], partition[2])
+        for topic, partitions in answer.fields["topics"]
+        for partition in partitions
+    }
+
+
+def _runs(raw: list[bytes]) -> Counter[str]:
+    return Counter(TurnResult.decode(value).run_id for value in raw)
+
+
+@pytest.fixture(scope="class")
+async def working(settings: Settings) -> AsyncIterator[tuple[_Proxied, KafkaProxy]]:
+    """A fleet whose worker reaches Kafka through the proxy."""
+    async for running in _fleet(settings, "worker-default"):
+        yield running
+
+
+class TestAWorkersOutcomes:
+    """An idempotent producer whose answer is lost sends the same batch again (same producer
+    id, epoch and sequence), which the broker recognises: no outcome counts twice, the
+    ledger's attempts are unchanged, and the fleet goes on."""
+
+    @pytest.mark.timeout(60)
+    @pytest.mark.parametrize("fault", ["cut", "drop"], ids=["answer-cut", "answer-dropped"])
+    async def test_a_lost_answer_to_an_outcome_is_sent_again_and_counts_once(
+        self, working: tuple[_Proxied, KafkaProxy], redis: Redis, fault: Fault
+    ) -> None:
+        fleet, proxy = working
+        outcomes = fleet.settings.topic("outcomes")
+
+        def outcome_from_the_worker(request: KafkaRequest) -> bool:
+            return request.api_key == PRODUCE and any(b[0] == outcomes for b in request.batches())
+
+        rule = Once(outcome_from_the_worker, fault)
+        proxy.rule = rule
+        try:
+            events = await _run(fleet, [f"outcome-{fault}-{i}" for i in range(3)])
+        finally:
+            proxy.rule = None
+        hit = rule.hit
+        assert hit is not None, "the fault was never injected"
+        lost = [b for b in hit.batches() if b[0] == outcomes]
+
+        def answered(request: KafkaRequest) -> Callable[[], Awaitable[KafkaAnswer | None]]:
+            return lambda: asyncio.sleep(
+                0, next((a for a in proxy.answers if a.request is request), None)
+            )
+
+        first = await wait_for(answered(hit))  # the broker wrote them and said so
+        assert first is not None and not first.delivered
+
+        def resent() -> list[KafkaAnswer]:
+            return [
+                a
+                for a in proxy.answers
+                if a.request is not hit and set(a.request.batches()) & set(lost)
+            ]
+
+        # aiokafka sends the same batches again (same producer id, epoch and base sequence,
+        # in one request or more), and the broker answers with the offsets it gave them the
+        # first time: it recognised them, wrote nothing twice.
+        await wait_for(
+            lambda: asyncio.sleep(
+                0, {b for a in resent() for b in a.request.batches()} >= set(lost)
+            )
+        )
+        for answer in resent():
+            for batch in set(answer.request.batches()) & set(lost):
+                assert _written(answer)[batch[:2]] == _written(first)[batch[:2]]
+        # The producer was not replaced: the broker's recognition needs its sequence numbers.
+        assert [r for r in _after(proxy, hit) if r.api_key == INIT_PRODUCER_ID] == []
+
+        runs = {event.run_id for event in events}
+        raw = await _records(fleet.settings, "outcomes", "read_committed")
+        published = Counter(
+            (o.run_id, o.call_id) for o in map(CallOutcome.decode, raw) if o.run_id in runs
+        )
+        assert published == {(run, "c1"): 1 for run in runs}
+        ledger = Ledger(redis, fleet.keys)
+        for run in runs:
+            entry = (await ledger.read(TENANT, run, ["c1"]))["c1"]
+            assert entry.attempts == 1, entry
+        # The fleet goes on.
+        await _run(fleet, ["after"])
