@@ -22,8 +22,10 @@ from typing import Any
 import httpx
 import uvicorn
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from redis.asyncio import Redis
 
 from kernel.settings import Settings
+from kernel.stores.circuit import CircuitBreaker
 from schemas import ModelResponseEvent
 from tests.conftest import wait_for
 from toolfleet.app.console import ConsoleOptions, create_app
@@ -72,6 +74,20 @@ def tokens_setting(tokens: dict[str, tuple[str, list[str]]] = TOKENS) -> str:
 def bearer(name: str) -> dict[str, str]:
     """The Authorization header of the test token ``name``."""
     return {"Authorization": f"Bearer secret-{name}"}
+
+
+LEFT_UNKNOWN = ("note@1", "memo@1")
+"""The console tools whose calls the tests leave with an unknown effect on purpose (a human
+task to settle): each one counts against its version's circuit (``FLEET_ENV``), which the
+tests of every console module share through the session's Redis namespace."""
+
+
+async def fresh_circuits(redis: Redis, settings: Settings) -> None:
+    """Close the circuits of ``LEFT_UNKNOWN`` and forget their windows: a test that leaves a
+    call unknown starts with none open, whichever tests ran before it."""
+    breaker = CircuitBreaker(redis, settings)
+    for ref in LEFT_UNKNOWN:
+        await breaker.close(ref)
 
 
 def console_fleet(settings: Settings) -> LocalFleet:

@@ -32,6 +32,7 @@ from tests.integration.console_support import (
     TRACE_TEMPLATE,
     bearer,
     console_fleet,
+    fresh_circuits,
     records,
     served_console,
     tokens_setting,
@@ -43,6 +44,11 @@ from toolfleet.client import FleetClient
 from toolfleet.testing import LocalFleet, connected_client, result_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
+
+
+@pytest.fixture(autouse=True)
+async def _fresh_circuits(redis: Redis, settings: Settings) -> None:
+    await fresh_circuits(redis, settings)
 
 
 @pytest.fixture(scope="module")

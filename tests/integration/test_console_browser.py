@@ -45,6 +45,7 @@ from tests.integration.console_support import (
     OidcProvider,
     console_fleet,
     free_socket,
+    fresh_circuits,
     served_console,
     turn,
     url_of,
@@ -82,6 +83,11 @@ ACCOUNTS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 """The identity provider's accounts (the login name) and their claims."""
 ALICE = "oidc:alice@corp"
+
+
+@pytest.fixture(autouse=True)
+async def _fresh_circuits(redis: Redis, settings: Settings) -> None:
+    await fresh_circuits(redis, settings)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from kernel.settings import Settings
-from kernel.stores.circuit import CircuitBreaker
+from kernel.stores.circuit import CircuitBreaker, task_call_ref
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger
 from kernel.stores.registry import live_versions, pinned_version
@@ -99,7 +99,8 @@ async def test_an_open_circuit_rolls_new_calls_back_and_operators_can_pin_and_un
         )
 
     task = await wait_for(circuit_task)
-    v2_calls = {c.call_id for c in failing.function_calls}
+    # Each call by its full identity (RUN/CALL): a call id is unique only within its run.
+    v2_calls = {task_call_ref(failing.run_id, c.call_id) for c in failing.function_calls}
     assert set(task.task.calls) == v2_calls and task.status == "open"
     assert V2 in await circuits.open_circuits() and V1 not in await circuits.open_circuits()
 
@@ -149,6 +150,7 @@ async def test_an_open_circuit_rolls_new_calls_back_and_operators_can_pin_and_un
     stored = await TaskStore(redis, keys).get(task.task.task_id)
     assert stored is not None and stored.status == "open"
     assert set(stored.task.calls) == v2_calls
-    entries = await Ledger(redis, keys).read("acme", failing.run_id, sorted(v2_calls))
+    call_ids = sorted(c.call_id for c in failing.function_calls)
+    entries = await Ledger(redis, keys).read("acme", failing.run_id, call_ids)
     assert {e.outcome.status for e in entries.values() if e.outcome} == {"failed"}
     assert len(entries) == 4
