@@ -1,6 +1,7 @@
 """Bulk actions: select by search, see what it touches, confirm, act.
 
-An operator's bulk action is two requests. ``plan`` resolves a selection into its targets (the
+Decide pending approvals, resolve or assign human tasks, cancel runs, pin tools. An operator's
+bulk action is two requests. ``plan`` resolves a selection into its targets (the
 pending approvals, open human tasks or runs it names, within the operator's tenants) and a
 digest of them; the operator reads the targets and confirms; ``carry_out`` resolves the
 selection again and acts only if the digest is unchanged (what is confirmed is what is done:
@@ -50,9 +51,9 @@ class Selection(BaseModel):
     """A tool's name (its lookup key)."""
     run: str | None = None
     task_kind: Literal["unknown_effect", "compensation_approval", "circuit_open"] | None = None
-    """Human tasks of this kind only (``resolve``)."""
+    """Human tasks of this kind only (``resolve``, ``assign``)."""
     task_ids: list[str] | None = Field(default=None, max_length=MAX_TARGETS)
-    """These tasks only (``resolve``)."""
+    """These tasks only (``resolve``, ``assign``)."""
     runs: list[str] | None = Field(default=None, max_length=MAX_TARGETS)
     """These runs of ``tenant`` only (``cancel``)."""
     tools: list[str] | None = Field(default=None, max_length=MAX_TARGETS)
