@@ -144,8 +144,9 @@ fuzz: setup
 chaos: setup
 	TOOLFLEET_CHAOS_TURNS=600 TOOLFLEET_CHAOS_INFRA_KILLS=1 $(BIN)/pytest -q -s tests/integration/test_chaos.py
 
-## console-screenshot: the console's browser tests, writing the live page's and a run view's
-## screenshots to docs/console.png and docs/console-run.png (the README's)
+## console-screenshot: the console's browser tests, writing the live page's, a run view's and
+## the overview's screenshots to docs/console.png, console-run.png (the README's) and
+## console-overview.png
 console-screenshot: setup
 	TOOLFLEET_CONSOLE_SCREENSHOTS=docs $(BIN)/pytest -q tests/integration/test_console_browser.py
 
