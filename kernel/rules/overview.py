@@ -21,9 +21,10 @@ never a call, and is why none of this is ever read by a decision.
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 MINUTE = 60
 HOUR = 3600
@@ -84,11 +85,50 @@ class OutcomeFacts:
 @dataclass(frozen=True)
 class TurnFacts:
     """What the overview counts of one turn result: its status, and its latency when the
-    model response it answers was seen (None otherwise)."""
+    model response it answers was seen (None otherwise). ``counted``: the result itself was
+    counted already, and this adds the latency its model response gave it later."""
 
     at: float
     status: str
     latency_s: float | None
+    counted: bool = False
+
+
+TurnKey = tuple[str, str, int]
+"""(tenant, run, turn)."""
+
+
+class LatencyJoin:
+    """Joins each turn's model response with its result, whichever is read first: a backlog's
+    partitions are fetched at their own pace, so a result can come before its response. Keeps
+    at most ``capacity`` of each waiting (the oldest forgotten: a chart misses a point)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._asked: OrderedDict[TurnKey, float] = OrderedDict()
+        self._ended: OrderedDict[TurnKey, tuple[float, str]] = OrderedDict()
+
+    def _keep(self, book: OrderedDict[TurnKey, Any], key: TurnKey, value: Any) -> None:
+        book[key] = value
+        while len(book) > self.capacity:
+            book.popitem(last=False)
+
+    def asked(self, turn: TurnKey, at: float) -> TurnFacts | None:
+        """A model response read at ``at``: the latency of its result if that came first."""
+        ended = self._ended.pop(turn, None)
+        if ended is None:
+            self._keep(self._asked, turn, at)
+            return None
+        end, status = ended
+        return TurnFacts(end, status, end - at, counted=True) if end >= at else None
+
+    def ended(self, turn: TurnKey, at: float, status: str) -> TurnFacts:
+        """A turn result read at ``at``: counted, with its latency when its response came."""
+        asked = self._asked.pop(turn, None)
+        if asked is None:
+            self._keep(self._ended, turn, (at, status))
+        latency = at - asked if asked is not None and at >= asked else None
+        return TurnFacts(at, status, latency)
 
 
 @dataclass
@@ -111,7 +151,8 @@ class Fold:
     def turn(self, facts: TurnFacts) -> None:
         """Count a turn result (and its latency, when known)."""
         bucket = self._bucket(facts.at)
-        bucket[f"turns|{facts.status}"] += 1
+        if not facts.counted:
+            bucket[f"turns|{facts.status}"] += 1
         if facts.latency_s is not None:
             bucket[f"lat|{latency_bucket(facts.latency_s)}"] += 1
 

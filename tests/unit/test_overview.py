@@ -9,6 +9,7 @@ from kernel.rules.overview import (
     HOUR,
     LATENCY_BUCKETS,
     MINUTE,
+    LatencyJoin,
     OutcomeFacts,
     TurnFacts,
     bucket_start,
@@ -81,3 +82,26 @@ def test_the_series_has_a_point_per_bucket_rates_per_second_and_gauges_where_sam
     assert drawn.latency_p50_s == [bucket_upper_s(latency_bucket(0.1)), None, None]
     assert drawn.gauges["pool.lag|default"] == [4.0, None, None]
     assert drawn.tenants == {"acme": 120, "globex": 6}
+
+
+def test_a_latency_added_after_its_turn_was_counted_does_not_count_the_turn_again() -> None:
+    [minute] = fold([], [TurnFacts(T0 + 5, "completed", 0.3, counted=True)], (MINUTE,))
+    assert minute.increments[int(T0)] == {f"lat|{latency_bucket(0.3)}": 1}
+
+
+def test_a_turn_gets_its_latency_whichever_of_its_two_records_is_read_first() -> None:
+    join = LatencyJoin(capacity=10)
+    assert join.asked(("a", "r1", 0), 1.0) is None
+    assert join.ended(("a", "r1", 0), 1.25, "completed") == TurnFacts(1.25, "completed", 0.25)
+    # A backlog: the result's partition ran ahead of the response's.
+    assert join.ended(("a", "r2", 0), 2.4, "failed") == TurnFacts(2.4, "failed", None)
+    late = join.asked(("a", "r2", 0), 2.0)
+    assert late is not None and late.counted and late.latency_s == pytest.approx(0.4)
+
+
+def test_the_join_forgets_its_oldest_waiting_turns_beyond_its_capacity() -> None:
+    join = LatencyJoin(capacity=2)
+    for n in range(3):
+        join.asked(("a", f"r{n}", 0), float(n))
+    assert join.ended(("a", "r0", 0), 5.0, "completed").latency_s is None  # forgotten
+    assert join.ended(("a", "r2", 0), 5.0, "completed").latency_s == 3.0

@@ -7,7 +7,8 @@ per-minute and per-hour counts (``kernel.rules.overview``) and adds them to the 
 buckets in Redis (``kernel.stores.overview``) with one pipeline, then commits. A turn's
 latency is the time from its model response's record to its result's record: the two topics
 are keyed by run and read by the same member of the group (their partitions are assigned
-together), which keeps the model responses it saw last (``PENDING_TURNS``). Every
+together), which keeps the model responses it saw last (``PENDING_TURNS``), and the results
+read before their response (a backlog's partitions are fetched at their own pace). Every
 ``SAMPLE_S`` it also samples what is true now: each pool's capacity, running calls and lag,
 the busiest tenants' waiting calls, open human tasks and unresolved unknown effects.
 
@@ -32,9 +33,16 @@ from redis.asyncio import Redis
 from kernel.adapters.backoff import RECONNECT, nap
 from kernel.adapters.bus import TRANSIENT_ERRORS, KafkaBus, Record
 from kernel.adapters.lag import GroupLag
-from kernel.adapters.redis import BoundedCache
 from kernel.errors import UsageError
-from kernel.rules.overview import HOUR, MINUTE, OutcomeFacts, TurnFacts, bucket_start, fold
+from kernel.rules.overview import (
+    HOUR,
+    MINUTE,
+    LatencyJoin,
+    OutcomeFacts,
+    TurnFacts,
+    bucket_start,
+    fold,
+)
 from kernel.rules.overview import series as overview_series
 from kernel.settings import Settings
 from kernel.stores.door import Stores
@@ -79,7 +87,7 @@ class OverviewJob:
         """The broker's view of the pools' lag (the console's), when it has one."""
         self.state = "connecting"
         self.error: str | None = None
-        self._pending: BoundedCache[tuple[str, str, int], float] = BoundedCache(PENDING_TURNS)
+        self._latencies = LatencyJoin(PENDING_TURNS)
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
 
@@ -114,7 +122,11 @@ class OverviewJob:
                 data: dict[str, Any] = orjson.loads(record.value or b"")
                 tenant, at = str(data["tenant_id"]), _record_time(record)
                 if topic == "model-responses":
-                    self._pending[tenant, str(data["run_id"]), int(data["turn_id"])] = at
+                    joined = self._latencies.asked(
+                        (tenant, str(data["run_id"]), int(data["turn_id"])), at
+                    )
+                    if joined is not None:
+                        turns.append(joined)
                 elif topic == "outcomes":
                     if data.get("kind", "execute") != "execute" or data.get("status") in (
                         None,
@@ -129,9 +141,7 @@ class OverviewJob:
                     )  # fmt: skip
                 elif topic == "turn-results":
                     turn = (tenant, str(data["run_id"]), int(data["turn_id"]))
-                    asked = self._pending.pop(turn, None)
-                    latency = at - asked if asked is not None and at >= asked else None
-                    turns.append(TurnFacts(at, str(data["status"]), latency))
+                    turns.append(self._latencies.ended(turn, at, str(data["status"])))
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 continue
         return outcomes, turns
