@@ -27,6 +27,8 @@ Catch the branch that says what you can do about it::
     │   ├── InfrastructureError          Kafka or Redis could not be started, reached or stopped
     │   │   ├── CutOffError              this instance lost Kafka or Redis past the cut-off bound
     │   │   ├── DependencyUnavailable    (kernel.adapters.dependencies) a check got no answer
+    │   │   ├── IndefiniteOutcome        (kernel.adapters.bus) a transaction's outcome is unknown:
+    │   │   │                            its producer was re-initialised; redo it if not committed
     │   │   └── UnreplicatedWriteError   no replica confirmed a durable write (WAIT) in time
     │   └── TurnTimeoutError             (toolfleet.client; also a TimeoutError) no result in time
     ├── InvalidMessageError              (schemas) a message fails its schema: dead-lettered
