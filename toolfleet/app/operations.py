@@ -192,15 +192,7 @@ async def resolve_task(
     on ``task-resolutions`` for the reconciler to carry out. Returns what was sent.
     ``fleet_wide=False`` refuses a task that touches every tenant (an open circuit's) even to
     an operator of every tenant (a console user without the admin role)."""
-    stored = await TaskStore(redis, Keys.of(settings)).get(task_id)
-    if stored is None:
-        raise NotFoundError(f"no task {task_id}; see `toolfleet tasks list`")
-    check_tenant(tenant, stored.task.tenant_id, f"task {task_id}")
-    if stored.task.kind == "circuit_open":
-        what = f"task {task_id} (an open circuit's)"
-        check_fleet_wide(tenant, what)
-        if not fleet_wide:
-            raise NotAllowedError(f"{what} touches every tenant: it needs the admin role")
+    stored = await _task_to_act_on(TaskStore(redis, Keys.of(settings)), task_id, tenant, fleet_wide)
     message = TaskResolution(
         tenant_id=stored.task.tenant_id,
         task_id=task_id,
@@ -228,6 +220,23 @@ class CallView:
         return call_fields(self.entry)
 
 
+async def _task_to_act_on(
+    store: TaskStore, task_id: str, tenant: TenantScope, fleet_wide: bool
+) -> StoredTask:
+    """The task, if this operator may act on it: one of its tenants', and an open circuit's
+    (which lists every tenant's calls) only for one who may act fleet-wide."""
+    stored = await store.get(task_id)
+    if stored is None:
+        raise NotFoundError(f"no task {task_id}; see `toolfleet tasks list`")
+    check_tenant(tenant, stored.task.tenant_id, f"task {task_id}")
+    if stored.task.kind == "circuit_open":
+        what = f"task {task_id} (an open circuit's)"
+        check_fleet_wide(tenant, what)
+        if not fleet_wide:
+            raise NotAllowedError(f"{what} touches every tenant: it needs the admin role")
+    return stored
+
+
 async def assign_task(
     redis: Redis,
     settings: Settings,
@@ -242,15 +251,7 @@ async def assign_task(
     nobody), so that operators can share the queue; the task's calls' audit chains say who
     assigned it to whom. Returns the task as it is now."""
     store = TaskStore(redis, Keys.of(settings))
-    stored = await store.get(task_id)
-    if stored is None:
-        raise NotFoundError(f"no task {task_id}; see `toolfleet tasks list`")
-    check_tenant(tenant, stored.task.tenant_id, f"task {task_id}")
-    if stored.task.kind == "circuit_open":
-        what = f"task {task_id} (an open circuit's)"
-        check_fleet_wide(tenant, what)
-        if not fleet_wide:
-            raise NotAllowedError(f"{what} touches every tenant: it needs the admin role")
+    stored = await _task_to_act_on(store, task_id, tenant, fleet_wide)
     if stored.status == "resolved":
         raise AlreadyDecidedError(f"task {task_id} is resolved already: nothing to assign")
     await store.assign(task_id, to, by=decided_by, at=time.time())
