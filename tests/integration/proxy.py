@@ -80,12 +80,22 @@ class Proxy:
 PRODUCE, METADATA, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 3, 10, 22
 ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 
-Fault = Literal["cut", "drop"] | float
-"""What happens to the broker's answer to a request: ``"cut"``, it is lost with its connection
-(closed at once, the client sees the connection drop); ``"drop"``, it is lost and so is every
-later answer on that connection (the client waits for its request timeout); a number, it
-arrives that many seconds late (and the answers behind it with it: one connection's answers
-come in order)."""
+
+@dataclass(frozen=True)
+class Late:
+    """The request itself reaches the broker ``seconds`` late, as a broker that had it queued
+    would handle it: even if its client has given up and closed the connection (its answer
+    then goes nowhere). Requests behind it on its connection wait with it."""
+
+    seconds: float
+
+
+Fault = Literal["cut", "drop"] | float | Late
+"""What happens to a request or to the broker's answer: ``"cut"``, the answer is lost with its
+connection (closed at once, the client sees the connection drop); ``"drop"``, it is lost and
+so is every later answer on that connection (the client waits for its request timeout); a
+number, it arrives that many seconds late (and the answers behind it with it: one connection's
+answers come in order); ``Late``, the request reaches the broker late."""
 
 
 def _request_structs() -> dict[tuple[int, int], type[RequestStruct]]:
@@ -177,6 +187,8 @@ class _Connection:
     waiting: deque[KafkaRequest] = field(default_factory=deque)
     """Requests whose answers have not come back, in the order they were sent."""
     stalled: bool = False
+    client_gone: bool = False
+    """The client closed the connection (the broker's side stays open for late requests)."""
 
 
 class KafkaProxy:
@@ -253,11 +265,16 @@ class KafkaProxy:
                 request = self._read_request(frame, connection.number)
                 request.fault = self.rule(request) if self.rule is not None else None
                 self.requests.append(request)
+                if isinstance(request.fault, Late):
+                    await asyncio.sleep(request.fault.seconds)  # wait-ok: the injected delay
                 if not (request.api_key == PRODUCE and request.fields.get("required_acks") == 0):
                     connection.waiting.append(request)
                 connection.broker.write(size + frame)
                 await connection.broker.drain()
-        self._close(connection)
+        connection.client_gone = True
+        connection.client.close()
+        if not connection.waiting:
+            self._close(connection)
 
     async def _answers(self, reader: asyncio.StreamReader, connection: _Connection) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
@@ -269,9 +286,11 @@ class KafkaProxy:
                 assert correlation_id == request.correlation_id, "answers come back in order"
                 frame, fields = self._read_answer(frame, request)
                 fault = request.fault
-                delivered = not connection.stalled and fault not in ("cut", "drop")
+                delivered = not (
+                    connection.stalled or connection.client_gone or fault in ("cut", "drop")
+                )
                 self.answers.append(KafkaAnswer(request, fields, delivered))
-                if fault == "cut":
+                if fault == "cut" or (connection.client_gone and not connection.waiting):
                     break
                 if fault == "drop":
                     connection.stalled = True

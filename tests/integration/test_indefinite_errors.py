@@ -17,6 +17,7 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -37,6 +38,7 @@ from tests.integration.proxy import (
     KafkaAnswer,
     KafkaProxy,
     KafkaRequest,
+    Late,
     Once,
 )
 from toolfleet.testing import InProcessFleet
@@ -224,13 +226,7 @@ class TestTheAggregatorsTransactions:
         assert [r for r in _after(proxy, init) if r.producer() == old] == []
         assert [r for r in after if r.api_key == kind and r.producer() == old] == []
 
-        await wait_for(lambda: aggregator_caught_up(fleet.settings), within=20)
-        runs = {event.run_id for event in events}
-        committed = _runs(await _records(fleet.settings, "turn-results", "read_committed"))
-        seen = _runs(await _records(fleet.settings, "turn-results", "read_uncommitted"))
-        # Exactly one result per turn for a read_committed reader, whatever was aborted.
-        assert {run: committed[run] for run in runs} == dict.fromkeys(runs, 1)
-        extra = {run: seen[run] - 1 for run in runs if seen[run] > 1}
+        extra = await _one_result_each(fleet, events)
         if kind == PRODUCE:
             # The lost produce had landed in the transaction the new epoch aborted: its
             # records are in the log, never committed, and each turn's result was sent again.
@@ -240,6 +236,80 @@ class TestTheAggregatorsTransactions:
             # AddPartitionsToTxn: nothing had been produced yet. EndTxn: the transaction had
             # committed, and the group's offsets said so: nothing was emitted again.
             assert extra == {}, extra
+
+    @pytest.mark.timeout(60)
+    @pytest.mark.parametrize(
+        "kind",
+        [ADD_PARTITIONS_TO_TXN, PRODUCE, END_TXN],
+        ids=["AddPartitionsToTxn", "Produce", "EndTxn"],
+    )
+    async def test_a_request_of_the_old_epoch_that_reaches_the_broker_late_is_refused(
+        self, aggregating: tuple[_Proxied, KafkaProxy], kind: int
+    ) -> None:
+        """The hazard Jepsen names: a request the client gave up on is handled by the broker
+        after the client went on. Its epoch was fenced by then, and the broker says so."""
+        fleet, proxy = aggregating
+        transactional_id = _transactional_id(fleet, proxy)
+        rule = Once(_matcher(kind, transactional_id), Late(LATE))
+        proxy.rule = rule
+        try:
+            events = await _run(fleet, [f"late-{kind}-{i}" for i in range(4)])
+        finally:
+            proxy.rule = None
+        hit = rule.hit
+        assert hit is not None, "the fault was never injected"
+        late = await wait_for(_answered(proxy, hit), within=20)
+        assert late is not None and not late.delivered
+        assert _error_codes(late.fields) and _error_codes(late.fields) <= FENCED, late.fields
+        old = hit.producer()
+        assert old is not None
+        granted = [
+            a
+            for a in proxy.answers[: proxy.answers.index(late)]
+            if a.request.api_key == INIT_PRODUCER_ID
+            and a.request.transactional_id == transactional_id
+            and (a.fields.get("producer_id"), a.fields.get("producer_epoch")) > old
+        ]
+        assert granted, "a newer epoch was granted before the late request came"
+        extra = await _one_result_each(fleet, events)
+        if kind == END_TXN:
+            # Its records had been produced; the new epoch aborted them, and the late commit
+            # could not bring them back: each turn's result was sent again, once.
+            assert extra and all(n == 1 for n in extra.values()), extra
+        else:
+            assert extra == {}, extra
+
+
+FENCED = {47, 90}
+"""INVALID_PRODUCER_EPOCH, PRODUCER_FENCED: the broker's word that an epoch is fenced."""
+
+
+def _answered(proxy: KafkaProxy, request: KafkaRequest) -> Callable[[], Awaitable[Any]]:
+    """A probe for ``wait_for``: the broker's answer to ``request`` (None until it came)."""
+    return lambda: asyncio.sleep(0, next((a for a in proxy.answers if a.request is request), None))
+
+
+def _error_codes(fields: dict[str, Any]) -> set[int]:
+    """The error codes an answer names, at its top or per topic and partition."""
+    codes = {fields["error_code"]} if "error_code" in fields else set()
+    for name in ("topics", "errors"):
+        for _, partitions in fields.get(name) or ():
+            codes |= {partition[1] for partition in partitions}
+    return codes - {0}
+
+
+async def _one_result_each(
+    fleet: InProcessFleet, events: list[ModelResponseEvent]
+) -> dict[str, int]:
+    """Once the aggregator has committed everything: asserts that a read_committed reader
+    sees exactly one result per turn; returns how many more a read_uncommitted reader sees,
+    per run that has more (results of aborted transactions)."""
+    await wait_for(lambda: aggregator_caught_up(fleet.settings), within=20)
+    runs = {event.run_id for event in events}
+    committed = _runs(await _records(fleet.settings, "turn-results", "read_committed"))
+    seen = _runs(await _records(fleet.settings, "turn-results", "read_uncommitted"))
+    assert {run: committed[run] for run in runs} == dict.fromkeys(runs, 1)
+    return {run: seen[run] - 1 for run in runs if seen[run] > 1}
 
 
 def _written(answer: KafkaAnswer) -> dict[tuple[str, int], tuple[int, int]]:
@@ -287,13 +357,7 @@ class TestAWorkersOutcomes:
         hit = rule.hit
         assert hit is not None, "the fault was never injected"
         lost = [b for b in hit.batches() if b[0] == outcomes]
-
-        def answered(request: KafkaRequest) -> Callable[[], Awaitable[KafkaAnswer | None]]:
-            return lambda: asyncio.sleep(
-                0, next((a for a in proxy.answers if a.request is request), None)
-            )
-
-        first = await wait_for(answered(hit))  # the broker wrote them and said so
+        first = await wait_for(_answered(proxy, hit))  # the broker wrote them and said so
         assert first is not None and not first.delivered
 
         def resent() -> list[KafkaAnswer]:
