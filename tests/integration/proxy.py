@@ -90,12 +90,21 @@ class Late:
     seconds: float
 
 
-Fault = Literal["cut", "drop"] | float | Late
+@dataclass(frozen=True)
+class Refused:
+    """The broker's answer comes, but names error ``code`` (at its top, or for every
+    partition) instead of what the broker said: the request was applied all the same."""
+
+    code: int
+
+
+Fault = Literal["cut", "drop"] | float | Late | Refused
 """What happens to a request or to the broker's answer: ``"cut"``, the answer is lost with its
 connection (closed at once, the client sees the connection drop); ``"drop"``, it is lost and
 so is every later answer on that connection (the client waits for its request timeout); a
 number, it arrives that many seconds late (and the answers behind it with it: one connection's
-answers come in order); ``Late``, the request reaches the broker late."""
+answers come in order); ``Late``, the request reaches the broker late; ``Refused``, the answer
+names an error the broker did not say."""
 
 
 def _request_structs() -> dict[tuple[int, int], type[RequestStruct]]:
@@ -286,6 +295,8 @@ class KafkaProxy:
                 assert correlation_id == request.correlation_id, "answers come back in order"
                 frame, fields = self._read_answer(frame, request)
                 fault = request.fault
+                if isinstance(fault, Refused):
+                    frame = self._refuse(frame, request, fault.code)
                 delivered = not (
                     connection.stalled or connection.client_gone or fault in ("cut", "drop")
                 )
@@ -317,6 +328,25 @@ class KafkaProxy:
             decoded = kind.decode(BytesIO(frame[10 + max(length, 0) :]))
             fields = {name: getattr(decoded, name) for name in kind.SCHEMA.names}
         return KafkaRequest(api_key, api_version, correlation_id, client_id, connection, fields)
+
+    @staticmethod
+    def _refuse(frame: bytes, request: KafkaRequest, code: int) -> bytes:
+        """``frame`` (an answer to ``request``) naming error ``code`` instead."""
+        answer = _STRUCTS[(request.api_key, request.api_version)].RESPONSE_TYPE.decode(
+            BytesIO(frame[4:])
+        )
+        if "error_code" in answer.SCHEMA.names:
+            answer.error_code = code
+        for name in ("topics", "errors"):
+            if name in answer.SCHEMA.names:
+                entries = getattr(answer, name)
+                setattr(
+                    answer,
+                    name,
+                    [(t, [(p[0], code, *p[2:]) for p in partitions]) for t, partitions in entries],
+                )
+        encoded: bytes = answer.encode()
+        return frame[:4] + encoded
 
     def _read_answer(self, frame: bytes, request: KafkaRequest) -> tuple[bytes, dict[str, Any]]:
         """The answer's fields; Metadata and FindCoordinator answers name this proxy as the

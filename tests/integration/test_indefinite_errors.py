@@ -40,6 +40,7 @@ from tests.integration.proxy import (
     KafkaRequest,
     Late,
     Once,
+    Refused,
 )
 from toolfleet.testing import InProcessFleet
 
@@ -47,6 +48,7 @@ from toolfleet.testing import InProcessFleet
 pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
 
 TENANT = "indefinite"
+OUT_OF_ORDER_SEQUENCE, UNKNOWN_PRODUCER_ID = 45, 59
 REQUEST_TIMEOUT_MS = 2_000
 """The proxied service's request timeout: past it an answer counts as lost."""
 LATE = 3.0
@@ -392,4 +394,65 @@ class TestAWorkersOutcomes:
             entry = (await ledger.read(TENANT, run, ["c1"]))["c1"]
             assert entry.attempts == 1, entry
         # The fleet goes on.
+        await _run(fleet, ["after"])
+
+    @pytest.mark.timeout(60)
+    @pytest.mark.parametrize(
+        "code", [OUT_OF_ORDER_SEQUENCE, UNKNOWN_PRODUCER_ID], ids=["OutOfOrder", "UnknownPid"]
+    )
+    async def test_a_producer_the_broker_calls_out_of_step_is_replaced_and_the_fleet_goes_on(
+        self, working: tuple[_Proxied, KafkaProxy], redis: Redis, code: int
+    ) -> None:
+        """An error that reaches the caller and says the producer's sequence numbers no
+        longer match the broker's: the worker sends the outcome again, from a new producer
+        (a fresh sequence space). The broker had in fact written the first one, so the
+        outcome is on the topic twice, and still counts once."""
+        fleet, proxy = working
+        outcomes = fleet.settings.topic("outcomes")
+
+        def outcome_from_the_worker(request: KafkaRequest) -> bool:
+            return request.api_key == PRODUCE and any(b[0] == outcomes for b in request.batches())
+
+        rule = Once(outcome_from_the_worker, Refused(code))
+        proxy.rule = rule
+        try:
+            events = await _run(fleet, [f"refused-{code}-{i}" for i in range(3)])
+        finally:
+            proxy.rule = None
+        hit = rule.hit
+        assert hit is not None, "the fault was never injected"
+        old = hit.producer()
+        assert old is not None
+
+        def replaced() -> list[KafkaAnswer]:
+            return [
+                a
+                for a in proxy.answers
+                if a.request in _after(proxy, hit)
+                and a.request.api_key == INIT_PRODUCER_ID
+                and a.fields.get("error_code") == 0
+            ]
+
+        (init, *_) = await wait_for(lambda: asyncio.sleep(0, replaced()), within=20)
+        assert init.fields["producer_id"] != old[0]
+        # The refused batches went again, from the new producer: nothing more from the old.
+        lost = {(b[0], b[1]) for b in hit.batches() if b[0] == outcomes}
+
+        def resent() -> set[tuple[str, int]]:
+            return {
+                (b[0], b[1])
+                for r in _after(proxy, init.request)
+                for b in r.batches()
+                if b[2] == init.fields["producer_id"]
+            }
+
+        await wait_for(lambda: asyncio.sleep(0, resent() >= lost), within=20)
+        assert [r for r in _after(proxy, init.request) if r.producer() == old] == []
+
+        runs = {event.run_id for event in events}
+        ledger = Ledger(redis, fleet.keys)
+        for run in runs:
+            entry = (await ledger.read(TENANT, run, ["c1"]))["c1"]
+            assert entry.attempts == 1, entry
+        # Each turn's one result has one output (checked by _run), and the fleet goes on.
         await _run(fleet, ["after"])
