@@ -1,11 +1,11 @@
 """Indefinite errors against the real broker: the answer to a transaction's AddPartitionsToTxn,
-produce or EndTxn, or to an idempotent produce, is lost or comes too late.
+produce or EndTxn, or to an idempotent produce, is lost or comes too late; a request reaches
+the broker after its client gave up; an answer says the producer is out of step.
 
 Jepsen's analysis of a Kafka-compatible broker (Bufstream, 2024) showed that a client that
 retries after such an error can abort reads, lose writes and tear transactions, and advised
 re-initialising producers. Here one service of an in-process fleet reaches Kafka through
-``KafkaProxy``, which cuts or delays the answers a test picks and records every request and
-answer; what the tests read is the broker's own word (the epochs its InitProducerId answers
+``KafkaProxy``, which bends the requests and answers a test picks and records every one; what the tests read is the broker's own word (the epochs its InitProducerId answers
 grant, the requests that reached it) and the topics read back with read_committed and
 read_uncommitted.
 """
@@ -71,6 +71,8 @@ class _Proxied(InProcessFleet):
         self.proxy, self.proxied = proxy, proxied
 
     def _bus(self, service: str) -> KafkaBus:
+        # The one place InProcessFleet builds a service's bus (a private hook: this test
+        # module is its only other user).
         if service != self.proxied:
             return super()._bus(service)
         through = {
@@ -204,10 +206,11 @@ class TestTheAggregatorsTransactions:
         assert old is not None
 
         def granted_after() -> list[tuple[int, int]]:
+            later = {id(r) for r in _after(proxy, hit)}
             return [
                 (a.fields["producer_id"], a.fields["producer_epoch"])
                 for a in proxy.answers
-                if a.request in _after(proxy, hit)
+                if id(a.request) in later
                 and a.request.api_key == INIT_PRODUCER_ID
                 and a.request.transactional_id == transactional_id
                 and a.fields.get("error_code") == 0
@@ -425,10 +428,11 @@ class TestAWorkersOutcomes:
         assert old is not None
 
         def replaced() -> list[KafkaAnswer]:
+            later = {id(r) for r in _after(proxy, hit)}
             return [
                 a
                 for a in proxy.answers
-                if a.request in _after(proxy, hit)
+                if id(a.request) in later
                 and a.request.api_key == INIT_PRODUCER_ID
                 and a.fields.get("error_code") == 0
             ]
