@@ -5,9 +5,9 @@ the broker after its client gave up; an answer says the producer is out of step.
 Jepsen's analysis of a Kafka-compatible broker (Bufstream, 2024) showed that a client that
 retries after such an error can abort reads, lose writes and tear transactions, and advised
 re-initialising producers. Here one service of an in-process fleet reaches Kafka through
-``KafkaProxy``, which bends the requests and answers a test picks and records every one; what the tests read is the broker's own word (the epochs its InitProducerId answers
-grant, the requests that reached it) and the topics read back with read_committed and
-read_uncommitted.
+``KafkaProxy``, which bends the requests and answers a test picks and records every one; what
+the tests read is the broker's own word (the epochs its InitProducerId answers grant, the
+requests that reached it) and the topics read back with read_committed and read_uncommitted.
 """
 
 from __future__ import annotations
