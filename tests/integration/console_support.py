@@ -76,17 +76,17 @@ def bearer(name: str) -> dict[str, str]:
     return {"Authorization": f"Bearer secret-{name}"}
 
 
-LEFT_UNKNOWN = ("note@1", "memo@1")
-"""The console tools whose calls the tests leave with an unknown effect on purpose (a human
-task to settle): each one counts against its version's circuit (``FLEET_ENV``), which the
+FAILED_ON_PURPOSE = ("note@1", "memo@1", "quote@2")
+"""The console tools whose calls the tests leave unknown (a human task to settle) or make
+fail on purpose: each one counts against its version's circuit (``FLEET_ENV``), which the
 tests of every console module share through the session's Redis namespace."""
 
 
 async def fresh_circuits(redis: Redis, settings: Settings) -> None:
-    """Close the circuits of ``LEFT_UNKNOWN`` and forget their windows: a test that leaves a
-    call unknown starts with none open, whichever tests ran before it."""
+    """Close the circuits of ``FAILED_ON_PURPOSE`` and forget their windows: a test that
+    leaves a call unknown or failed starts with none open, whichever tests ran before it."""
     breaker = CircuitBreaker(redis, settings)
-    for ref in LEFT_UNKNOWN:
+    for ref in FAILED_ON_PURPOSE:
         await breaker.close(ref)
 
 

@@ -12,8 +12,6 @@ from tests.integration.side_effects import side_effects
 
 tools = ToolRegistry()
 
-_HANG_S = 5.0  # longer than note's timeout: the response is lost
-
 
 def runs_key(call_id: str) -> str:
     """How many times a tool body started for a call."""
@@ -35,7 +33,7 @@ async def note(ctx: ToolContext, text: str, mode: Literal["ok", "apply_then_drop
     written, and with no probe to ask, a human task is filed at once."""
     side_effects().incr(runs_key(ctx.call_id))
     if mode == "apply_then_drop":
-        await asyncio.sleep(_HANG_S)
+        await asyncio.Event().wait()  # never answers: its timeout cancels it
     return f"noted {text}"
 
 
@@ -48,7 +46,7 @@ async def memo(ctx: ToolContext, text: str, mode: Literal["ok", "apply_then_drop
     the circuit's window open it, TOOLFLEET_CIRCUIT_MIN_CALLS=3) never refuse a memo."""
     side_effects().incr(runs_key(ctx.call_id))
     if mode == "apply_then_drop":
-        await asyncio.sleep(_HANG_S)
+        await asyncio.Event().wait()  # never answers: its timeout cancels it
     return f"memo {text}"
 
 

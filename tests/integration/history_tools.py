@@ -46,5 +46,5 @@ async def note(ctx: ToolContext, text: str, mode: Literal["ok", "apply_then_drop
     """Writes a note upstream; with apply_then_drop the response is lost after it was
     written, and with no probe to ask, a human task is filed at once."""
     if mode == "apply_then_drop":
-        await asyncio.sleep(5.0)  # longer than its timeout: the response is lost
+        await asyncio.Event().wait()  # never answers: its timeout cancels it, the response is lost
     return f"noted {text}"
