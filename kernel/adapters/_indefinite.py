@@ -20,7 +20,6 @@ import asyncio
 from typing import Any
 
 from aiokafka.errors import (
-    CoordinatorNotAvailableError,
     CorrelationIdError,
     IllegalStateError,
     InvalidProducerEpoch,
@@ -31,7 +30,6 @@ from aiokafka.errors import (
     KafkaProtocolError,
     KafkaStorageError,
     KafkaTimeoutError,
-    NotCoordinatorError,
     NotEnoughReplicasAfterAppendError,
     NotLeaderForPartitionError,
     OutOfOrderSequenceNumber,
@@ -52,19 +50,22 @@ INDEFINITE_ERRORS: tuple[type[BaseException], ...] = (
     CorrelationIdError,
     KafkaProtocolError,
     # The broker took the request and cannot say how it ended: a produce appended by a leader
-    # that lost its leadership (or its replicas) before acks=all was met, a coordinator that
-    # moved while it handled the request, an error the broker does not name.
+    # that lost its leadership (or its replicas) before acks=all was met, an error the broker
+    # does not name.
     NotEnoughReplicasAfterAppendError,
     NotLeaderForPartitionError,
     KafkaStorageError,
-    NotCoordinatorError,
-    CoordinatorNotAvailableError,
     UnknownError,
 )
 """Errors after which the client cannot know whether the broker applied its request. When in
 doubt an error is here: a producer re-initialised for nothing costs one InitProducerId, an
-outcome taken for known when it is not costs a duplicate or a torn transaction."""
+outcome taken for known when it is not costs a duplicate or a torn transaction.
 
+Not here: ``NotCoordinatorError`` and ``CoordinatorNotAvailableError``. A broker that is not
+(or not yet) the coordinator refuses the request before handling it; aiokafka looks the
+coordinator up again and asks it the same request under the same epoch, which a coordinator
+answers the same way however often it is asked (a TxnOffsetCommit of the same offsets, the
+EndTxn of a transaction already ending that way)."""
 BROKEN_PRODUCER_ERRORS: tuple[type[BaseException], ...] = (
     ProducerFenced,
     InvalidProducerEpoch,

@@ -34,6 +34,7 @@ from tests.integration.proxy import (
     END_TXN,
     INIT_PRODUCER_ID,
     PRODUCE,
+    TXN_OFFSET_COMMIT,
     Fault,
     KafkaAnswer,
     KafkaProxy,
@@ -49,6 +50,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
 
 TENANT = "indefinite"
 OUT_OF_ORDER_SEQUENCE, UNKNOWN_PRODUCER_ID = 45, 59
+COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR = 15, 16
 REQUEST_TIMEOUT_MS = 2_000
 """The proxied service's request timeout: past it an answer counts as lost."""
 LATE = 3.0
@@ -283,6 +285,38 @@ class TestTheAggregatorsTransactions:
             assert extra and all(n == 1 for n in extra.values()), extra
         else:
             assert extra == {}, extra
+
+    @pytest.mark.timeout(60)
+    @pytest.mark.parametrize(
+        ("kind", "code"),
+        [(TXN_OFFSET_COMMIT, COORDINATOR_NOT_AVAILABLE), (END_TXN, NOT_COORDINATOR)],
+        ids=["TxnOffsetCommit-CoordinatorNotAvailable", "EndTxn-NotCoordinator"],
+    )
+    async def test_a_coordinator_that_refuses_is_asked_again_by_the_same_producer(
+        self, aggregating: tuple[_Proxied, KafkaProxy], kind: int, code: int
+    ) -> None:
+        """A broker that is not (or not yet) the coordinator refuses the request: a definite
+        answer. aiokafka asks again, under the same epoch; no new producer, nothing emitted
+        again (found in CI: a refused TxnOffsetCommit taken for indefinite made the aggregator
+        handle its records a second time)."""
+        fleet, proxy = aggregating
+        transactional_id = _transactional_id(fleet, proxy)
+        rule = Once(_matcher(kind, transactional_id), Refused(code))
+        proxy.rule = rule
+        try:
+            events = await _run(fleet, [f"refused-{kind}-{i}" for i in range(4)])
+        finally:
+            proxy.rule = None
+        hit = rule.hit
+        assert hit is not None, "the fault was never injected"
+        after = _after(proxy, hit)
+        assert [r for r in after if r.api_key == kind and r.producer() == hit.producer()]
+        assert [
+            r
+            for r in after
+            if r.api_key == INIT_PRODUCER_ID and r.transactional_id == transactional_id
+        ] == []
+        assert await _one_result_each(fleet, events) == {}
 
 
 FENCED = {47, 90}

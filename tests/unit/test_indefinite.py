@@ -48,8 +48,6 @@ INDEFINITE = [
     CorrelationIdError(),
     NotEnoughReplicasAfterAppendError(),
     NotLeaderForPartitionError(),
-    NotCoordinatorError(),
-    CoordinatorNotAvailableError(),
 ]
 
 DEFINITE = [
@@ -57,6 +55,8 @@ DEFINITE = [
     NotEnoughReplicasError(),  # refused before the append
     UnknownTopicOrPartitionError(),
     CoordinatorLoadInProgressError(),
+    NotCoordinatorError(),  # refused: asked again of the coordinator looked up anew
+    CoordinatorNotAvailableError(),
     ConcurrentTransactions(),
     MessageSizeTooLargeError(),
     TopicAuthorizationFailedError(),
@@ -146,13 +146,13 @@ async def test_the_guard_lets_nothing_out_after_an_indefinite_error_until_retire
 
 async def test_the_guard_trips_on_an_answer_that_names_an_indefinite_error() -> None:
     end = EndTxnRequest_v0("txn", 1, 0, True)
-    client = _Client(EndTxnResponse_v0(0, 0), EndTxnResponse_v0(0, 16))
+    client = _Client(EndTxnResponse_v0(0, 16), EndTxnResponse_v0(0, 7))
     guard = RequestGuard(client)
-    assert (await client.send(0, end)).error_code == 0
+    assert (await client.send(0, end)).error_code == 16  # not the coordinator: refused
     assert guard.error is None
     answer = asyncio.ensure_future(client.send(0, end))
     await asyncio.wait_for(guard.tripped.wait(), 1)
-    assert isinstance(guard.error, NotCoordinatorError)
+    assert isinstance(guard.error, RequestTimedOutError)
     guard.retire()
     with pytest.raises(ProducerRetired):
         await answer
