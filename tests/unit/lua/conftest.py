@@ -1,5 +1,9 @@
-"""The stores' Lua scripts, each run on a private redis-server (a unix socket in a temporary
-folder, no persistence): one server per session, emptied before each test."""
+"""The stores' Lua scripts, each run on two backends: a private redis-server (a unix socket in a
+temporary folder, no persistence) and the deterministic simulator's state server
+(toolfleet.testing.sim), one of each per session, emptied before each test.
+
+The simulator's state server runs the stores' real scripts on an in-process engine; running every
+test here on both proves it runs them as redis-server does."""
 
 from __future__ import annotations
 
@@ -9,11 +13,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import fakeredis
 import pytest
 import redis
 
 from kernel.stores.scripts import names, script
 from toolfleet.app.infra.redis import redis_server
+from toolfleet.testing.sim._state import StateServer
 
 READY_WITHIN_S = 10.0
 
@@ -69,10 +75,20 @@ class Lua:
         return self.redis.evalsha(script(name).sha, len(keys), *keys, *args)
 
 
-@pytest.fixture(scope="session")
-def lua_client(lua_server: Path) -> Iterator[redis.Redis]:
-    """A client of the private server, with every script loaded."""
-    client = redis.Redis(unix_socket_path=str(lua_server))
+BACKENDS = ["redis-server", "sim-state"]
+"""Where the scripts run: the private redis-server, and the simulator's state server."""
+
+
+@pytest.fixture(scope="session", params=BACKENDS, ids=BACKENDS)
+def lua_client(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
+    """A client of the backend the test id names, with every script loaded."""
+    client: redis.Redis
+    if request.param == "redis-server":
+        # Looked up here, not declared, so that the sim-state runs start no redis-server.
+        sock: Path = request.getfixturevalue("lua_server")
+        client = redis.Redis(unix_socket_path=str(sock))
+    else:
+        client = fakeredis.FakeRedis(server=StateServer(lambda _: False).engine)
     for name in names():
         assert client.script_load(script(name).source) == script(name).sha
     yield client
@@ -81,12 +97,12 @@ def lua_client(lua_server: Path) -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def r(lua_client: redis.Redis) -> redis.Redis:
-    """The private server, emptied (its scripts stay loaded)."""
+    """The backend, emptied (its scripts stay loaded)."""
     lua_client.flushall()
     return lua_client
 
 
 @pytest.fixture
 def lua(r: redis.Redis) -> Lua:
-    """Runs a script on the emptied private server."""
+    """Runs a script on the emptied backend."""
     return Lua(r)
