@@ -1,0 +1,127 @@
+"""The simulator's state server: the stores' real Lua scripts on an in-process Redis engine.
+
+``StateServer`` is a fakeredis server (the same commands and the same Lua 5.1 the stores' scripts
+run on redis-server; tests/unit/lua runs every script on both) on the simulator's loop and
+clock, with what the simulator needs of a Redis in trouble:
+
+- a reply lost after the command was applied (the client sees the connection drop);
+- a primary and an asynchronous replica: the replica catches up when the simulator says so and
+  whenever a durable write (the ledger's ``begin``, which the project makes wait for a replica)
+  returns; a failover promotes the replica, and the writes it had not received are lost;
+- a client severed with its process: a crashed service writes nothing more.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import fakeredis
+from fakeredis._clients._async import FakeAsyncRedisConnection
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from kernel.stores.scripts import script
+
+DURABLE_SCRIPTS = ("ledger/begin",)
+"""Scripts whose writes the project makes wait for a replica (``register_durable``)."""
+
+
+class Link:
+    """One service's connection to the state server: what the simulator does to it."""
+
+    def __init__(self, server: StateServer, name: str) -> None:
+        self.server = server
+        self.name = name
+        self.severed = False
+        """The service crashed: nothing it sends reaches the server any more."""
+
+
+class StateServer:
+    """A fakeredis server with a replica, lost replies and severed clients."""
+
+    def __init__(self, lose_reply: Callable[[str], bool]) -> None:
+        self.engine = fakeredis.FakeServer(version=(7,))
+        self.lose_reply = lose_reply
+        """Asked after each reply, with the service's name: True loses it (the command was
+        applied)."""
+        self.replica: dict[int, tuple[dict[bytes, Any], list[Any], float]] = {}
+        self.commands = 0
+        self.lost_replies = 0
+        self.failovers = 0
+        self.lost_writes = 0
+        """Commands the primary applied that a failover lost (not yet on the replica)."""
+        self._unreplicated = 0
+        self._durable = [script(name).sha.encode() for name in DURABLE_SCRIPTS]
+        _with_sha1hex(self.engine)
+        self.replicate()
+
+    def client(self, name: str) -> tuple[Redis, Link]:
+        """A Redis client for service ``name`` and the link the simulator controls."""
+        link = Link(self, name)
+        connection = type("SimConnection", (_SimConnection,), {"link": link})
+        redis = fakeredis.FakeAsyncRedis(server=self.engine, connection_class=connection)
+        return redis, link
+
+    def replicate(self) -> None:
+        """The replica catches up with the primary."""
+        self.replica = {
+            index: (copy.deepcopy(db._dict), list(db._expiry_heap), db.time)
+            for index, db in self.engine.dbs.items()
+        }
+        self._unreplicated = 0
+
+    def fail_over(self) -> int:
+        """Promote the replica: the primary's writes it had not received are gone. Returns how
+        many commands were lost."""
+        for index, db in self.engine.dbs.items():
+            data, heap, at = self.replica.get(index, ({}, [], db.time))
+            db._dict, db._expiry_heap, db.time = copy.deepcopy(data), list(heap), at
+        lost, self._unreplicated = self._unreplicated, 0
+        self.failovers += 1
+        self.lost_writes += lost
+        return lost
+
+    def _applied(self, packed: bytes) -> None:
+        self.commands += 1
+        self._unreplicated += 1
+        if any(sha in packed for sha in self._durable):
+            self.replicate()
+
+
+class _SimConnection(FakeAsyncRedisConnection):  # type: ignore[misc]
+    """A fakeredis connection that a ``Link`` controls."""
+
+    link: Link
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if self.link.severed:
+            raise RedisConnectionError(f"simulated: {self.link.name} crashed")
+        await super().send_packed_command(command, check_health)
+        packed = command if isinstance(command, bytes) else b"".join(command)
+        self.link.server._applied(packed)
+
+    async def read_response(self, **kwargs: Any) -> Any:
+        response = await super().read_response(**kwargs)
+        server = self.link.server
+        if server.lose_reply(self.link.name):
+            server.lost_replies += 1
+            await self.disconnect()
+            raise RedisConnectionError("simulated: the reply was lost (the command applied)")
+        return response
+
+
+def _with_sha1hex(engine: fakeredis.FakeServer) -> None:
+    """Give the engine's Lua ``redis.sha1hex`` (redis-server has it; fakeredis not yet)."""
+    primer = fakeredis.FakeRedis(server=engine)
+    primer.eval("return 1", 0)  # makes the server's Lua runtime
+    runtime: Any = engine._lua_runtime  # type: ignore[attr-defined]
+
+    def sha1hex(value: bytes) -> bytes:
+        data = value if isinstance(value, bytes) else str(value).encode()
+        return hashlib.sha1(data, usedforsecurity=False).hexdigest().encode()
+
+    runtime.globals().redis.sha1hex = sha1hex
+    primer.close()
