@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: setup setup-demo test lint unit demo docs bench fuzz chaos infra-up infra-down clean \
+.PHONY: setup setup-demo test lint unit demo docs bench fuzz simulate chaos infra-up infra-down clean \
 	chart-tools image-check console-screenshot sdk-suite upgrade-check
 
 $(STAMP): pyproject.toml
@@ -139,6 +139,12 @@ bench-overview: setup
 ## fuzz: 5,000 hostile messages on every inbound topic; prints the figures
 fuzz: setup
 	TOOLFLEET_FUZZ_MESSAGES=5000 $(BIN)/pytest -q -s tests/integration/test_fuzz.py
+
+## simulate: the deterministic simulator's campaign (SEEDS=100000 for the long one; FAULTS=a,b
+## to pick fault kinds); prints faults injected, states reached and a replay command per failure
+SEEDS ?= 1000
+simulate: setup
+	$(BIN)/python -m toolfleet.testing.sim --seeds $(SEEDS) $(if $(FAULTS),--faults "$(FAULTS)")
 
 ## chaos: 3,000 charges while workers are SIGKILLed; prints the figures
 chaos: setup

@@ -69,7 +69,13 @@ class Script:
     def register_durable(self, redis: Redis) -> Callable[..., Awaitable[Any]]:
         """As ``register``; a run returns once the client's replicas have its writes
         (``kernel.adapters.redis.register_durable_script``)."""
+        DURABLE.add(self.sha)
         return register_durable_script(redis, self.source)
+
+
+DURABLE: set[str] = set()
+"""The SHA-1s of the scripts registered durable in this process (the simulator's state server
+replicates their writes before it answers, as WAIT makes a replicated Redis do)."""
 
 
 @functools.cache

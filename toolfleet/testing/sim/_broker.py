@@ -21,7 +21,7 @@ import asyncio
 import zlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaConnectionError, ProducerFenced
@@ -293,6 +293,7 @@ class SimConsumer:
         self.positions: dict[TopicPartition, int] = {}
         self.manual = False
         self.started = False
+        self._buffer: list[Record] = []
 
     def subscribe(self, topics: Iterable[str], listener: Any = None) -> None:
         """Take the group's share of these full topic names."""
@@ -357,9 +358,10 @@ class SimConsumer:
                 chosen = entries[:take]
                 self.positions[tp] = chosen[-1].record.offset + 1
                 budget -= take
-                picked = [e.record for e in chosen if not (e.state == "aborted")]
+                # ConsumedRecord's fields are read-only; Record's are what a consumer reads.
+                picked = cast("list[Record]", [e.record for e in chosen if e.state != "aborted"])
                 if picked:
-                    found[tp] = list(picked)
+                    found[tp] = picked
             if found or loop.time() >= deadline:
                 return found
             changed = self.broker.changed
@@ -368,6 +370,16 @@ class SimConsumer:
                     await changed.wait()
             except TimeoutError:
                 return {}
+
+    def __aiter__(self) -> SimConsumer:
+        return self
+
+    async def __anext__(self) -> Record:
+        """The next record (``async for record in consumer``), waiting as long as it takes."""
+        while not self._buffer:
+            for records in (await self.getmany(timeout_ms=60_000)).values():
+                self._buffer.extend(records)
+        return self._buffer.pop(0)
 
     def _position(self, tp: TopicPartition) -> int:
         return self.positions.setdefault(tp, 0)

@@ -27,7 +27,7 @@ PACKAGES = ("kernel", "planner", "executors", "aggregator", "reconciler", "toolf
 """The packages whose import-bound clocks ``virtual_time`` swaps (the fleet's own code)."""
 
 
-class Stalled(Exception):  # noqa: N818 - a state of the simulation, not an error of its code
+class Stalled(Exception):
     """Nothing is ready and no timer is set: every task waits for something that never comes."""
 
 
@@ -137,10 +137,9 @@ def _functions(value: object, module: types.ModuleType) -> Iterator[types.Functi
         yield value
     elif isinstance(value, type) and value.__module__ == module.__name__:
         for member in vars(value).values():
-            if isinstance(member, (staticmethod, classmethod)):
-                member = member.__func__
-            if isinstance(member, types.FunctionType):
-                yield member
+            inner = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+            if isinstance(inner, types.FunctionType):
+                yield inner
 
 
 def _swap_defaults(

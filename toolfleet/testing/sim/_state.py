@@ -5,9 +5,10 @@ run on redis-server; tests/unit/lua runs every script on both) on the simulator'
 clock, with what the simulator needs of a Redis in trouble:
 
 - a reply lost after the command was applied (the client sees the connection drop);
-- a primary and an asynchronous replica: the replica catches up when the simulator says so and
-  whenever a durable write (the ledger's ``begin``, which the project makes wait for a replica)
-  returns; a failover promotes the replica, and the writes it had not received are lost;
+- a primary and an asynchronous replica: the replica catches up whenever a durable write (a
+  script the stores register durable: WAIT makes a replicated Redis hold its answer until a
+  replica has it) returns; a failover promotes the replica, and the writes it had not
+  received are lost;
 - a client severed with its process: a crashed service writes nothing more.
 """
 
@@ -23,10 +24,7 @@ from fakeredis._clients._async import FakeAsyncRedisConnection
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from kernel.stores.scripts import script
-
-DURABLE_SCRIPTS = ("ledger/begin",)
-"""Scripts whose writes the project makes wait for a replica (``register_durable``)."""
+from kernel.stores.scripts import DURABLE
 
 
 class Link:
@@ -54,7 +52,6 @@ class StateServer:
         self.lost_writes = 0
         """Commands the primary applied that a failover lost (not yet on the replica)."""
         self._unreplicated = 0
-        self._durable = [script(name).sha.encode() for name in DURABLE_SCRIPTS]
         _with_sha1hex(self.engine)
         self.replicate()
 
@@ -87,11 +84,11 @@ class StateServer:
     def _applied(self, packed: bytes) -> None:
         self.commands += 1
         self._unreplicated += 1
-        if any(sha in packed for sha in self._durable):
+        if any(sha.encode() in packed for sha in DURABLE):
             self.replicate()
 
 
-class _SimConnection(FakeAsyncRedisConnection):  # type: ignore[misc]
+class _SimConnection(FakeAsyncRedisConnection):
     """A fakeredis connection that a ``Link`` controls."""
 
     link: Link
@@ -103,8 +100,8 @@ class _SimConnection(FakeAsyncRedisConnection):  # type: ignore[misc]
         packed = command if isinstance(command, bytes) else b"".join(command)
         self.link.server._applied(packed)
 
-    async def read_response(self, **kwargs: Any) -> Any:
-        response = await super().read_response(**kwargs)
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        response = await super().read_response(*args, **kwargs)
         server = self.link.server
         if server.lose_reply(self.link.name):
             server.lost_replies += 1
