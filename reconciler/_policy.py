@@ -69,6 +69,9 @@ class CallCase:
     """Executions so far (the ledger's attempt counter)."""
     probes: int
     """Probes answered so far for the current attempt."""
+    maybe_applied: bool = False
+    """An earlier attempt's effect is unknown, and no probe has found the key unused since:
+    a later attempt that provably did not run says nothing about that one."""
 
 
 @dataclass(frozen=True)
@@ -180,10 +183,25 @@ def decide_transient(
             f"({case.effect_class}), same idempotency key",
             delay,
         )
+    if case.maybe_applied:
+        return HandOver(
+            f"attempt {case.attempts} did not run, and no attempt is left of "
+            f"{policy.max_attempts}; an earlier attempt's effect is still unknown"
+        )
     return ResolveNotApplied(
         f"not executed (transient), and no attempt is left of {policy.max_attempts}",
         output=output,
     )
+
+
+def decide_refused(case: CallCase, *, output: str | None) -> Action:
+    """An attempt was refused for good (not executed, permanent) after an earlier attempt
+    whose effect is unknown: that one may still have applied."""
+    if case.maybe_applied:
+        return HandOver(
+            f"attempt {case.attempts} was refused; an earlier attempt's effect is still unknown"
+        )
+    return ResolveNotApplied(f"attempt {case.attempts} was refused", output=output)
 
 
 def decide_probe(

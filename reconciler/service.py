@@ -67,6 +67,7 @@ from reconciler._policy import (
     ResolveNotApplied,
     Retry,
     decide_probe,
+    decide_refused,
     decide_resolution,
     decide_transient,
     decide_unknown,
@@ -214,7 +215,7 @@ class Reconciler:
             await self._on_compensated(outcome)
         elif outcome.source == "human" or (outcome.resolved and outcome.effect != "unknown"):
             return
-        elif outcome.effect in ("unknown", "wrong_effect") or outcome.retry == "transient":
+        elif outcome.effect in ("unknown", "wrong_effect") or not outcome.resolved:
             where = (outcome.tenant_id, outcome.run_id, outcome.call_id)
             if not await self.recon.claim(*where, outcome.fencing_token):
                 return
@@ -225,15 +226,20 @@ class Reconciler:
                 await self.unknowns.add(
                     outcome.tenant_id, outcome.run_id, outcome.call_id, time.time()
                 )
+                # Whatever later attempts prove about themselves, this one may have applied.
+                await self.recon.set_maybe_applied(*where, True)
+                case = dataclasses.replace(case, maybe_applied=True)
                 await self._act(outcome, decide_unknown(case, self.policy))
             elif outcome.effect == "wrong_effect":
                 await self._act(outcome, decide_wrong_effect(case, "an output guardrail"))
-            else:
+            elif outcome.retry == "transient":
                 action = decide_transient(
                     case, self.policy, output=outcome.output,
                     retry_after_s=outcome.retry_after_s, jitter=random.random(),
                 )  # fmt: skip
                 await self._act(outcome, action)
+            else:  # refused for good, after an attempt whose effect is unknown
+                await self._act(outcome, decide_refused(case, output=outcome.output))
 
     async def on_resolution(self, resolution: TaskResolution, record: Record | None = None) -> None:
         """An operator's answer: resolve the call, or run / refuse its compensation (in the
@@ -293,6 +299,10 @@ class Reconciler:
             return  # a duplicate answer, or one for a reconciliation that moved on
         state = probe_answer(answer.effect)
         detail = answer.error.message if answer.error else None
+        if state == "not_applied":  # asked by the call's key: no attempt so far applied
+            await self.recon.set_maybe_applied(
+                answer.tenant_id, answer.run_id, answer.call_id, False
+            )
         await self.ledger.append_audit(
             answer.tenant_id, answer.run_id, answer.call_id, "probe", answer=state, detail=detail
         )
@@ -631,12 +641,14 @@ class Reconciler:
         name = entry.tool_name if entry else ""
         spec = (await self.tools.specs(needed=[name])).get(name)
         probes = await self.recon.probes(tenant, run, call_id)
+        maybe_applied = await self.recon.maybe_applied(tenant, run, call_id)
         case = CallCase(
             effect_class=spec.effect_class if spec else "non_idempotent",
             has_probe=bool(spec and spec.has_probe),
             has_compensate=bool(spec and spec.has_compensate),
             attempts=entry.attempts if entry else 0,
             probes=probes,
+            maybe_applied=maybe_applied,
         )
         return case, entry, spec
 

@@ -54,6 +54,20 @@ class ReconcileState:
         raw = await self.redis.hget(self.keys.recon(tenant_id, run_id, call_id), "probes")
         return int(raw or 0)
 
+    async def maybe_applied(self, tenant_id: str, run_id: str, call_id: str) -> bool:
+        """Whether an attempt of the call ended with its effect unknown, and no probe has
+        since found the call's idempotency key unused upstream."""
+        key = self.keys.recon(tenant_id, run_id, call_id)
+        return bool(await self.redis.hget(key, "maybe_applied"))
+
+    async def set_maybe_applied(
+        self, tenant_id: str, run_id: str, call_id: str, maybe: bool
+    ) -> None:
+        """Record that an attempt's effect became unknown (True), or that a probe by the
+        call's idempotency key found nothing applied by any attempt so far (False)."""
+        key = self.keys.recon(tenant_id, run_id, call_id)
+        await self.redis.hset(key, "maybe_applied", int(maybe))
+
     async def set_status(self, tenant_id: str, run_id: str, call_id: str, status: str) -> None:
         """Where the call's reconciliation stands: ``handed_over``, ``resolved``."""
         await self.redis.hset(self.keys.recon(tenant_id, run_id, call_id), "status", status)

@@ -15,6 +15,7 @@ from reconciler import (
     ResolveNotApplied,
     Retry,
     decide_probe,
+    decide_refused,
     decide_resolution,
     decide_transient,
     decide_unknown,
@@ -61,6 +62,25 @@ def test_a_transient_not_executed_call_is_retried_with_backoff_only_if_replay_sa
     for final in (transient(effect_class="idempotent", attempts=2),
                   transient(effect_class="non_idempotent")):  # fmt: skip
         assert isinstance(final, ResolveNotApplied) and final.output == "busy"
+
+
+def test_an_attempt_that_did_not_run_after_an_unknown_one_proves_nothing_about_it() -> None:
+    """Found by the simulator (seeds 80 and 82): an idempotent tool without a probe applied
+    on attempt 1 and lost its answer; attempt 2 never left; the call was recorded as not
+    executed. With no attempt left, an earlier unknown attempt goes to a person."""
+    maybe = case(effect_class="idempotent", has_probe=False, attempts=2, maybe_applied=True)
+    spent = decide_transient(maybe, POLICY, output="busy", retry_after_s=None, jitter=0.0)
+    assert isinstance(spent, HandOver) and "earlier attempt" in spent.reason
+    # With an attempt left it is retried with the same key: the upstream dedupes.
+    early = case(effect_class="idempotent", has_probe=False, attempts=1, maybe_applied=True)
+    assert isinstance(
+        decide_transient(early, POLICY, output="busy", retry_after_s=None, jitter=0.0), Retry
+    )
+    refused = decide_refused(maybe, output="no")
+    assert isinstance(refused, HandOver) and "earlier attempt" in refused.reason
+    assert decide_refused(case(attempts=2), output="no") == ResolveNotApplied(
+        "attempt 2 was refused", output="no"
+    )
 
 
 def test_probe_applied_resolves_with_the_upstream_output() -> None:
