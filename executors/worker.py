@@ -439,9 +439,6 @@ class Worker:
         labelled(IN_FLIGHT, self.pool).inc()
         began = time.monotonic()
 
-        # Whether the attempt before this one ended with its effect unknown (set by the gate).
-        earlier_unknown = [False]
-
         async def gate() -> None:
             with phase(self._tracer, "gate"):
                 if slots.paced:
@@ -450,11 +447,10 @@ class Worker:
                 late = await self._not_started_in_time(tool, command)
                 if late is not None:
                     raise _NotStarted("not_started_in_time", late)
-                verdict, earlier = await self._begin(command, tool.version)
+                verdict = await self._begin(command, tool.version)
             if verdict != "run":
                 raise _NotStarted(verdict)
             self._leases[key] = command
-            earlier_unknown[0] = earlier is not None and earlier.effect == "unknown"
             if slots.paced:
                 await _persist(lambda: self.admitter.started(command, slots.paced))
 
@@ -506,9 +502,7 @@ class Worker:
         if deferrals:
             await self._defer(command, deferrals[0], slots)
             return None
-        return await self._end(
-            tool, command, outcome, raised, slots, earlier_unknown=earlier_unknown[0]
-        )
+        return await self._end(tool, command, outcome, raised, slots)
 
     async def _end(
         self,
@@ -517,8 +511,6 @@ class Worker:
         outcome: CallOutcome,
         raised: list[ToolFailure],
         slots: _Slots,
-        *,
-        earlier_unknown: bool = False,
     ) -> CallOutcome | None:
         """The call ran (or waits for approval): its end in the ledger, its slots freed; the
         outcome to publish, None for a fenced-off attempt's."""
@@ -532,7 +524,7 @@ class Worker:
                 slots.free(),
             )
             return outcome
-        outcome = self._as_reported(tool, command, outcome, earlier_unknown=earlier_unknown)
+        outcome = self._as_reported(tool, command, outcome)
         final = outcome
         failure = _call_failure(raised, command, self.worker_id)
         # One burst: the call's end in the ledger and its slots freed (both idempotent), so
@@ -653,18 +645,12 @@ class Worker:
         return outcome
 
     def _as_reported(
-        self,
-        tool: Tool,
-        command: ExecutionCommand,
-        outcome: CallOutcome,
-        *,
-        earlier_unknown: bool = False,
+        self, tool: Tool, command: ExecutionCommand, outcome: CallOutcome
     ) -> CallOutcome:
-        """What the turn is told now: a retry the fleet will make is not final, an attempt
-        that did not run after one whose effect is unknown is not final either (the
-        reconciler decides: the earlier one may have applied), and an unknown effect is never
-        worded as a failure to try again (the SDK's own texts stay for SDK tools under
-        report_now)."""
+        """What the turn is told now: a retry the fleet will make is not final; neither is a
+        later attempt that did not run (an earlier one may have: the reconciler, which knows,
+        decides); and an unknown effect is never worded as a failure to try again (the SDK's
+        own texts stay for SDK tools under report_now)."""
         if fleet_retries(
             outcome.effect,
             outcome.retry,
@@ -674,7 +660,7 @@ class Worker:
             retry_after_s=outcome.retry_after_s,
         ):
             return outcome.model_copy(update={"resolved": False})
-        if earlier_unknown and outcome.effect == "not_executed":
+        if outcome.effect == "not_executed" and command.attempt > 1:
             return outcome.model_copy(update={"resolved": False})
         if outcome.effect != "unknown":
             return outcome
@@ -702,7 +688,7 @@ class Worker:
 
     async def _compensate(self, tool: Tool, command: ExecutionCommand) -> CallOutcome | None:
         """Run the compensate action once: it is a side effect, gated by its own ledger entry."""
-        verdict, _earlier = await self._begin(command)
+        verdict = await self._begin(command)
         if verdict != "run":
             return await self._refused(command, verdict)
         raised: list[ToolFailure] = []  # what the action raised, kept with its attempt
@@ -731,11 +717,8 @@ class Worker:
             return None
         return outcome
 
-    async def _begin(
-        self, command: ExecutionCommand, tool_version: str | None = None
-    ) -> tuple[str, CallOutcome | None]:
-        """The ledger's verdict, and for ``run`` the earlier attempt's outcome (None for a
-        first attempt); while another live worker holds the call, wait for it.
+    async def _begin(self, command: ExecutionCommand, tool_version: str | None = None) -> str:
+        """The ledger's verdict; while another live worker holds the call, wait for it.
 
         A ``started`` that no replica confirmed is ``unreplicated``: the call never runs here (a
         failover could lose the write and let another worker run it), and the reconciler
@@ -743,7 +726,7 @@ class Worker:
         """
         while True:
             try:
-                verdict, stored = await self.ledger.begin(
+                verdict, _stored = await self.ledger.begin(
                     command.tenant_id,
                     command.run_id,
                     command.call_id,
@@ -758,9 +741,9 @@ class Worker:
                 log.error(
                     "started not replicated; the call will not run", extra={"error": str(exc)}
                 )
-                return "unreplicated", None
+                return "unreplicated"
             if verdict != "busy":
-                return verdict, stored
+                return verdict
             # A redelivery (rebalance) while the holder still runs: its outcome or its lease
             # expiry will settle the call; poll well within one lease period. A stopping
             # worker does not wait for another's call (it may run for hours): the command

@@ -511,8 +511,6 @@ class Ledger:
 
         With ``unless_cancelled``, a call of a cancelled run never starts (``cancelled``). The
         ``tool_version`` that runs is recorded, so retries and probes go to the same version.
-        The outcome returned is the call's for ``done``, the earlier attempt's for ``run``
-        (None for a first attempt).
         """
         # A key of the run's slot group that is never set stands for "do not check".
         cancelled = self.keys.cancelled(tenant_id, run_id)

@@ -1,9 +1,8 @@
 -- Workers ask to run attempts, a batch at once (Ledger.begin, SlotGroupBatches). KEYS, four
 -- per call: entry, audit chain, lease index, cancellation marker. ARGV, five per call:
 -- token, worker, lease_s, lease member, the tool version it runs ('' for none:
--- compensations). Returns verdict, stored outcome per call: for done, the call's; for run,
--- the earlier attempt's ('' for a first attempt: a retry must know whether the attempt
--- before it may have applied); '' otherwise. Verdicts: run (started is written), done, stale, busy (another holder's lease runs), unknown (a
+-- compensations). Returns verdict, stored outcome ('' unless done) per call. Verdicts: run
+-- (started is written), done, stale, busy (another holder's lease runs), unknown (a
 -- holder's lease ran out: its effect is unknown), deferred (an external system completes
 -- it), missing, cancelled.
 local function begin(entry, audit, leases, cancelled, a, now)
@@ -28,7 +27,7 @@ local function begin(entry, audit, leases, cancelled, a, now)
     redis.call('RPUSH', audit, cjson.encode({event='started', worker=ARGV[a + 1],
       fencing_token=token, at=now}))
   end
-  return 'run', h[4] or ''
+  return 'run', ''
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
