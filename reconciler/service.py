@@ -95,7 +95,7 @@ TASK_KINDS: tuple[str, ...] = get_args(HumanTask.model_fields["kind"].annotation
 
 _MINE = (
     b'"effect":"unknown"', b'"effect":"wrong_effect"', b'"retry":"transient"',
-    b'"kind":"probe"', b'"kind":"compensate"',
+    b'"resolved":false', b'"kind":"probe"', b'"kind":"compensate"',
 )  # fmt: skip
 """How the outcomes the reconciler acts on read on the wire (compact JSON, Message.encode)."""
 
