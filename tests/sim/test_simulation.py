@@ -4,9 +4,14 @@ findings still open; `make simulate` runs campaigns with every kind)."""
 
 from __future__ import annotations
 
+import os
+import shlex
+import subprocess
+import sys
+
 import pytest
 
-from toolfleet.testing.sim import FAULT_KINDS, run, simulate
+from toolfleet.testing.sim import FAULT_KINDS, replay_command, run, simulate
 
 HOLDING = frozenset(FAULT_KINDS) - {"failover"}
 """Every fault kind but the Redis failover, whose findings are open (docs/reliability.md)."""
@@ -15,12 +20,19 @@ SEEDS = 100
 """Seeds of make test's batch (about 2 s each, on two processes: under two minutes)."""
 
 
-def test_a_seed_replays_exactly() -> None:
-    first, again = simulate(7, faults=HOLDING), simulate(7, faults=HOLDING)
-    assert first.faults, "seed 7 injects faults (it is the point of replaying it)"
-    assert (first.steps, first.virtual_s, first.faults, first.states, first.violations) == (
-        again.steps, again.virtual_s, again.faults, again.states, again.violations
-    )  # fmt: skip
+def test_a_seed_replays_exactly_with_its_command() -> None:
+    """The replay command a failure prints, run twice in fresh processes: the same run to
+    the step (faults, interleaving, what it found)."""
+    command = shlex.split(replay_command(7, HOLDING))
+    env = {**os.environ, **dict(part.split("=", 1) for part in command if "=" in part)}
+    argv = [sys.executable, *[part for part in command if "=" not in part][1:]]
+    runs = [
+        subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+        for _ in range(2)
+    ]
+    assert runs[0].returncode == 0, runs[0].stdout + runs[0].stderr
+    assert "steps" in runs[0].stdout and "faults: {}" not in runs[0].stdout
+    assert runs[0].stdout == runs[1].stdout
 
 
 def test_different_seeds_take_different_paths() -> None:

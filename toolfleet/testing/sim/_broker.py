@@ -85,6 +85,8 @@ class Broker:
         self.changed = asyncio.Event()
         self.dead_letters: list[tuple[Record, str, str]] = []
         """(record, reason, service) of every dead letter."""
+        self.members = 0
+        """Consumers made so far (their member ids count up)."""
         self.counts: dict[str, int] = {}
         """Events of note (duplicates, rebalances, fenced epochs...), for coverage."""
 
@@ -275,11 +277,9 @@ class SimBus:
 class SimConsumer:
     """The consumer calls the services make, over the simulator's log."""
 
-    _next_id = 0
-
     def __init__(self, bus: SimBus, group: str, options: dict[str, Any]) -> None:
-        SimConsumer._next_id += 1
-        self.member_id = f"{bus.service}-{SimConsumer._next_id:06d}"
+        bus.broker.members += 1
+        self.member_id = f"{bus.service}-{bus.broker.members:06d}"
         self.bus = bus
         self.broker = bus.broker
         self.group = group

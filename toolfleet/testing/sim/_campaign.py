@@ -7,6 +7,7 @@ replays seed ``N`` exactly (same faults, same interleaving), under the same faul
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
@@ -49,7 +50,7 @@ class Campaign:
 
 def replay_command(seed: int, faults: frozenset[str] | None) -> str:
     """The one command that replays ``seed`` exactly."""
-    only = "" if faults is None else f" --faults {','.join(sorted(faults))}"
+    only = "" if faults is None else f" --faults {shlex.quote(','.join(sorted(faults)))}"
     return f"PYTHONHASHSEED={HASH_SEED} python -m toolfleet.testing.sim --seed {seed}{only}"
 
 

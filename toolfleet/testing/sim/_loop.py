@@ -16,6 +16,7 @@ import random
 import sys
 import time
 import types
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -99,10 +100,16 @@ def _virtual(loop: SimLoop) -> dict[str, Callable[[], Any]]:
 
 
 @contextmanager
-def virtual_time(loop: SimLoop) -> Iterator[None]:
+def virtual_time(loop: SimLoop, seed: int) -> Iterator[None]:
     """While inside, every clock the fleet's code reads is ``loop``'s: the ``time`` module's
     functions, and the copies of them that the fleet's modules bound at import (module globals
-    and functions' default arguments). Restored on exit."""
+    and functions' default arguments); ``random``'s global generator and ``uuid.uuid4`` draw
+    from ``seed``. Restored on exit."""
+    state = random.getstate()
+    random.seed(seed)
+    ids = random.Random(seed)
+    real_uuid4 = uuid.uuid4
+    uuid.uuid4 = lambda: uuid.UUID(int=ids.getrandbits(128), version=4)
     fake = _virtual(loop)
     by_real = {id(real): fake[name] for name, real in _REAL.items()}
     undo: list[Callable[[], None]] = []
@@ -121,6 +128,8 @@ def virtual_time(loop: SimLoop) -> Iterator[None]:
     finally:
         for step in reversed(undo):
             step()
+        uuid.uuid4 = real_uuid4
+        random.setstate(state)
 
 
 def _fleet_modules() -> list[types.ModuleType]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import gc
 import json
 import logging
 import os
@@ -137,7 +138,9 @@ class World:
         self.services: dict[str, Any] = {}
         self.links: dict[str, Any] = {}
         self.buses: dict[str, SimBus] = {}
-        self.tasks: dict[str, set[asyncio.Task[Any]]] = {}
+        self.tasks: dict[str, dict[asyncio.Task[Any], None]] = {}
+        """Each service instance's tasks, in the order they were made (a crash cancels them
+        in that order: a set's order would follow memory addresses, not the seed)."""
         self.generation: Counter[str] = Counter()
         self.armed: Counter[str] = Counter()
         """Faults waiting for their moment (the next reply, record, commit...)."""
@@ -339,7 +342,7 @@ class World:
             service = Worker(self.settings, self.tools, "default", worker_id=instance,
                              bus=bus, stores=stores)  # fmt: skip
         self.services[name], self.links[name], self.buses[name] = service, link, sim_bus
-        self.tasks[instance] = set()
+        self.tasks[instance] = {}
         token = _OWNER.set(instance)
         try:
             task = asyncio.get_running_loop().create_task(service.run(), name=instance)
@@ -373,8 +376,9 @@ class World:
         task = asyncio.Task(coro, loop=loop, **kw)
         owner = _OWNER.get()
         if owner is not None:
-            self.tasks.setdefault(owner, set()).add(task)
-            task.add_done_callback(self.tasks[owner].discard)
+            mine = self.tasks.setdefault(owner, {})
+            mine[task] = None
+            task.add_done_callback(lambda done: mine.pop(done, None))
         return task
 
     def _crash(self, name: str) -> None:
@@ -449,20 +453,26 @@ class World:
         self.loop.on_step = self._on_step
         if not os.environ.get("TOOLFLEET_SIM_LOG"):
             logging.disable(logging.CRITICAL)
+        # The collector runs when allocations say so, and what it finalises (an async
+        # generator's aclose, a connection's __del__) lands on the loop: its moments would
+        # depend on what ran before the seed, not on the seed.
+        gc.collect()
+        gc.disable()
         try:
-            with virtual_time(self.loop):
+            with virtual_time(self.loop, self.seed):
                 self.loop.run_until_complete(self._main())
                 report.violations += self.loop.run_until_complete(check(self))
                 report.violations += self.died
         except Stalled as exc:
             report.violations.append(f"the simulation stalled: {exc}")
         finally:
+            report.steps = self.loop.steps  # the seed's own: not the clean-up's below
+            report.virtual_s = self.loop.now
             logging.disable(logging.NOTSET)
             _close(self.loop)
+            gc.enable()
         report.faults = self.faults
         report.states = self.states
-        report.steps = self.loop.steps
-        report.virtual_s = self.loop.now
         return report
 
 
