@@ -88,12 +88,18 @@ def fingerprint(tool_lookup_key: str, arguments: str) -> str:
     return hashlib.sha256(_canonical_json(payload).encode("utf-8")).hexdigest()
 
 
-def idempotency_key(tenant_id: str, call_id: str, fingerprint: str) -> str:
+def idempotency_key(tenant_id: str, run_scope: str, call_id: str, fingerprint: str) -> str:
     """The key upstream systems dedupe on: stable per call, never per attempt.
 
-    Derived only from the invocation identity (tenant, call_id, fingerprint), so every retry,
-    probe and compensation of one call carries the same key without storing anything first.
+    Derived only from the invocation identity (tenant, the run it is scoped to, call_id,
+    fingerprint), so every retry, probe and compensation of one call carries the same key.
+    ``run_scope`` is the run id when identity is scoped to the run (two runs may both send
+    call_0 with the same arguments, and both must take effect), "" when it is scoped to the
+    tenant (the key is then the one earlier releases derived).
     """
+    parts = [tenant_id, run_scope, call_id, fingerprint] if run_scope else [
+        tenant_id, call_id, fingerprint
+    ]  # fmt: skip
     # A JSON list keeps the parts unambiguous whatever characters the call_id contains.
-    digest = hashlib.sha256(_canonical_json([tenant_id, call_id, fingerprint]).encode("utf-8"))
+    digest = hashlib.sha256(_canonical_json(parts).encode("utf-8"))
     return _IDEMPOTENCY_PREFIX + digest.hexdigest()[:_IDEMPOTENCY_HEX_CHARS]

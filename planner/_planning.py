@@ -178,6 +178,7 @@ def plan_turn(
     routes: Mapping[str, str] | None = None,
     held: Set[str] = frozenset(),
     unasked: Set[str] = frozenset(),
+    identity_scope: Literal["run", "tenant"] = "run",
 ) -> PlanResult:
     """Decide every call of ``event``; a turn error leaves nothing to dispatch or write.
 
@@ -193,6 +194,8 @@ def plan_turn(
     ``unasked`` names the calls whose agent runtime evaluated the tool's approval policy and
     asked no one (signed ``by_policy`` decisions): they are dispatched pre-approved, so the
     worker does not evaluate the policy a second time, unless the fleet itself wants a person.
+    ``identity_scope`` is the deployment's (``Settings.identity_scope``): the idempotency keys
+    of the run's calls name the run unless identity is scoped to the tenant.
     """
     agent = event.agent.name
     decided: list[tuple[PlannedCall, bool, Decision | None]] = []
@@ -238,7 +241,8 @@ def plan_turn(
     for call, (planned, approved, applied) in zip(calls, decided, strict=True):
         if planned.disposition in ("reuse", "attach"):
             continue  # the ledger already holds this call; nothing to write or send
-        key = idempotency_key(event.tenant_id, planned.call_id, call.fingerprint)
+        scope = event.run_id if identity_scope == "run" else ""
+        key = idempotency_key(event.tenant_id, scope, planned.call_id, call.fingerprint)
         if planned.disposition == "dispatch":
             dispatch.append(Dispatch(planned, call.fingerprint, key, approved))
         updates.append(

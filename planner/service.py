@@ -368,6 +368,7 @@ class Planner:
             now=time.time(),
             epoch=epoch,
             routes=routes,
+            identity_scope=self.keys.identity_scope,
             held=held,
             unasked=unasked,
         )
@@ -403,6 +404,7 @@ class Planner:
             now=time.time(),
             epoch=0,
             routes=routes,
+            identity_scope=self.keys.identity_scope,
             unasked=unasked,
         )
         updates = result.ledger_updates

@@ -106,9 +106,26 @@ def test_fingerprint_of_unparseable_arguments_uses_the_raw_string() -> None:
 
 def test_idempotency_key_is_stable_per_call_and_never_per_attempt() -> None:
     fp = fingerprint("add", A1)
-    key = idempotency_key("t1", "c1", fp)
-    assert key == idempotency_key("t1", "c1", fp) and key.startswith("tf-")
-    assert len({key, idempotency_key("t2", "c1", fp), idempotency_key("t1", "c2", fp)}) == 3
+    key = idempotency_key("t1", "r1", "c1", fp)
+    assert key == idempotency_key("t1", "r1", "c1", fp) and key.startswith("tf-")
+    others = {idempotency_key("t2", "r1", "c1", fp), idempotency_key("t1", "r1", "c2", fp)}
+    assert len({key, *others}) == 3
+
+
+def test_two_runs_calling_call_0_alike_get_two_idempotency_keys() -> None:
+    """Found by the simulator (seed 116): identity is scoped to the run, but the key was not:
+    two runs of one tenant each asking call_0 to charge 500 shared a key, so an upstream
+    that dedupes on it would make one charge for both, and a probe of the second run would
+    find the first run's charge."""
+    fp = fingerprint("charge", '{"cents": 500}')
+    assert idempotency_key("t1", "run-0", "call_0", fp) != idempotency_key(
+        "t1", "run-1", "call_0", fp
+    )
+    # Scoped to the tenant, the run is not part of the identity: one key whatever the run.
+    assert idempotency_key("t1", "", "call_0", fp) not in {
+        idempotency_key("t1", "run-0", "call_0", fp),
+        idempotency_key("t1", "run-1", "call_0", fp),
+    }
 
 
 def test_parse_arguments_returns_a_dict_only_for_json_objects() -> None:
@@ -165,7 +182,7 @@ def test_planned_or_dispatched_call_is_sent_again_with_the_same_idempotency_key(
     # Its command may have been lost; the ledger's dispatch is idempotent and begin admits one.
     result = plan(event(fc("c1")), ledger={"c1": entry("c1", state)})
     assert kinds(result) == ["dispatch"] and not result.ledger_updates[0].create
-    expected = idempotency_key("t1", "c1", fingerprint("add", A1))
+    expected = idempotency_key("t1", "r1", "c1", fingerprint("add", A1))
     assert result.dispatch[0].idempotency_key == expected
 
 
