@@ -16,8 +16,8 @@ from toolfleet.testing.sim import FAULT_KINDS, replay_command, run, simulate
 HOLDING = frozenset(FAULT_KINDS) - {"failover"}
 """Every fault kind but the Redis failover, whose findings are open (docs/reliability.md)."""
 
-SEEDS = 100
-"""Seeds of make test's batch (about 2 s each, on two processes: under two minutes)."""
+SEEDS = 300
+"""Seeds of make test's batch (about 0.3 s of CPU each, on two processes: under a minute)."""
 
 
 def test_a_seed_replays_exactly_with_its_command() -> None:

@@ -59,7 +59,10 @@ class StateServer:
         """A Redis client for service ``name`` and the link the simulator controls."""
         link = Link(self, name)
         connection = type("SimConnection", (_SimConnection,), {"link": link})
-        redis = fakeredis.FakeAsyncRedis(server=self.engine, connection_class=connection)
+        # No socket timeout: redis-py would wrap every send in wait_for, a task per command.
+        redis = fakeredis.FakeAsyncRedis(
+            server=self.engine, connection_class=connection, socket_timeout=None
+        )
         return redis, link
 
     def replicate(self) -> None:

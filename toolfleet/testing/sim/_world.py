@@ -130,6 +130,7 @@ class World:
             # Admission leases reclaim the slots of calls whose release a failover lost; short
             # here, so a seed's end can wait for them.
             admission_lease_s=LEASE_S,
+            admission_tick_ms=200,  # the planner's refill pass: enough for the seeds' rates
         )
         self.loop = SimLoop(random.Random(self.rng.random()))
         self.state = StateServer(self._lose_reply)
@@ -337,7 +338,9 @@ class World:
             service = Aggregator(self.settings, bus=bus, stores=stores)
             service.instance = instance.replace("#", "-")
         elif name == "reconciler":
-            service = Reconciler(self.settings, bus=bus, stores=stores)
+            # Its pass scans every slot group's schedule and leases: each second, not five
+            # times a second, or the scans are most of a seed's cost.
+            service = Reconciler(self.settings, bus=bus, stores=stores, tick_s=1.0)
         else:
             service = Worker(self.settings, self.tools, "default", worker_id=instance,
                              bus=bus, stores=stores)  # fmt: skip
