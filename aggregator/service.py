@@ -293,6 +293,11 @@ class Aggregator:
             rest = [r for r in records if r.offset >= (committed.get(tp) or 0)]
             if rest:
                 left[tp] = rest
+        # The batch read again may hold only the first of the records the transaction
+        # handled: the rest are not to be fetched again either.
+        for tp, offset in committed.items():
+            if offset is not None and await consumer.position(tp) < offset:
+                consumer.seek(tp, offset)
         return left
 
     async def _commit_quietly(
