@@ -203,12 +203,15 @@ class Reconciler:
                             "toolfleet.effect": outcome.effect,
                         }
                     )
-                await self.on_outcome(outcome)
+                await self.on_outcome(
+                    outcome, claimant=f"{record.topic}:{record.partition}:{record.offset}"
+                )
 
     # --- inputs -----------------------------------------------------------------------------
-    async def on_outcome(self, outcome: CallOutcome) -> None:
-        """Start reconciling an unknown or wrong effect or a transient failure the fleet
-        retries, or take a probe's or compensation's answer."""
+    async def on_outcome(self, outcome: CallOutcome, claimant: str = "") -> None:
+        """Start reconciling an unknown or wrong effect or a not-executed attempt left to
+        it, or take a probe's or compensation's answer. ``claimant`` names the record (the
+        same record handled again may go on with the reconciliation it started)."""
         if outcome.kind == "probe":
             await self._on_probe(outcome)
         elif outcome.kind == "compensate":
@@ -217,7 +220,7 @@ class Reconciler:
             return
         elif outcome.effect in ("unknown", "wrong_effect") or not outcome.resolved:
             where = (outcome.tenant_id, outcome.run_id, outcome.call_id)
-            if not await self.recon.claim(*where, outcome.fencing_token):
+            if not await self.recon.claim(*where, outcome.fencing_token, claimant):
                 return
             case, _entry, _spec = await self._case(
                 outcome.tenant_id, outcome.run_id, outcome.call_id

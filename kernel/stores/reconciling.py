@@ -33,11 +33,15 @@ class ReconcileState:
         self._take_probe = _TAKE_PROBE.register(redis)
         self._pop_due = _POP_DUE.register(redis)
 
-    async def claim(self, tenant_id: str, run_id: str, call_id: str, token: int) -> bool:
+    async def claim(
+        self, tenant_id: str, run_id: str, call_id: str, token: int, claimant: str = ""
+    ) -> bool:
         """Start reconciling the attempt with fencing token ``token`` (no probes answered,
-        none awaited); False when that attempt or a later one already is."""
+        none awaited); False when that attempt or a later one already is, unless by the same
+        ``claimant`` (the record asking: its claim's reply was lost, or its reconciler died
+        before acting, and it is handled again)."""
         key = self.keys.recon(tenant_id, run_id, call_id)
-        return bool(await self._claim(keys=[key], args=[token]))
+        return bool(await self._claim(keys=[key], args=[token, claimant]))
 
     async def await_probe(self, tenant_id: str, run_id: str, call_id: str) -> None:
         """A probe was sent: its answer is awaited (``take_probe``)."""

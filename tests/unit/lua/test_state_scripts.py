@@ -129,12 +129,24 @@ def test_an_attempt_is_claimed_for_reconciling_once(lua: Lua, r: redis.Redis) ->
     assert lua("reconciling/claim", ["recon"], [1]) == 1
     assert r.hgetall("recon") == {
         b"token": b"1", b"probes": b"0", b"awaiting_probe": b"0", b"status": b"reconciling",
+        b"claimant": b"",
     }  # fmt: skip
     assert lua("reconciling/claim", ["recon"], [1]) == 0  # a redelivered outcome
     r.hset("recon", mapping={"probes": 2, "status": "handed_over"})
     assert lua("reconciling/claim", ["recon"], [0]) == 0  # an older attempt's outcome
     assert lua("reconciling/claim", ["recon"], [2]) == 1  # a retry's: starts afresh
     assert r.hmget("recon", "token", "probes", "status") == [b"2", b"0", b"reconciling"]
+
+
+def test_the_record_that_claimed_an_attempt_may_claim_it_again(lua: Lua, r: redis.Redis) -> None:
+    """Found by the simulator (seed 144): the claim's reply was lost, the reconciler handled
+    the record again, its claim said "already claimed", and nobody ever retried the call."""
+    assert lua("reconciling/claim", ["recon"], [1, "outcomes:0:7"]) == 1
+    r.hset("recon", "probes", 1)
+    assert lua("reconciling/claim", ["recon"], [1, "outcomes:0:7"]) == 1  # the same record
+    assert r.hget("recon", "probes") == b"1"  # goes on where it stands
+    assert lua("reconciling/claim", ["recon"], [1, "outcomes:0:8"]) == 0  # a duplicate
+    assert lua("reconciling/claim", ["recon"], [1, ""]) == 0
 
 
 def test_each_awaited_probe_answer_is_taken_once(lua: Lua, r: redis.Redis) -> None:
