@@ -213,6 +213,11 @@ class DependencyMonitor:
         self._nudged: _LoopEvent | None = None
         self._back: _LoopEvent | None = None
 
+    def forget_loops(self) -> None:
+        """Forget the events made on earlier event loops (a process that runs many loops one
+        after the other, as the simulator does, would otherwise keep the first alive)."""
+        self._nudged = self._back = None
+
     def configure(self, settings: Settings) -> None:
         """Name the settings of this process's dependencies; forget earlier states."""
         self.settings = settings

@@ -7,7 +7,13 @@ import os
 import sys
 import time
 
-from toolfleet.testing.sim._campaign import HASH_SEED, hashing_is_seeded, replay_command, run
+from toolfleet.testing.sim._campaign import (
+    HASH_SEED,
+    Campaign,
+    hashing_is_seeded,
+    replay_command,
+    run,
+)
 from toolfleet.testing.sim._world import FAULT_KINDS, simulate
 
 
@@ -41,7 +47,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  steps {report.steps}, virtual {report.virtual_s:.1f} s")
         return 0 if report.ok else 1
     began = time.monotonic()
-    campaign = run(args.first, args.seeds, jobs=args.jobs, faults=faults)
+
+    def progress(campaign: Campaign) -> None:
+        if campaign.seeds % 500 == 0:
+            print(f"  {campaign.seeds} seeds, {len(campaign.failed)} failed, "
+                  f"{time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
+
+    campaign = run(args.first, args.seeds, jobs=args.jobs, faults=faults, progress=progress)
     took = time.monotonic() - began
     print(f"{campaign.seeds} seeds in {took:.0f} s on {args.jobs} processes "
           f"({campaign.steps // max(campaign.seeds, 1)} steps a seed); "

@@ -10,6 +10,7 @@ import os
 import shlex
 import sys
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
@@ -59,13 +60,23 @@ def _one(args: tuple[int, frozenset[str] | None]) -> Report:
     return simulate(seed, faults=faults)
 
 
-def run(first: int, count: int, *, jobs: int = 1, faults: frozenset[str] | None = None) -> Campaign:
-    """Simulate seeds ``first`` .. ``first + count - 1`` on ``jobs`` processes."""
+def run(
+    first: int,
+    count: int,
+    *,
+    jobs: int = 1,
+    faults: frozenset[str] | None = None,
+    progress: Callable[[Campaign], None] | None = None,
+) -> Campaign:
+    """Simulate seeds ``first`` .. ``first + count - 1`` on ``jobs`` processes (``progress``
+    is called after each seed)."""
     campaign = Campaign(allowed=FAULT_KINDS if faults is None else tuple(sorted(faults)))
     work = [(seed, faults) for seed in range(first, first + count)]
     if jobs <= 1:
         for item in work:
             campaign.add(_one(item))
+            if progress is not None:
+                progress(campaign)
         return campaign
     env = os.environ.get("PYTHONHASHSEED")
     os.environ["PYTHONHASHSEED"] = HASH_SEED  # the pool's processes hash as a replay will
@@ -73,6 +84,8 @@ def run(first: int, count: int, *, jobs: int = 1, faults: frozenset[str] | None 
         with ProcessPoolExecutor(jobs) as pool:
             for report in pool.map(_one, work, chunksize=8):
                 campaign.add(report)
+                if progress is not None:
+                    progress(campaign)
     finally:
         if env is None:
             os.environ.pop("PYTHONHASHSEED", None)

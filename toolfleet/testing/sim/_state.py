@@ -58,11 +58,21 @@ class StateServer:
     def client(self, name: str) -> tuple[Redis, Link]:
         """A Redis client for service ``name`` and the link the simulator controls."""
         link = Link(self, name)
-        connection = type("SimConnection", (_SimConnection,), {"link": link})
         # No socket timeout: redis-py would wrap every send in wait_for, a task per command.
         redis = fakeredis.FakeAsyncRedis(
-            server=self.engine, connection_class=connection, socket_timeout=None
+            server=self.engine, connection_class=_SimConnection, socket_timeout=None
         )
+        pool = redis.connection_pool
+        make = pool.make_connection
+
+        def made() -> _SimConnection:
+            # One connection class for all (fakeredis keeps a record per class for good): the
+            # link goes on each connection the pool makes.
+            connection: _SimConnection = make()  # type: ignore[no-untyped-call]
+            connection.link = link
+            return connection
+
+        pool.make_connection = made  # type: ignore[method-assign]
         return redis, link
 
     def replicate(self) -> None:

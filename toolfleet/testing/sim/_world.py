@@ -30,6 +30,7 @@ from aggregator.service import Aggregator
 from executors import NotExecuted, ProbeResult, ToolContext, ToolRegistry
 from executors.worker import Worker
 from kernel.adapters.bus import TRANSIENT_ERRORS, Bus
+from kernel.adapters.dependencies import DEPENDENCIES
 from kernel.settings import Settings
 from kernel.stores.door import Stores
 from planner.service import Planner
@@ -70,6 +71,10 @@ SCHEDULED = (
 
 SETTLE_WITHIN_S = 900.0
 """Virtual seconds the turns have to settle once submitted."""
+
+MAX_STEPS = 2_000_000
+"""Loop steps a seed may take (a seed that settles takes thousands; one that waits out its
+900 virtual seconds, a few hundred thousand)."""
 
 LEASE_S = 30.0
 """The simulated fleet's admission lease."""
@@ -408,6 +413,8 @@ class World:
         self.loop.call_later(self.rng.uniform(0.5, 15.0), self._start, name)
 
     def _on_step(self) -> None:
+        if self.loop.steps > MAX_STEPS:
+            raise Stalled(f"{MAX_STEPS} steps without the turns settling: a livelock")
         while self.schedule and self.schedule[0][0] <= self.loop.steps:
             _, kind, target = self.schedule.pop(0)
             self._inject(kind, target)
@@ -473,6 +480,7 @@ class World:
             report.virtual_s = self.loop.now
             logging.disable(logging.NOTSET)
             _close(self.loop)
+            DEPENDENCIES.forget_loops()
             gc.enable()
         report.faults = self.faults
         report.states = self.states
