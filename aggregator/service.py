@@ -96,6 +96,9 @@ class Aggregator:
         self._unresolved: dict[TopicPartition, int] | None = None
         """The offsets a transaction of unknown outcome sent (None: there is none): resolved
         before anything else is handled."""
+        self._handled_below: dict[TopicPartition, int] = {}
+        """Per partition, the offset below which a committed transaction of unknown outcome
+        handled every record."""
         self._committed_at = time.monotonic()
         self._tracer = tracer("aggregator")
         self._batch_began_ns = time.time_ns()
@@ -170,8 +173,15 @@ class Aggregator:
         self._batch_began_ns = time.time_ns()
         if self._unresolved is not None:
             batches = await self._resolve(consumer, producer, batches)
-            if not batches:
-                return
+        # Records a committed transaction of unknown outcome handled: never again, even when
+        # a later failure has the consume loop read from below them.
+        batches = {
+            tp: rest
+            for tp, records in batches.items()
+            if (rest := [r for r in records if r.offset >= self._handled_below.get(tp, 0)])
+        }
+        if not batches:
+            return
         # One run's records in order, different runs concurrently (all keyed by run_id).
         by_key: dict[bytes | None, list[Record]] = {}
         for records in batches.values():
@@ -259,8 +269,9 @@ class Aggregator:
         producer: TransactionalProducer,
         batches: dict[TopicPartition, list[Record]],
     ) -> dict[TopicPartition, list[Record]]:
-        """Find out whether the transaction of unknown outcome committed, and return what of
-        ``batches`` is still to handle (a Kafka error is raised: asked again next batch).
+        """Find out whether the transaction of unknown outcome committed (if so, what it
+        handled is skipped from now on: ``_handled_below``), and return ``batches`` (a Kafka
+        error is raised: asked again next batch).
 
         The producer's InitProducerId returns only once the coordinator has committed or
         aborted the old epoch's transaction, its offsets included; the group's committed
@@ -288,17 +299,15 @@ class Aggregator:
             tp: offset for tp, offset in self._uncommitted.items() if offset > sent.get(tp, -1)
         }
         self._committed_at = time.monotonic()
-        left = {}
-        for tp, records in batches.items():
-            rest = [r for r in records if r.offset >= (committed.get(tp) or 0)]
-            if rest:
-                left[tp] = rest
-        # The batch read again may hold only the first of the records the transaction
-        # handled: the rest are not to be fetched again either.
         for tp, offset in committed.items():
-            if offset is not None and await consumer.position(tp) < offset:
+            if offset is None:
+                continue
+            self._handled_below[tp] = max(offset, self._handled_below.get(tp, 0))
+            # The batch read again may hold only the first of the records the transaction
+            # handled: the rest are not to be fetched again either.
+            if await consumer.position(tp) < offset:
                 consumer.seek(tp, offset)
-        return left
+        return batches
 
     async def _commit_quietly(
         self, consumer: AIOKafkaConsumer, producer: TransactionalProducer, group: str
