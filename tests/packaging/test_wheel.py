@@ -54,6 +54,7 @@ EXTRA_MODULES = {
     "console": {"starlette", "uvicorn", "sse_starlette", "authlib", "joserfc", "httpx"}
     | {"itsdangerous"},
     "mcp": {"mcp", "mcp_types", "jwt"},
+    "sim": {"fakeredis", "lupa"},
     "otlp": {"opentelemetry.exporter", "google", "requests"},
 }
 # Where each extra's modules live in toolfleet: nothing else may need them.
@@ -61,6 +62,7 @@ EXTRA_HOMES = {
     "agents": "toolfleet.agents",
     "console": "toolfleet.app.console.",
     "mcp": "toolfleet.app.mcp.",
+    "sim": "toolfleet.testing.sim",
 }
 
 
@@ -187,7 +189,7 @@ def test_the_wheel_declares_the_documented_extras_and_the_command(wheel: Path) -
     extras = set(metadata.get_all("Provides-Extra") or [])
     assert {"agents", "console", "mcp", "otlp", "containers", "all"} <= extras
     docs = (ROOT / "docs" / "install.md").read_text()
-    for extra in ("agents", "console", "mcp", "otlp", "containers", "all"):
+    for extra in ("agents", "console", "mcp", "otlp", "containers", "sim", "all"):
         assert f"toolfleet[{extra}]" in docs, f"docs/install.md does not mention [{extra}]"
     base = [r for r in metadata.get_all("Requires-Dist") or [] if "extra ==" not in r]
     heavy = ("openai-agents", "starlette", "uvicorn", "sse-starlette", "authlib", "exporter", "mcp")
