@@ -22,6 +22,8 @@ from typing import Any
 import fakeredis
 from fakeredis._clients._async import FakeAsyncRedisConnection
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from kernel.stores.scripts import DURABLE
@@ -59,8 +61,14 @@ class StateServer:
         """A Redis client for service ``name`` and the link the simulator controls."""
         link = Link(self, name)
         # No socket timeout: redis-py would wrap every send in wait_for, a task per command.
+        # No retry: a lost reply reaches the caller, as with the fleet's own clients (built
+        # from a URL, whose connections retry nothing); redis-py's default would send the
+        # command again by itself.
         redis = fakeredis.FakeAsyncRedis(
-            server=self.engine, connection_class=_SimConnection, socket_timeout=None
+            server=self.engine,
+            connection_class=_SimConnection,
+            socket_timeout=None,
+            retry=Retry(NoBackoff(), 0),
         )
         pool = redis.connection_pool
         make = pool.make_connection
