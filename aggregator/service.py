@@ -172,7 +172,7 @@ class Aggregator:
         idempotent)."""
         self._batch_began_ns = time.time_ns()
         if self._unresolved is not None:
-            batches = await self._resolve(consumer, producer, batches)
+            await self._resolve(consumer, producer)
         # Records a committed transaction of unknown outcome handled: never again, even when
         # a later failure has the consume loop read from below them.
         batches = {
@@ -267,11 +267,10 @@ class Aggregator:
         self,
         consumer: AIOKafkaConsumer,
         producer: TransactionalProducer,
-        batches: dict[TopicPartition, list[Record]],
-    ) -> dict[TopicPartition, list[Record]]:
+    ) -> None:
         """Find out whether the transaction of unknown outcome committed (if so, what it
-        handled is skipped from now on: ``_handled_below``), and return ``batches`` (a Kafka
-        error is raised: asked again next batch).
+        handled is skipped from now on: ``_handled_below``; a Kafka error is raised: asked
+        again next batch).
 
         The producer's InitProducerId returns only once the coordinator has committed or
         aborted the old epoch's transaction, its offsets included; the group's committed
@@ -290,7 +289,7 @@ class Aggregator:
                 "a transaction of unknown outcome did not commit: its records go again",
                 extra={"partitions": len(sent)},
             )
-            return batches
+            return
         log.warning(
             "a transaction of unknown outcome committed: its records are not handled again",
             extra={"partitions": len(sent)},
@@ -307,7 +306,6 @@ class Aggregator:
             # handled: the rest are not to be fetched again either.
             if await consumer.position(tp) < offset:
                 consumer.seek(tp, offset)
-        return batches
 
     async def _commit_quietly(
         self, consumer: AIOKafkaConsumer, producer: TransactionalProducer, group: str

@@ -48,12 +48,6 @@ class StateServer:
         """Asked after each reply, with the service's name: True loses it (the command was
         applied)."""
         self.replica: dict[int, tuple[dict[bytes, Any], list[Any], float]] = {}
-        self.commands = 0
-        self.lost_replies = 0
-        self.failovers = 0
-        self.lost_writes = 0
-        """Commands the primary applied that a failover lost (not yet on the replica)."""
-        self._unreplicated = 0
         _with_sha1hex(self.engine)
         self.replicate()
 
@@ -89,22 +83,14 @@ class StateServer:
             index: (copy.deepcopy(db._dict), list(db._expiry_heap), db.time)
             for index, db in self.engine.dbs.items()
         }
-        self._unreplicated = 0
 
-    def fail_over(self) -> int:
-        """Promote the replica: the primary's writes it had not received are gone. Returns how
-        many commands were lost."""
+    def fail_over(self) -> None:
+        """Promote the replica: the primary's writes it had not received are gone."""
         for index, db in self.engine.dbs.items():
             data, heap, at = self.replica.get(index, ({}, [], db.time))
             db._dict, db._expiry_heap, db.time = copy.deepcopy(data), list(heap), at
-        lost, self._unreplicated = self._unreplicated, 0
-        self.failovers += 1
-        self.lost_writes += lost
-        return lost
 
     def _applied(self, packed: bytes) -> None:
-        self.commands += 1
-        self._unreplicated += 1
         if any(sha.encode() in packed for sha in DURABLE):
             self.replicate()
 
@@ -125,7 +111,6 @@ class _SimConnection(FakeAsyncRedisConnection):
         response = await super().read_response(*args, **kwargs)
         server = self.link.server
         if server.lose_reply(self.link.name):
-            server.lost_replies += 1
             await self.disconnect()
             raise RedisConnectionError("simulated: the reply was lost (the command applied)")
         return response

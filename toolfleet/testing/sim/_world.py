@@ -22,7 +22,7 @@ import logging
 import os
 import random
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -42,22 +42,6 @@ from toolfleet.testing.sim._state import StateServer
 
 TENANTS = ("acme", "globex")
 SERVICES = ("planner", "aggregator", "reconciler", "worker-0", "worker-1")
-FAULT_KINDS = (
-    "crash",
-    "lost redis reply",
-    "failover",
-    "rebalance",
-    "duplicate record",
-    "late record",
-    "lost transaction answer",
-    "tool applied then raised",
-    "tool applied then hung",
-    "tool raised before applying",
-    "tool refused",
-    "probe did not know",
-)
-"""Every kind of fault a seed may draw (coverage reports the ones a batch injected)."""
-
 SCHEDULED = (
     "crash",
     "lost redis reply",
@@ -68,6 +52,17 @@ SCHEDULED = (
     "lost transaction answer",
 )
 """The faults injected at a step of the run (the others come with a tool's attempt or probe)."""
+
+FAULT_KINDS = (
+    *SCHEDULED,
+    "tool applied then raised",
+    "tool applied then hung",
+    "tool raised before applying",
+    "tool refused",
+    "probe did not know",
+)
+"""Every kind of fault a seed may draw (coverage reports the ones a batch injected)."""
+
 
 SETTLE_WITHIN_S = 900.0
 """Virtual seconds the turns have to settle once submitted."""
@@ -512,6 +507,3 @@ def _close(loop: SimLoop) -> None:
 def simulate(seed: int, turns: int | None = None, faults: frozenset[str] | None = None) -> Report:
     """Simulate ``seed`` (with the fault kinds ``faults``, all by default) and report."""
     return World(seed, turns, faults).run()
-
-
-Predicate = Callable[[World], bool]
