@@ -4,10 +4,12 @@ findings still open; `make simulate` runs campaigns with every kind)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 
@@ -33,6 +35,45 @@ def test_a_seed_replays_exactly_with_its_command() -> None:
     assert runs[0].returncode == 0, runs[0].stdout + runs[0].stderr
     assert "steps" in runs[0].stdout and "faults: {}" not in runs[0].stdout
     assert runs[0].stdout == runs[1].stdout
+
+
+def test_a_seed_runs_in_a_campaign_as_it_does_alone() -> None:
+    """Seed 7 after seeds 5 and 6 in a campaign's process (its heap frozen) runs as it does
+    alone in a fresh process: the same steps, faults and states."""
+    faults = f"frozenset({sorted(HOLDING)!r})"
+    campaign = (
+        "import json\n"
+        "from toolfleet.testing.sim import run\n"
+        "def seen(c):\n"
+        "    print(json.dumps([c.steps, c.faults, c.states]))\n"
+        f"run(5, 3, faults={faults}, progress=seen)\n"
+    )
+    alone = (
+        "import json\n"
+        "from toolfleet.testing.sim import simulate\n"
+        f"r = simulate(7, faults={faults})\n"
+        "print(json.dumps([r.steps, r.faults, r.states]))\n"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    outputs = [
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        for script in (campaign, alone)
+    ]
+    for done in outputs:
+        assert done.returncode == 0, done.stderr
+    (*_, before, after), (only,) = (
+        [json.loads(line) for line in done.stdout.splitlines()] for done in outputs
+    )
+    assert after[0] - before[0] == only[0]
+    for at in (1, 2):  # faults, states
+        assert Counter(after[at]) - Counter(before[at]) == Counter(only[at])
 
 
 def test_different_seeds_take_different_paths() -> None:

@@ -8,7 +8,7 @@ clock, with what the simulator needs of a Redis in trouble:
 - a primary and an asynchronous replica: the replica catches up whenever a durable write (a
   script the stores register durable: WAIT makes a replicated Redis hold its answer until a
   replica has it) returns; a failover promotes the replica, and the writes it had not
-  received are lost;
+  received are lost (a world that draws no failover keeps no replica: ``replicating``);
 - a client severed with its process: a crashed service writes nothing more.
 """
 
@@ -48,7 +48,11 @@ class StateServer:
         """Asked after each reply, with the service's name: True loses it (the command was
         applied)."""
         self.replica: dict[int, tuple[dict[bytes, Any], list[Any], float]] = {}
+        self.replicating = True
+        """Whether the replica follows the primary (False: no failover will come, and the
+        copy of the data each durable write makes would be wasted)."""
         _with_sha1hex(self.engine)
+        _compile_once(self.engine)
         self.replicate()
 
     def client(self, name: str) -> tuple[Redis, Link]:
@@ -86,12 +90,14 @@ class StateServer:
 
     def fail_over(self) -> None:
         """Promote the replica: the primary's writes it had not received are gone."""
+        if not self.replicating:
+            raise RuntimeError("a failover without a replica: set replicating before the run")
         for index, db in self.engine.dbs.items():
             data, heap, at = self.replica.get(index, ({}, [], db.time))
             db._dict, db._expiry_heap, db.time = copy.deepcopy(data), list(heap), at
 
     def _applied(self, packed: bytes) -> None:
-        if any(sha.encode() in packed for sha in DURABLE):
+        if self.replicating and any(sha.encode() in packed for sha in DURABLE):
             self.replicate()
 
 
@@ -128,3 +134,30 @@ def _with_sha1hex(engine: fakeredis.FakeServer) -> None:
 
     runtime.globals().redis.sha1hex = sha1hex
     primer.close()
+
+
+class _CompiledOnce:
+    """The engine's Lua runtime, compiling each script's source once (as redis-server keeps
+    a script it has loaded): fakeredis compiles a script's source on every call, and the
+    admission script alone is 20 kB. Running a chunk compiled earlier is what ``execute``
+    does after compiling it."""
+
+    def __init__(self, runtime: Any) -> None:
+        self._runtime = runtime
+        self._chunks: dict[Any, Any] = {}
+
+    def execute(self, code: Any) -> Any:
+        """Run ``code`` (compiled the first time it is seen)."""
+        chunk = self._chunks.get(code)
+        if chunk is None:
+            chunk = self._chunks[code] = self._runtime.compile(code)
+        return chunk()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runtime, name)
+
+
+def _compile_once(engine: fakeredis.FakeServer) -> None:
+    """Put ``_CompiledOnce`` between fakeredis and the engine's Lua runtime."""
+    server: Any = engine
+    server._lua_runtime = _CompiledOnce(server._lua_runtime)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import gc
 import json
 import logging
@@ -37,6 +38,7 @@ from planner.service import Planner
 from reconciler.service import Reconciler
 from schemas import AgentRef, ModelResponseEvent
 from toolfleet.testing.sim._broker import Broker, Faults, SimBus, SimConsumer
+from toolfleet.testing.sim._groups import slot_groups
 from toolfleet.testing.sim._loop import SimLoop, Stalled, virtual_time
 from toolfleet.testing.sim._state import StateServer
 
@@ -74,6 +76,15 @@ MAX_STEPS = 2_000_000
 LEASE_S = 30.0
 """The simulated fleet's admission lease."""
 
+FAULTS_UNTIL_STEP = 3_200
+"""The last loop step at which a scheduled fault may land (from step 50): a seed that
+settles takes 2,500 to 3,300 steps (its middle half), so most land while it runs."""
+
+SIMULATED_SLOT_GROUPS = 4
+"""The simulated fleet's slot groups (a deployment has 64): the state server is one shard, and
+the reconciler's and stores' scans run one script or command per group. Four still put some
+of a seed's runs in one group and some in others."""
+
 _OWNER: contextvars.ContextVar[str | None] = contextvars.ContextVar("sim_owner", default=None)
 
 
@@ -110,6 +121,21 @@ class Report:
         return not self.violations
 
 
+@functools.cache
+def _settings() -> Settings:
+    """The simulated fleet's settings (read from the environment once a process: it costs
+    more than a tenth of a small seed)."""
+    return Settings(
+        topic_prefix="sim.",
+        partitions=2,
+        identity_scope="run",
+        # Admission leases reclaim the slots of calls whose release a failover lost; short
+        # here, so a seed's end can wait for them.
+        admission_lease_s=LEASE_S,
+        admission_tick_ms=200,  # the planner's refill pass: enough for the seeds' rates
+    )
+
+
 class World:
     """The simulation of one seed (``simulate`` runs it)."""
 
@@ -123,15 +149,7 @@ class World:
         self.faults: Counter[str] = Counter()
         self.states: Counter[str] = Counter()
         self.upstream = Upstream()
-        self.settings = Settings(
-            topic_prefix="sim.",
-            partitions=2,
-            identity_scope="run",
-            # Admission leases reclaim the slots of calls whose release a failover lost; short
-            # here, so a seed's end can wait for them.
-            admission_lease_s=LEASE_S,
-            admission_tick_ms=200,  # the planner's refill pass: enough for the seeds' rates
-        )
+        self.settings = _settings().model_copy(deep=True)
         self.loop = SimLoop(random.Random(self.rng.random()))
         self.state = StateServer(self._lose_reply)
         self.broker = Broker(self.settings, self._broker_faults())
@@ -146,6 +164,8 @@ class World:
         self.armed: Counter[str] = Counter()
         """Faults waiting for their moment (the next reply, record, commit...)."""
         self.schedule = self._schedule()
+        # No failover drawn: the state server keeps no replica (it draws nothing from the seed).
+        self.state.replicating = any(kind == "failover" for _, kind, _ in self.schedule)
         self.tools = self._registry()
         self._lied: set[str] = set()
         self.died: list[str] = []
@@ -191,7 +211,7 @@ class World:
         events = []
         for _ in range(self.rng.choice((0, 1, 2, 3, 4, 6))):
             step, kind, target = (
-                self.rng.randint(50, 4000),
+                self.rng.randint(50, FAULTS_UNTIL_STEP),
                 self.rng.choice(SCHEDULED),
                 self.rng.choice(SERVICES),
             )
@@ -464,7 +484,7 @@ class World:
         gc.collect()
         gc.disable()
         try:
-            with virtual_time(self.loop, self.seed):
+            with virtual_time(self.loop, self.seed), slot_groups(SIMULATED_SLOT_GROUPS):
                 self.loop.run_until_complete(self._main())
                 report.violations += self.loop.run_until_complete(check(self))
                 report.violations += self.died
