@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -14,31 +11,10 @@ from kernel.stores import keys, ledger, reconciling
 from toolfleet.testing.sim._groups import SlotGroupsError, slot_groups
 
 
-def _load(name: str, path: Path, source: str) -> ModuleType:
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture
-def fleet_module(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A name inside the fleet's packages for a module the test writes (gone afterwards)."""
-    name = f"toolfleet.testing.sim._test_module_{tmp_path.name}"
-    yield name, tmp_path / "module.py"
-    sys.modules.pop(name, None)
-
-
 def test_every_copy_holds_the_simulated_groups_inside_and_the_real_ones_after(
-    fleet_module: tuple[str, Path],
+    fleet_module: Callable[[str], ModuleType],
 ) -> None:
-    name, path = fleet_module
-    aliased = _load(
-        name,
-        path,
+    aliased = fleet_module(
         "from kernel.stores.keys import SLOT_GROUPS as N, GROUP_TAGS\n"
         "def groups():\n    return list(range(N))\n",
     )
@@ -53,21 +29,19 @@ def test_every_copy_holds_the_simulated_groups_inside_and_the_real_ones_after(
 
 
 def test_a_module_that_derives_a_value_at_import_is_refused(
-    fleet_module: tuple[str, Path],
+    fleet_module: Callable[[str], ModuleType],
 ) -> None:
-    name, path = fleet_module
-    _load(name, path, "from kernel.stores import keys\nALL = tuple(range(keys.SLOT_GROUPS))\n")
+    fleet_module("from kernel.stores import keys\nALL = tuple(range(keys.SLOT_GROUPS))\n")
     real = keys.SLOT_GROUPS
     with pytest.raises(SlotGroupsError, match=r"module\.py:2 reads SLOT_GROUPS"), slot_groups(4):
         pass
     assert ledger.SLOT_GROUPS == keys.SLOT_GROUPS == real  # nothing was changed
 
 
-def test_a_default_argument_is_read_at_import_too(fleet_module: tuple[str, Path]) -> None:
-    name, path = fleet_module
-    _load(
-        name,
-        path,
+def test_a_default_argument_is_read_at_import_too(
+    fleet_module: Callable[[str], ModuleType],
+) -> None:
+    fleet_module(
         "from kernel.stores.keys import SLOT_GROUPS\n"
         "def scan(groups=SLOT_GROUPS):\n    return groups\n",
     )

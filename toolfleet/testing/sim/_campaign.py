@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
@@ -70,6 +70,11 @@ def _freeze_heap() -> None:
     gc.freeze()
 
 
+def allowed(faults: frozenset[str] | None) -> tuple[str, ...]:
+    """The fault kinds a campaign under ``faults`` (None: all) may inject."""
+    return FAULT_KINDS if faults is None else tuple(sorted(faults))
+
+
 def run(
     first: int,
     count: int,
@@ -80,29 +85,36 @@ def run(
 ) -> Campaign:
     """Simulate seeds ``first`` .. ``first + count - 1`` on ``jobs`` processes (``progress``
     is called after each seed)."""
-    campaign = Campaign(allowed=FAULT_KINDS if faults is None else tuple(sorted(faults)))
+    campaign = Campaign(allowed=allowed(faults))
+    for report in reports(first, count, jobs=jobs, faults=faults):
+        campaign.add(report)
+        if progress is not None:
+            progress(campaign)
+    return campaign
+
+
+def reports(
+    first: int, count: int, *, jobs: int = 1, faults: frozenset[str] | None = None
+) -> Generator[Report, None, None]:
+    """The reports of seeds ``first`` .. ``first + count - 1``, in seed order, simulated on
+    ``jobs`` processes. Closing the iterator early cancels the seeds not begun."""
     work = [(seed, faults) for seed in range(first, first + count)]
     if jobs <= 1:
         _freeze_heap()
         for item in work:
-            campaign.add(_one(item))
-            if progress is not None:
-                progress(campaign)
-        return campaign
+            yield _one(item)
+        return
     env = os.environ.get("PYTHONHASHSEED")
     os.environ["PYTHONHASHSEED"] = HASH_SEED  # the pool's processes hash as a replay will
+    pool = ProcessPoolExecutor(jobs, initializer=_freeze_heap)
     try:
-        with ProcessPoolExecutor(jobs, initializer=_freeze_heap) as pool:
-            for report in pool.map(_one, work, chunksize=8):
-                campaign.add(report)
-                if progress is not None:
-                    progress(campaign)
+        yield from pool.map(_one, work, chunksize=8)
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         if env is None:
             os.environ.pop("PYTHONHASHSEED", None)
         else:
             os.environ["PYTHONHASHSEED"] = env
-    return campaign
 
 
 def hashing_is_seeded() -> bool:

@@ -4,14 +4,16 @@
 ready to run it runs one, picked by the seed's random generator, so the interleaving of every
 task (services, tools, the broker's deliveries) follows from the seed alone; when nothing is
 ready it jumps its clock to the next timer. ``virtual_time`` makes the clocks the fleet's code
-reads (``time.time``, ``time.monotonic``, and the copies modules bound at import) read that
-clock while a simulation runs.
+reads (``time.time``, ``time.monotonic``, and the copies modules bound at import or their
+objects hold) read that clock while a simulation runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
+import itertools
 import random
 import sys
 import time
@@ -19,13 +21,16 @@ import types
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVarTuple
 
 EPOCH = 1_800_000_000.0
 """Where the simulated wall clock starts (a fixed instant: a replay reads the same times)."""
 
 PACKAGES = ("kernel", "planner", "executors", "aggregator", "reconciler", "toolfleet", "schemas")
 """The packages whose import-bound clocks ``virtual_time`` swaps (the fleet's own code)."""
+
+
+_Ts = TypeVarTuple("_Ts")
 
 
 class Stalled(Exception):
@@ -44,10 +49,28 @@ class SimLoop(asyncio.SelectorEventLoop):
         """Callbacks run so far (a measure of the work a seed did)."""
         self.on_step: Callable[[], None] | None = None
         """Called before each callback (the simulator injects faults from there)."""
+        self._timer_order = itertools.count()
 
     def time(self) -> float:
         """The virtual clock (asyncio's timers and timeouts read it)."""
         return self.now
+
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[[*_Ts], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        """A timer due at ``when``, after those due then that were set before it (asyncio
+        leaves their order to the shape of its heap, which timers due at other instants change:
+        a process's earlier seeds changed which of two services woke first)."""
+        self._check_closed()  # type: ignore[attr-defined]
+        timer = _Timer(when, callback, args, self, context)
+        timer.order = next(self._timer_order)
+        heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
+        timer._scheduled = True  # type: ignore[attr-defined]
+        return timer
 
     def _run_once(self) -> None:
         # Adapted from asyncio.BaseEventLoop._run_once: no selector wait, the clock jumps to
@@ -80,6 +103,29 @@ class SimLoop(asyncio.SelectorEventLoop):
         handle._run()
 
 
+class _Timer(asyncio.TimerHandle):
+    """A timer ordered by when it is due, then by when it was set."""
+
+    __slots__ = ("order",)
+    order: int
+
+    def __lt__(self, other: object) -> bool:
+        if isinstance(other, _Timer):
+            return (self.when(), self.order) < (other.when(), other.order)
+        return NotImplemented
+
+    def __le__(self, other: object) -> bool:
+        if isinstance(other, _Timer):
+            return (self.when(), self.order) <= (other.when(), other.order)
+        return NotImplemented
+
+    def __gt__(self, other: object) -> bool:
+        return _Timer.__lt__(other, self) if isinstance(other, _Timer) else NotImplemented
+
+    def __ge__(self, other: object) -> bool:
+        return _Timer.__le__(other, self) if isinstance(other, _Timer) else NotImplemented
+
+
 _REAL = {
     "time": time.time,
     "monotonic": time.monotonic,
@@ -102,9 +148,9 @@ def _virtual(loop: SimLoop) -> dict[str, Callable[[], Any]]:
 @contextmanager
 def virtual_time(loop: SimLoop, seed: int) -> Iterator[None]:
     """While inside, every clock the fleet's code reads is ``loop``'s: the ``time`` module's
-    functions, and the copies of them that the fleet's modules bound at import (module globals
-    and functions' default arguments); ``random``'s global generator and ``uuid.uuid4`` draw
-    from ``seed``. Restored on exit."""
+    functions, and the copies of them that the fleet's modules bound at import (module globals,
+    functions' default arguments, attributes of module-level objects); ``random``'s global
+    generator and ``uuid.uuid4`` draw from ``seed``. Restored on exit."""
     state = random.getstate()
     random.seed(seed)
     ids = random.Random(seed)
@@ -123,6 +169,11 @@ def virtual_time(loop: SimLoop, seed: int) -> Iterator[None]:
                 undo.append(lambda m=module, a=attr, v=value: setattr(m, a, v))  # type: ignore[misc]
             for function in _functions(value, module):
                 undo.extend(_swap_defaults(function, by_real))
+            if is_fleet_object(value):  # a module's object that read a clock when made
+                for name, held in list(vars(value).items()):
+                    if id(held) in by_real:
+                        setattr(value, name, by_real[id(held)])
+                        undo.append(lambda o=value, n=name, h=held: setattr(o, n, h))  # type: ignore[misc]
     try:
         yield
     finally:
@@ -130,6 +181,13 @@ def virtual_time(loop: SimLoop, seed: int) -> Iterator[None]:
             step()
         uuid.uuid4 = real_uuid4
         random.setstate(state)
+
+
+def is_fleet_object(value: object) -> bool:
+    """Whether ``value`` is an instance of one of the fleet's classes, with attributes."""
+    if isinstance(value, (type, types.ModuleType, types.FunctionType)):
+        return False
+    return hasattr(value, "__dict__") and type(value).__module__.split(".")[0] in PACKAGES
 
 
 def _fleet_modules() -> list[types.ModuleType]:

@@ -38,6 +38,7 @@ from planner.service import Planner
 from reconciler.service import Reconciler
 from schemas import AgentRef, ModelResponseEvent
 from toolfleet.testing.sim._broker import Broker, Faults, SimBus, SimConsumer
+from toolfleet.testing.sim._fresh import as_new_process
 from toolfleet.testing.sim._groups import slot_groups
 from toolfleet.testing.sim._loop import SimLoop, Stalled, virtual_time
 from toolfleet.testing.sim._state import StateServer
@@ -484,7 +485,11 @@ class World:
         gc.collect()
         gc.disable()
         try:
-            with virtual_time(self.loop, self.seed), slot_groups(SIMULATED_SLOT_GROUPS):
+            with (
+                as_new_process(),
+                virtual_time(self.loop, self.seed),
+                slot_groups(SIMULATED_SLOT_GROUPS),
+            ):
                 self.loop.run_until_complete(self._main())
                 report.violations += self.loop.run_until_complete(check(self))
                 report.violations += self.died
