@@ -126,6 +126,11 @@ class TurnStore:
         """The turn's state as stored (empty when it has none)."""
         return StoredTurn.from_hash(await self._hashes.read(key))
 
+    def forget_all(self) -> None:
+        """Read every turn from Redis again: a failover may have taken back what this process
+        wrote (a cached field would never be written again)."""
+        self._cache.clear()
+
     def forget(self, key: str) -> None:
         """Drop the cached state (a settled turn: later updates, duplicates, are rare)."""
         self._cache.pop(key, None)

@@ -33,6 +33,7 @@ from aggregator._turn import TurnState, accept_outcome, build_result, is_settled
 from kernel.adapters.bus import (
     COMMIT_INTERVAL_S,
     TRANSIENT_ERRORS,
+    WORK_EPOCH,
     Bus,
     ConsumeLoop,
     IndefiniteOutcome,
@@ -42,7 +43,7 @@ from kernel.adapters.bus import (
 from kernel.adapters.dependencies import DEPENDENCIES
 from kernel.adapters.metrics import MESSAGES, TURN_LATENCY, labelled
 from kernel.adapters.tracing import context_from_traceparent, headers_of, tracer
-from kernel.errors import InvalidMessageError
+from kernel.errors import InvalidMessageError, StateMayBeLostError
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.outcomes import ended
 from kernel.settings import Settings
@@ -74,6 +75,7 @@ class Aggregator:
     def __init__(self, settings: Settings, *, bus: Bus, stores: Stores) -> None:
         self.settings = settings
         self.bus = bus
+        bus.gate = stores.output_gate()
         self.keys = stores.keys
         self.admission = stores.admission()
         self.ledger = stores.ledger()
@@ -100,6 +102,8 @@ class Aggregator:
         """Per partition, the offset below which a committed transaction of unknown outcome
         handled every record."""
         self._committed_at = time.monotonic()
+        self._since: int | None = None
+        """The Redis epoch when the oldest batch not committed yet began (``OutputGate``)."""
         self._tracer = tracer("aggregator")
         self._batch_began_ns = time.time_ns()
         """When the batch being handled was polled: aggregation spans start there."""
@@ -144,6 +148,7 @@ class Aggregator:
             consumer,
             batches=batch,
             idle=idle,
+            on_rewind=self._forget_uncommitted,
             poll_ms=100,
             max_records=_MAX_BATCH,
             cut_off_after_s=self.settings.cut_off_after_s,
@@ -171,6 +176,8 @@ class Aggregator:
         the batch is committed, and the consume loop reads it again; recording is
         idempotent)."""
         self._batch_began_ns = time.time_ns()
+        if not self._uncommitted:
+            self._since = WORK_EPOCH.get()
         if self._unresolved is not None:
             await self._resolve(consumer, producer)
         # Records a committed transaction of unknown outcome handled: never again, even when
@@ -212,6 +219,9 @@ class Aggregator:
         (of the partitions still assigned: a revoked one's new owner reads it again)."""
         mine = consumer.assignment()
         owned = {tp: offset for tp, offset in offsets.items() if tp in mine}
+        if self.bus.gate is not None:
+            # The results and offsets say that the turns' states are in Redis for good.
+            await self.bus.gate.open(self._since)
         spans = [self._aggregation_span(e) for e in emitted]
         topic = self.settings.topic("turn-results")
 
@@ -314,11 +324,21 @@ class Aggregator:
         next transaction (their records are recorded: re-reading them changes nothing)."""
         try:
             await self._commit(consumer, producer, group, [], self._uncommitted)
+        except StateMayBeLostError:
+            assert self._loop is not None
+            await self._loop.rewind()
         except TRANSIENT_ERRORS as exc:
             DEPENDENCIES.failed(exc)
             log.debug(
                 "offset commit failed; retried with the next batch", extra={"error": repr(exc)}
             )
+
+    def _forget_uncommitted(self) -> None:
+        """The consume loop reads again from the committed offsets: the batches handled since
+        are not to be committed (a failover may have taken their writes back), and what this
+        process remembers writing is read again."""
+        self._uncommitted = {}
+        self.turns.forget_all()
 
     async def _handle_in_order(self, records: list[Record]) -> list[Emission]:
         """One run's records, in order. A plan and the outcomes right behind it (usual under

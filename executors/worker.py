@@ -35,6 +35,7 @@ from kernel.adapters.backoff import STEP, nap
 from kernel.adapters.bus import (
     NEVER_FITS,
     TRANSIENT_ERRORS,
+    WORK_EPOCH,
     Bus,
     ConsumeLoop,
     Record,
@@ -153,6 +154,7 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.service = f"worker-{pool}"
         self.bus = bus
+        bus.gate = stores.output_gate()
         self.stores = stores
         self.keys = stores.keys
         self.ledger = stores.ledger()
@@ -963,6 +965,9 @@ async def _persist(step: Callable[[], Awaitable[T]]) -> T:
     Re-running the command would find this worker's own lease and end as an unknown effect;
     the call did finish, so only the failed step is repeated, with the same outcome.
     """
+    # What is published from here depends on the call's end, which the ledger stores durably
+    # (it waits for the replicas), not on the command's earlier writes: no epoch to check.
+    WORK_EPOCH.set(None)
     attempt = 0
     while True:
         try:

@@ -29,7 +29,9 @@ Catch the branch that says what you can do about it::
     │   │   ├── DependencyUnavailable    (kernel.adapters.dependencies) a check got no answer
     │   │   ├── IndefiniteOutcome        (kernel.adapters.bus) a transaction's outcome is unknown:
     │   │   │                            its producer was re-initialised; redo it if not committed
-    │   │   └── UnreplicatedWriteError   no replica confirmed a durable write (WAIT) in time
+    │   │   ├── UnreplicatedWriteError   no replica confirmed a durable write (WAIT) in time
+    │   │   └── StateMayBeLostError      a Redis connection was lost with work in hand: a
+    │   │                                failover may have taken its writes back; it is redone
     │   └── TurnTimeoutError             (toolfleet.client; also a TimeoutError) no result in time
     ├── InvalidMessageError              (schemas) a message fails its schema: dead-lettered
     ├── ModelBehaviorError               the model's calls cannot run safely (reused/empty ids)
@@ -117,6 +119,13 @@ class UnreplicatedWriteError(InfrastructureError):
     the WAIT timeout, so a failover could lose it. A call whose ``started`` this was never
     runs: it counts as started, effect unknown, for the reconciler to resolve. Check the
     replicas (``INFO replication``) or TOOLFLEET_REDIS_WAIT_TIMEOUT_MS."""
+
+
+class StateMayBeLostError(InfrastructureError):
+    """A connection to Redis was lost while work was in hand: a failover may have taken back
+    writes no replica had, so nothing that depends on them is sent to Kafka (no record, no
+    offset); the work is done again from the last committed offsets. Nothing to do unless it
+    repeats: then check the primary and its replicas (``INFO replication``)."""
 
 
 class ModelBehaviorError(ToolfleetError):

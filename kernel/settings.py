@@ -132,8 +132,10 @@ class Settings(BaseSettings):
         default=1,
         ge=0,
         description="Replicas that must acknowledge a call's `started` write (Redis WAIT) "
-        "before its body runs, when its primary has that many (fewer: as many as it has; "
-        "none: no WAIT). 0 never waits",
+        "before its body runs, its end before its outcome is published, and every service's "
+        "writes before it sends a record or commits an offset, when the primary has that many "
+        "(fewer: as many as it has; none: no WAIT). 0 never waits (a failover may then take "
+        "back writes that Kafka already depends on)",
     )
     redis_wait_timeout_ms: int = Field(
         default=1000,

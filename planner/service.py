@@ -61,6 +61,7 @@ class Planner:
     def __init__(self, settings: Settings, *, bus: Bus, stores: Stores) -> None:
         self.settings = settings
         self.bus = bus
+        bus.gate = stores.output_gate()
         self.keys = stores.keys
         self.ledger = stores.ledger()
         self.tools = stores.tool_directory(max_age_s=settings.registry_cache_s)

@@ -115,6 +115,7 @@ class Reconciler:
         self.settings = settings
         self.policy = policy or RecoveryPolicy.of(settings)
         self.bus = bus
+        bus.gate = stores.output_gate()
         self.keys = stores.keys
         self.ledger = stores.ledger()
         self.admitter = Admitter(stores.admission(), self.bus)

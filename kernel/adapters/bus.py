@@ -38,10 +38,16 @@ from kernel.adapters.health import HEALTH
 from kernel.adapters.lag import LAG
 from kernel.adapters.metrics import DEAD_LETTERS, MESSAGES, labelled
 from kernel.adapters.offsets import OffsetTracker
+from kernel.adapters.redis import OutputGate
 from kernel.adapters.security import kafka_options
 from kernel.adapters.tracing import Headers
 from kernel.adapters.tracing import headers as trace_headers
-from kernel.errors import CutOffError, InfrastructureError, InvalidMessageError
+from kernel.errors import (
+    CutOffError,
+    InfrastructureError,
+    InvalidMessageError,
+    StateMayBeLostError,
+)
 from kernel.rules.limits import cut_text, digest
 from kernel.rules.state_versions import client_id as state_client_id
 from kernel.settings import Settings
@@ -107,6 +113,10 @@ class Bus(Protocol):
     service: str
     """Who publishes: dead letters and client ids name it."""
 
+    gate: OutputGate | None
+    """What a record waits for before it is sent (the service's Redis writes replicated;
+    ``OutputGate``), and what a consume loop asks before it commits offsets. None: nothing."""
+
     async def start(self) -> None:
         """Connect; a service calls it at the start of ``run``."""
 
@@ -155,6 +165,7 @@ class KafkaBus:
     def __init__(self, settings: Settings, service: str) -> None:
         self.settings = settings
         self.service = service
+        self.gate: OutputGate | None = None
         self._producer: AIOKafkaProducer | None = None
         self._stale: AIOKafkaProducer | None = None
         """The producer to replace before anything else is sent (None: it is fine)."""
@@ -208,7 +219,23 @@ class KafkaBus:
         keeps the producer's batches full while preserving per-key order. The record's headers
         are ``headers`` or, by default, the current trace context; ``partition`` overrides the
         key's.
+
+        With a ``gate``, the record waits until the Redis writes made so far are replicated,
+        and is refused (``StateMayBeLostError``) when a Redis connection was lost since the
+        work of the record being handled began: what it says may have been taken back.
         """
+        if self.gate is not None:
+            await self.gate.open(WORK_EPOCH.get())
+        return await self._send(topic, key, value, headers, partition)
+
+    async def _send(
+        self,
+        topic: str,
+        key: str | bytes | None,
+        value: Message | bytes,
+        headers: Headers | None = None,
+        partition: int | None = None,
+    ) -> asyncio.Future[Any]:
         raw_key = key.encode() if isinstance(key, str) else key
         raw = value.encode() if isinstance(value, Message) else value
         producer = await self._usable_producer()
@@ -303,7 +330,7 @@ class KafkaBus:
         if len(raw) > self.settings.max_message_bytes:  # a settings mistake: keep no bytes
             stripped = letter.model_copy(update={"value": None, "key": None, "value_cut": True})
             raw = stripped.model_dump_json(exclude_none=True).encode()
-        await self.publish_and_wait("dead-letter", key, raw)
+        await (await self._send("dead-letter", key, raw))  # depends on no Redis write
         DEAD_LETTERS.labels(self.service, record.topic).inc()
         log.warning(
             "dead-lettered a message",
@@ -661,10 +688,13 @@ class ConsumeLoop:
         max_records: int = 500,
         wanted: Callable[[Record], bool] | None = None,
         cut_off_after_s: float = Settings.model_fields["cut_off_after_s"].default,
+        on_rewind: Callable[[], None] | None = None,
     ) -> None:
         if (handler is None) == (batches is None):
             raise ValueError("a consume loop takes a handler per record or per batch, not both")
         self.bus = bus
+        self.on_rewind = on_rewind
+        """Called when the loop reads again from the committed offsets (``rewind``)."""
         self.cut_off_after_s = cut_off_after_s
         self.wanted = wanted
         self.consumer = consumer
@@ -693,6 +723,8 @@ class ConsumeLoop:
         """Partitions with records started or done since the last commit (only those are
         committed: a partition handed to a peer and back must not go back to our offset)."""
         self._failure: BaseException | None = None
+        self._epoch: int | None = None
+        """The Redis epoch (``OutputGate.epoch``) when what is to be committed began."""
         self._batch_failures = 0
         self._unreachable_since: float | None = None
         """Since when batches have failed on a dependency (monotonic; None: they do not)."""
@@ -724,6 +756,7 @@ class ConsumeLoop:
         """Consume until ``stop`` is called (or a CutOffError, raised once in-flight records
         are done or left to the partitions' next owner)."""
         last_commit = time.monotonic()
+        self._epoch = self._gate_epoch()
         try:
             while not self._stopping.is_set():
                 batches = await self.consumer.getmany(
@@ -756,8 +789,14 @@ class ConsumeLoop:
                 await self.idle()
             return
         assert self.batches is not None
+        WORK_EPOCH.set(self._gate_epoch())
         try:
             await self.batches(batches)
+        except StateMayBeLostError:
+            # What was handled since the last commit may be gone from Redis: read it again.
+            log.warning("a Redis connection was lost; reading again from the committed offsets")
+            await self.rewind()
+            return
         except TRANSIENT_ERRORS as exc:
             # Nothing of the batch is committed: read it again (handling is idempotent). The
             # dependency monitor says once that Kafka or Redis is away, not every attempt.
@@ -768,8 +807,11 @@ class ConsumeLoop:
             cut = cut_off(self._unreachable_since, self.cut_off_after_s, exc)
             if cut is not None:
                 raise cut from exc
-            for tp, records in batches.items():
-                self.consumer.seek(tp, records[0].offset)
+            if self._gate_epoch() != WORK_EPOCH.get():
+                await self.rewind()  # the connection went: writes of earlier batches too
+            else:
+                for tp, records in batches.items():
+                    self.consumer.seek(tp, records[0].offset)
             with contextlib.suppress(Interrupted):
                 await nap(
                     self.backoff.delay(self._batch_failures),
@@ -779,6 +821,26 @@ class ConsumeLoop:
             return
         self._unreachable_since = None
         self._batch_failures = 0
+
+    def _gate_epoch(self) -> int | None:
+        gate = self.bus.gate
+        return None if gate is None else gate.epoch()
+
+    async def rewind(self) -> None:
+        """Read every assigned partition again from its committed offset (from its start
+        without one), forgetting what was handled since: a Redis failover may have taken
+        its writes back. Records still in hand finish, but count for nothing."""
+        self._offsets = OffsetTracker()
+        self._touched = set()
+        self._epoch = self._gate_epoch()
+        if self.on_rewind is not None:
+            self.on_rewind()
+        for tp in sorted(self.consumer.assignment()):
+            committed = await self.consumer.committed(tp)
+            if committed is None:
+                await self.consumer.seek_to_beginning(tp)
+            else:
+                self.consumer.seek(tp, committed)
 
     async def isolated(self, records: Sequence[Record], update: Awaitable[T]) -> T | None:
         """Run one piece of a batch (``update``, made from ``records``); if it fails for a
@@ -843,9 +905,10 @@ class ConsumeLoop:
             if previous.cancelled() or previous.exception() is not None or not previous.result():
                 return False  # left to the next owner, and so is everything after it
         _SLOT.set(slot)
+        offsets = self._offsets  # a rewind while it runs makes it count for nothing
         handled = await self._handle(record)
-        if handled:
-            self._offsets.done(tp, record.offset)
+        if handled and offsets is self._offsets:
+            offsets.done(tp, record.offset)
             self._touched.add(tp)
         return handled
 
@@ -858,6 +921,22 @@ class ConsumeLoop:
         offsets = {tp: committable[tp] for tp in touched if tp in assigned and tp in committable}
         if not offsets:
             return
+        if self.bus.gate is not None:
+            # An offset says its record's writes are in Redis for good: they must be
+            # replicated, and no connection may have been lost since they were made.
+            try:
+                await self.bus.gate.open(self._epoch)
+            except StateMayBeLostError:
+                log.warning("a Redis connection was lost; reading again from the committed "
+                            "offsets")  # fmt: skip
+                await self.rewind()
+                return
+            except TRANSIENT_ERRORS as exc:
+                DEPENDENCIES.failed(exc)
+                self._touched |= touched  # committed with the next commit
+                if self._gate_epoch() != self._epoch:
+                    await self.rewind()
+                return
         try:
             await self.consumer.commit(offsets)
         except (CommitFailedError, IllegalStateError) as exc:
@@ -874,6 +953,7 @@ class ConsumeLoop:
         unreachable_since: float | None = None
         while True:
             attempt += 1
+            WORK_EPOCH.set(self._gate_epoch())  # each record's task has a context of its own
             try:
                 await self.handler(record)
             except InvalidMessageError as exc:
@@ -948,6 +1028,10 @@ class _Slot:
 
 
 _SLOT: ContextVar[_Slot | None] = ContextVar("toolfleet_consume_slot", default=None)
+
+WORK_EPOCH: ContextVar[int | None] = ContextVar("toolfleet_work_epoch", default=None)
+"""The Redis epoch (``OutputGate.epoch``) at which the work in hand began: a record it
+publishes is refused if a connection was lost since (set by consume loops per attempt)."""
 """The slot of the record the current task handles (each record's task has its own)."""
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -32,7 +34,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from kernel.adapters.security import redact_url, redis_tls_options
-from kernel.errors import ConfigurationError, InfrastructureError, UnreplicatedWriteError
+from kernel.errors import (
+    ConfigurationError,
+    InfrastructureError,
+    StateMayBeLostError,
+    UnreplicatedWriteError,
+)
 from kernel.settings import Settings
 
 K = TypeVar("K")
@@ -60,6 +67,11 @@ about halves; at full CPU load (bench (a)) one and two measured the same within 
 
 DURABLE = "toolfleet_durable"
 """Command option: the write must reach ``replica_acks`` replicas before it counts (WAIT)."""
+
+BARRIER_KEY = "toolfleet:barrier"
+"""The key ``wait_for_replicas`` writes before its WAIT (its value means nothing)."""
+
+_BARRIER_TTL_MS = 60_000
 
 _ROLE_TTL_S = 5.0
 """How long a client trusts what ROLE said about its primary's replicas."""
@@ -96,6 +108,9 @@ class AutoPipelinedRedis(Redis):
         self.replica_timeout_ms = replica_timeout_ms
         self._replicas = 0
         self._role_read_at = float("-inf")
+        self.connections_lost = 0
+        """Bursts lost with their connection so far: after one, a failover may have taken
+        back writes that were acknowledged (``OutputGate``)."""
         self._queued: list[_Queued] = []
         self._flushes: set[asyncio.Task[None]] = set()
         self._flush_scheduled = False
@@ -161,6 +176,7 @@ class AutoPipelinedRedis(Redis):
             await self._reload_scripts(batch, replies)
         except BaseException as exc:  # the connection failed: every caller sees it
             self._role_read_at = float("-inf")  # a failover may follow: ask ROLE again
+            self.connections_lost += 1
             for _, _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
@@ -214,6 +230,30 @@ class AutoPipelinedRedis(Redis):
             failure if options.get(DURABLE) and not isinstance(reply, Exception) else reply
             for (_, options, _), reply in zip(batch, replies, strict=True)
         ]
+
+    async def wait_for_replicas(self, marker: str = BARRIER_KEY) -> None:
+        """Return once ``replica_acks`` replicas (at most as many as the primary has; none:
+        at once) hold every write the primary applied so far, from any connection; raise
+        ``UnreplicatedWriteError`` when too few acknowledged in time. ``marker`` is a key
+        this primary owns (on a cluster, one of its slots)."""
+        if not self.replica_acks:
+            return
+        wanted = min(self.replica_acks, await self._replica_count())
+        if not wanted:
+            return
+        # WAIT waits for the replication offset right after the last write of the connection
+        # it runs on, and that connection may have written nothing lately: a write of its own
+        # first gives it the offset of everything applied so far.
+        pipe = self.pipeline(transaction=False)
+        pipe.execute_command("SET", marker, b"", "PX", _BARRIER_TTL_MS)
+        pipe.execute_command("WAIT", wanted, self.replica_timeout_ms)
+        _, acknowledged = await pipe.execute()
+        if not isinstance(acknowledged, int) or acknowledged < wanted:
+            raise UnreplicatedWriteError(
+                f"{acknowledged!r} of {wanted} replicas acknowledged within "
+                f"{self.replica_timeout_ms} ms: a failover could lose the writes; nothing "
+                "that depends on them was sent"
+            )
 
     async def _replica_count(self) -> int:
         """How many replicas the primary has now (ROLE, read again every few seconds, so a
@@ -677,6 +717,27 @@ class ClusterRedis(Redis):
             f"Redis Cluster kept moving the slot of {key!r}; check CLUSTER INFO on its nodes"
         )
 
+    @property
+    def connections_lost(self) -> int:
+        """Bursts lost with their connection so far, on every primary."""
+        return sum(node.connections_lost for node in self._nodes.values())
+
+    async def wait_for_replicas(self) -> None:
+        """``AutoPipelinedRedis.wait_for_replicas`` on every primary (at once)."""
+        if not self._replica_acks:
+            return
+        if not self._owner:
+            await self._load_slots(time.monotonic())
+        first_slot: dict[Node, int] = {}
+        for slot, node in enumerate(self._owner):
+            first_slot.setdefault(node, slot)
+        await asyncio.gather(
+            *(
+                self._nodes[node].wait_for_replicas(f"{BARRIER_KEY}:{{{_tag_of_slot(slot)}}}")
+                for node, slot in first_slot.items()
+            )
+        )
+
     async def scan_iter(  # type: ignore[override]
         self, match: Any = None, count: int | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
@@ -771,3 +832,46 @@ def _first_key(verb: bytes, args: tuple[Any, ...]) -> bytes:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@functools.cache
+def _tag_of_slot(slot: int) -> str:
+    """A hash tag whose keys live in ``slot`` (found once, by trying short ones)."""
+    for n in itertools.count():
+        if key_slot(str(n).encode()) == slot:
+            return str(n)
+    raise AssertionError("unreachable: every slot has a tag")  # pragma: no cover
+
+
+class OutputGate:
+    """What a service's Kafka output waits for: that Redis cannot take back the writes it
+    depends on.
+
+    Redis replicates asynchronously: a failover promotes a replica, and writes it had not
+    received are gone although they were acknowledged. A record or an offset sent to Kafka
+    after such writes would outlive them (a command whose plan is gone, an offset past an
+    outcome nobody recorded). So before a service sends one, ``open`` waits for the replicas
+    to hold every write so far (WAIT), and refuses when a connection to Redis was lost since
+    the work began: the failover may have happened then, and the work must be done again.
+    """
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+
+    def epoch(self) -> int:
+        """How many connections the client has lost so far (work that began at one epoch and
+        ends at another may have lost writes)."""
+        return int(getattr(self.redis, "connections_lost", 0))
+
+    async def open(self, since: int | None = None) -> None:
+        """Return once the replicas hold every write so far; ``StateMayBeLostError`` when a
+        connection was lost after epoch ``since`` (or the wait itself lost one),
+        ``UnreplicatedWriteError`` when too few replicas acknowledged."""
+        if since is not None and self.epoch() != since:
+            raise StateMayBeLostError(
+                "a connection to Redis was lost while this work was in hand: a failover may "
+                "have taken its writes back; it is done again"
+            )
+        wait = getattr(self.redis, "wait_for_replicas", None)
+        if wait is not None:
+            await wait()

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from redis.asyncio import Redis
 
+from kernel.adapters.redis import OutputGate
 from kernel.settings import LEDGER_RETENTION_S, Settings
 from kernel.stores.admission import Admission
 from kernel.stores.circuit import CircuitBreaker
@@ -43,6 +44,11 @@ class Stores:
         self.settings = settings
         self.keys = Keys.of(settings)
         """The deployment's key names (a run's slot group, say, for a log line or a test)."""
+
+    def output_gate(self) -> OutputGate:
+        """What the service's Kafka output waits for: its Redis writes replicated, and no
+        connection lost with the work in hand (a service sets it as its bus's ``gate``)."""
+        return OutputGate(self._redis)
 
     def ledger(self) -> Ledger:
         """The call ledger, a plain run kept ``ledger_retention_s`` after its commit."""

@@ -357,10 +357,12 @@ class Ledger:
         self._heartbeat = _HEARTBEAT.register(redis)
         self._never_started = _NEVER_STARTED.register(redis)
         self._defer = _DEFER.register(redis)
-        self._complete = _COMPLETE.register(redis)
+        self._complete = _COMPLETE.register_durable(redis)  # as _finish
         self._expire_deferral = _EXPIRE_DEFERRAL.register(redis)
         self._upstream_ref = _UPSTREAM_REF.register(redis)
-        self._finish = _FINISH.register(redis)
+        # The end of a call is what its outcome on Kafka says: a failover must not take it
+        # back once that is published (the worker publishes it right after).
+        self._finish = _FINISH.register_durable(redis)
         self._finishes: SlotGroupBatches[_Step, tuple[bytes]] = SlotGroupBatches(
             partial(self._batch, self._finish, 1), per_slot_group=slot_bound(redis)
         )

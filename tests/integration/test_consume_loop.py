@@ -8,8 +8,11 @@ import uuid
 
 import pytest
 from aiokafka import TopicPartition
+from redis.asyncio import Redis
 
 from kernel.adapters.bus import ConsumeLoop, KafkaBus, Record, release_slot
+from kernel.adapters.redis import AutoPipelinedRedis, OutputGate
+from kernel.settings import Settings
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.layout_free]
@@ -202,3 +205,63 @@ async def test_free_slots_counts_the_records_the_loop_could_start_at_once(bus: K
         await running
         await consumer.stop()
     assert loop.free_slots == 0
+
+
+async def test_a_lost_redis_connection_reads_again_from_the_committed_offsets(
+    bus: KafkaBus, settings: Settings, redis: Redis
+) -> None:
+    """What a handler wrote before its Redis connection dropped may be gone (a failover
+    promotes a replica that lacked it): the loop commits nothing handled since, and reads
+    again from the last committed offset. Records committed before are not read again."""
+    tag = uuid.uuid4().hex[:8]
+    key = f"loop-{tag}".encode()
+    topic = bus.topic("human-tasks")
+    tp = TopicPartition(topic, 0)
+    state = AutoPipelinedRedis.from_url(settings.redis_address(), client_name=f"gate-{tag}")
+    bus.gate = OutputGate(state)
+    handled: list[bytes] = []
+    cut: list[bool] = []
+
+    async def cut_the_gate_client() -> None:
+        for client in await redis.client_list():
+            if client.get("name") == f"gate-{tag}":
+                await redis.client_kill_filter(_id=client["id"])
+
+    async def handle(record: Record) -> None:
+        if record.key != key:
+            return
+        await state.incr(f"{{loop}}:{tag}:{record.value!r}")
+        if record.value == b"c" and not cut:
+            cut.append(True)
+            await cut_the_gate_client()
+            await state.incr(f"{{loop}}:{tag}:after-cut")  # fails: the handler runs again
+        handled.append(record.value or b"")
+
+    async def send(value: bytes) -> int:
+        future = await bus.producer.send(topic, value, key=key, partition=0)
+        return int((await future).offset)
+
+    consumer = bus.consumer(["human-tasks"], group=f"loop-rewind-{tag}")
+    await consumer.start()
+    loop = ConsumeLoop(bus, consumer, handle)
+    running = asyncio.create_task(loop.run())
+    try:
+        await send(b"a")
+        b = await send(b"b")
+
+        async def committed_past(offset: int) -> bool:
+            return bool((await consumer.committed(tp) or 0) > offset)
+
+        await wait_for(lambda: committed_past(b), within=30)
+        epoch = bus.gate.epoch()
+        c = await send(b"c")
+        await wait_for(lambda: committed_past(c), within=30)
+        assert bus.gate.epoch() > epoch  # the cut was seen
+        # c's first handling failed, its retry finished (after the cut), and the loop read c
+        # again from the committed offset instead of committing past it.
+        assert handled == [b"a", b"b", b"c", b"c"]
+    finally:
+        loop.stop()
+        await running
+        await consumer.stop()
+        await state.aclose()

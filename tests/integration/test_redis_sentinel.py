@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from kernel.adapters.redis import connect_redis
+from kernel.adapters.redis import AutoPipelinedRedis, OutputGate, connect_redis
+from kernel.errors import UnreplicatedWriteError
 from kernel.settings import Settings
 from kernel.stores.keys import Keys
 from kernel.stores.ledger import Ledger, NewCall
@@ -121,6 +122,36 @@ def _outcome(run: str, token: int) -> CallOutcome:
         tenant_id="acme", run_id=run, turn_id=0, call_id="c1", tool_name="tool", index=0,
         attempt=1, fencing_token=token, status="succeeded", effect="applied", output="done",
     )  # fmt: skip
+
+
+async def test_the_output_gate_waits_for_the_replica_and_refuses_without_it(
+    sentinel: tuple[int, int, int],
+) -> None:
+    """Before a service sends a record or an offset, its gate returns only once the replica
+    holds every write so far (from any connection); a replica that does not answer in time
+    makes it refuse (UnreplicatedWriteError), so nothing that depends on the writes leaves."""
+    primary, replica_port, _ = sentinel
+    client = AutoPipelinedRedis(port=primary, replica_acks=1, replica_timeout_ms=300)
+    writer = redis.Redis(port=primary)
+    replica = redis.Redis(port=replica_port)
+    gate = OutputGate(client)
+    try:
+        writer.set("gate:written-elsewhere", "1")  # another connection's write
+        await gate.open()
+        assert replica.get("gate:written-elsewhere") == b"1"
+        pid = int(replica.info("server")["process_id"])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            writer.set("gate:unreplicated", "1")
+            with pytest.raises(UnreplicatedWriteError):
+                await gate.open()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        _wait_sync(lambda: _synced(replica_port))
+    finally:
+        await client.aclose()
+        writer.close()
+        replica.close()
 
 
 async def test_a_started_call_survives_a_sentinel_failover(

@@ -26,7 +26,8 @@ from typing import Any, Literal, cast
 from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaConnectionError, ProducerFenced
 
-from kernel.adapters.bus import IndefiniteOutcome, Record
+from kernel.adapters.bus import WORK_EPOCH, IndefiniteOutcome, Record
+from kernel.adapters.redis import OutputGate
 from kernel.adapters.tracing import Headers
 from kernel.adapters.tracing import headers as trace_headers
 from kernel.settings import Settings
@@ -185,6 +186,7 @@ class SimBus:
         self.service = service
         self.severed = False
         """The service crashed: it sends nothing more."""
+        self.gate: OutputGate | None = None
         self._last_landing: dict[TopicPartition, float] = {}
 
     async def start(self) -> None:
@@ -210,8 +212,20 @@ class SimBus:
         partition: int | None = None,
     ) -> asyncio.Future[Any]:
         """Queue one record; it lands after the delay the simulator draws (in order per
-        partition), maybe twice."""
+        partition), maybe twice; as the fleet's bus, first through its ``gate``."""
         self._check()
+        if self.gate is not None:
+            await self.gate.open(WORK_EPOCH.get())
+        return self._send(topic, key, value, headers, partition)
+
+    def _send(
+        self,
+        topic: str,
+        key: str | bytes | None,
+        value: Message | bytes,
+        headers: Headers | None = None,
+        partition: int | None = None,
+    ) -> asyncio.Future[Any]:
         raw_key = key.encode() if isinstance(key, str) else key
         raw = value.encode() if isinstance(value, Message) else value
         full = self.topic(topic)
@@ -259,7 +273,7 @@ class SimBus:
             service=self.service,
             dead_lettered_at=asyncio.get_running_loop().time(),
         )
-        await self.publish_and_wait("dead-letter", record.key, letter.model_dump_json().encode())
+        await self._send("dead-letter", record.key, letter.model_dump_json().encode())
 
     def consumer(self, topics: Iterable[str], group: str, **options: Any) -> SimConsumer:
         """A consumer of logical ``topics`` in group ``group``."""

@@ -31,7 +31,9 @@ def _results(world: World) -> Counter[tuple[str, str, int]]:
 async def _waiting_on_people(world: World, count: bool = False) -> set[tuple[str, str, str]]:
     """(tenant, run, call) of every call an open human task holds (``count``: count the
     tasks' kinds among the states reached)."""
-    tasks = await Stores(world.state.client("checker")[0], world.settings).tasks().all()
+    tasks = (
+        await Stores(world.state.client("checker", observer=True)[0], world.settings).tasks().all()
+    )
     held: set[tuple[str, str, str]] = set()
     for stored in tasks:
         task = stored.task
@@ -82,7 +84,7 @@ async def check(world: World) -> list[str]:
     violations += _upstream(world)
     for record, reason, service in world.broker.dead_letters:
         violations.append(f"{service} dead-lettered a record of {record.topic}: {reason}")
-    stores = Stores(world.state.client("checker")[0], world.settings)
+    stores = Stores(world.state.client("checker", observer=True)[0], world.settings)
     if all(results[turn] for turn in calls):
         # t:TENANT, o:TOOL, p:POOL are slots held; admitted:TENANT counts admissions ever made.
         running = {

@@ -32,11 +32,16 @@ from kernel.stores.scripts import DURABLE
 class Link:
     """One service's connection to the state server: what the simulator does to it."""
 
-    def __init__(self, server: StateServer, name: str) -> None:
+    def __init__(self, server: StateServer, name: str, *, observer: bool = False) -> None:
         self.server = server
         self.name = name
+        self.observer = observer
+        """The simulator's own look at the state: no failover breaks its connections."""
         self.severed = False
         """The service crashed: nothing it sends reaches the server any more."""
+        self.lost = 0
+        """Connections this service lost (a lost reply, a failover): its client's
+        ``connections_lost``."""
 
 
 class StateServer:
@@ -51,18 +56,22 @@ class StateServer:
         self.replicating = True
         """Whether the replica follows the primary (False: no failover will come, and the
         copy of the data each durable write makes would be wasted)."""
+        self.primary = 0
+        """Which primary serves (each failover promotes a new one): a connection made to an
+        earlier one is broken."""
         _with_sha1hex(self.engine)
         _compile_once(self.engine)
         self.replicate()
 
-    def client(self, name: str) -> tuple[Redis, Link]:
-        """A Redis client for service ``name`` and the link the simulator controls."""
-        link = Link(self, name)
+    def client(self, name: str, *, observer: bool = False) -> tuple[Redis, Link]:
+        """A Redis client for service ``name`` (or the simulator itself: an ``observer``)
+        and the link the simulator controls."""
+        link = Link(self, name, observer=observer)
         # No socket timeout: redis-py would wrap every send in wait_for, a task per command.
         # No retry: a lost reply reaches the caller, as with the fleet's own clients (built
         # from a URL, whose connections retry nothing); redis-py's default would send the
         # command again by itself.
-        redis = fakeredis.FakeAsyncRedis(
+        redis = _SimRedis(
             server=self.engine,
             connection_class=_SimConnection,
             socket_timeout=None,
@@ -79,6 +88,7 @@ class StateServer:
             return connection
 
         pool.make_connection = made  # type: ignore[method-assign]
+        redis.link = link
         return redis, link
 
     def replicate(self) -> None:
@@ -95,20 +105,48 @@ class StateServer:
         for index, db in self.engine.dbs.items():
             data, heap, at = self.replica.get(index, ({}, [], db.time))
             db._dict, db._expiry_heap, db.time = copy.deepcopy(data), list(heap), at
+        self.primary += 1  # every connection to the old primary breaks
 
     def _applied(self, packed: bytes) -> None:
         if self.replicating and any(sha.encode() in packed for sha in DURABLE):
             self.replicate()
 
 
+class _SimRedis(fakeredis.FakeAsyncRedis):
+    """A fakeredis client with what the fleet's ``OutputGate`` asks of its Redis client."""
+
+    link: Link
+
+    @property
+    def connections_lost(self) -> int:
+        """Connections lost so far (``AutoPipelinedRedis.connections_lost``)."""
+        return self.link.lost
+
+    async def wait_for_replicas(self) -> None:
+        """WAIT: the replica catches up (a harsher model than WAIT's, which waits only for
+        what was written before it: here, what everyone wrote)."""
+        await self.ping()
+        if self.link.server.replicating:
+            self.link.server.replicate()
+
+
 class _SimConnection(FakeAsyncRedisConnection):
     """A fakeredis connection that a ``Link`` controls."""
 
     link: Link
+    primary: int | None = None
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         if self.link.severed:
             raise RedisConnectionError(f"simulated: {self.link.name} crashed")
+        server = self.link.server
+        if self.primary is None or self.link.observer:
+            self.primary = server.primary
+        elif self.primary != server.primary:
+            self.link.lost += 1
+            self.primary = None  # the pool reconnects it, to the new primary
+            await self.disconnect()
+            raise RedisConnectionError("simulated: the primary failed over")
         await super().send_packed_command(command, check_health)
         packed = command if isinstance(command, bytes) else b"".join(command)
         self.link.server._applied(packed)
@@ -117,6 +155,7 @@ class _SimConnection(FakeAsyncRedisConnection):
         response = await super().read_response(*args, **kwargs)
         server = self.link.server
         if server.lose_reply(self.link.name):
+            self.link.lost += 1
             await self.disconnect()
             raise RedisConnectionError("simulated: the reply was lost (the command applied)")
         return response
