@@ -504,8 +504,15 @@ class Reconciler:
         if status != "handed_over" or entry is None or spec is None:
             return  # resolved in the meantime
         latest = self._latest(entry)
+        # Unknown, whatever the latest attempt proved about itself: a retry that never ran
+        # says nothing of an earlier attempt that may have applied (why a person was asked).
         reported = latest.model_copy(
-            update={"resolved": True, "output": unknown_outcome_text(spec), "source": "reconciler"}
+            update={
+                "resolved": True,
+                "effect": "unknown",
+                "output": unknown_outcome_text(spec),
+                "source": "reconciler",
+            }
         )
         await self.ledger.append_audit(tenant, run, call_id, "reported_unknown_to_model")
         await self.bus.publish_and_wait("outcomes", reported.run_id, reported)
