@@ -223,9 +223,14 @@ class Reconciler:
             where = (outcome.tenant_id, outcome.run_id, outcome.call_id)
             if not await self.recon.claim(*where, outcome.fencing_token, claimant):
                 return
-            case, _entry, _spec = await self._case(
+            case, entry, _spec = await self._case(
                 outcome.tenant_id, outcome.run_id, outcome.call_id
             )
+            if entry is not None and entry.fencing_token > outcome.fencing_token:
+                # A later attempt exists: this outcome was acted on already (the record handled
+                # again, after a lost reply or a read from the committed offsets). Deciding
+                # again, with the later attempt counted, would decide something else.
+                return
             if outcome.effect == "unknown":
                 await self.unknowns.add(
                     outcome.tenant_id, outcome.run_id, outcome.call_id, time.time()
