@@ -496,6 +496,9 @@ class World:
         # depend on what ran before the seed, not on the seed.
         gc.collect()
         gc.disable()
+        # What this process's dependency monitor saw of an earlier seed's Kafka and Redis
+        # (down since when, said when) would steer this one.
+        DEPENDENCIES.configure(self.settings)
         try:
             with (
                 as_new_process(),
