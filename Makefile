@@ -141,10 +141,11 @@ fuzz: setup
 	TOOLFLEET_FUZZ_MESSAGES=5000 $(BIN)/pytest -q -s tests/integration/test_fuzz.py
 
 ## simulate: the deterministic simulator's campaign (SEEDS=100000 for the long one; FAULTS=a,b
-## to pick fault kinds); prints faults injected, states reached and a replay command per failure
+## to pick fault kinds; JOURNAL=file records finished seeds there, and the same command again
+## goes on after them); prints faults injected, states reached and a replay command per failure
 SEEDS ?= 1000
 simulate: setup
-	$(BIN)/python -m toolfleet.testing.sim --seeds $(SEEDS) $(if $(FAULTS),--faults "$(FAULTS)")
+	$(BIN)/python -m toolfleet.testing.sim --seeds $(SEEDS) $(if $(FAULTS),--faults "$(FAULTS)") $(if $(JOURNAL),--journal "$(JOURNAL)")
 
 ## chaos: 3,000 charges while workers are SIGKILLed; prints the figures
 chaos: setup

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Generator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from toolfleet.testing.sim._world import FAULT_KINDS, Report, simulate
 
@@ -41,6 +42,36 @@ class Campaign:
         self.states.update(report.states)
         if not report.ok:
             self.failed[report.seed] = report.violations
+
+    def merge(self, other: Campaign) -> None:
+        """Count another batch's seeds in."""
+        self.seeds += other.seeds
+        self.steps += other.steps
+        self.faults.update(other.faults)
+        self.states.update(other.states)
+        self.failed.update(other.failed)
+
+    def to_json(self) -> dict[str, Any]:
+        """What the batch did, as JSON values (``from_json`` reads it back)."""
+        return {
+            "seeds": self.seeds,
+            "steps": self.steps,
+            "faults": dict(sorted(self.faults.items())),
+            "states": dict(sorted(self.states.items())),
+            "failed": {str(seed): found for seed, found in sorted(self.failed.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], allowed: tuple[str, ...]) -> Campaign:
+        """The batch ``to_json`` wrote, allowed the fault kinds ``allowed``."""
+        return cls(
+            seeds=int(data["seeds"]),
+            steps=int(data["steps"]),
+            faults=Counter({str(k): int(v) for k, v in data["faults"].items()}),
+            states=Counter({str(k): int(v) for k, v in data["states"].items()}),
+            failed={int(seed): list(found) for seed, found in data["failed"].items()},
+            allowed=allowed,
+        )
 
     @property
     def gaps(self) -> list[str]:
