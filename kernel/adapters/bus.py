@@ -793,8 +793,9 @@ class ConsumeLoop:
         try:
             await self.batches(batches)
         except StateMayBeLostError:
-            # What was handled since the last commit may be gone from Redis: read it again.
-            log.warning("a Redis connection was lost; reading again from the committed offsets")
+            # What was handled since the last commit may be gone from Redis: read it again. (The
+            # dependency monitor says once that Redis went away: not a line per rewind.)
+            log.debug("a Redis connection was lost; reading again from the committed offsets")
             await self.rewind()
             return
         except TRANSIENT_ERRORS as exc:
@@ -927,8 +928,7 @@ class ConsumeLoop:
             try:
                 await self.bus.gate.open(self._epoch)
             except StateMayBeLostError:
-                log.warning("a Redis connection was lost; reading again from the committed "
-                            "offsets")  # fmt: skip
+                log.debug("a Redis connection was lost; reading again from the committed offsets")
                 await self.rewind()
                 return
             except TRANSIENT_ERRORS as exc:
