@@ -837,6 +837,7 @@ class ConsumeLoop:
         if self.on_rewind is not None:
             self.on_rewind()
         for tp in sorted(self.consumer.assignment()):
+            MESSAGES.labels(self.bus.service, tp.topic, "rewound").inc()
             committed = await self.consumer.committed(tp)
             if committed is None:
                 await self.consumer.seek_to_beginning(tp)

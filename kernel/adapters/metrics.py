@@ -42,7 +42,8 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 MESSAGES = Counter(
     "toolfleet_messages_total",
-    "Messages consumed, by topic and result (processed, dead_lettered, retried).",
+    "Messages consumed, by topic and result (processed, dead_lettered, retried; rewound "
+    "counts a partition read again from its committed offset after a lost Redis connection).",
     ["service", "topic", "result"],
     registry=REGISTRY,
 )

@@ -11,6 +11,7 @@ from aiokafka import TopicPartition
 from redis.asyncio import Redis
 
 from kernel.adapters.bus import ConsumeLoop, KafkaBus, Record, release_slot
+from kernel.adapters.metrics import MESSAGES
 from kernel.adapters.redis import AutoPipelinedRedis, OutputGate
 from kernel.settings import Settings
 from tests.conftest import wait_for
@@ -254,12 +255,16 @@ async def test_a_lost_redis_connection_reads_again_from_the_committed_offsets(
 
         await wait_for(lambda: committed_past(b), within=30)
         epoch = bus.gate.epoch()
+        rewound = MESSAGES.labels(bus.service, topic, "rewound")
+        rewinds = rewound._value.get()
         c = await send(b"c")
         await wait_for(lambda: committed_past(c), within=30)
         assert bus.gate.epoch() > epoch  # the cut was seen
         # c's first handling failed, its retry finished (after the cut), and the loop read c
         # again from the committed offset instead of committing past it.
         assert handled == [b"a", b"b", b"c", b"c"]
+        # Counted, for the dashboards: once per partition read again.
+        assert rewound._value.get() == rewinds + len(consumer.assignment())
     finally:
         loop.stop()
         await running
