@@ -19,6 +19,8 @@ Catch the branch that says what you can do about it::
     │   │                                since they were shown: look again, then confirm
     │   ├── InvalidQueryError            (kernel.stores.history) a history search that cannot be
     │   │   └── InvalidCursorError       a page cursor that is not one the history gave
+    │   ├── JournalError                 (toolfleet.testing.sim) a campaign's journal is not one,
+    │   │                                or names other code, faults or seeds: start a new one
     │   └── NotAllowedError              (toolfleet.app.operations) another tenant's data, or
     │       │                            fleet-wide, for an operator scoped to one tenant
     │       ├── NotAuthenticatedError    (toolfleet.app.console) not signed in (HTTP 401)
@@ -34,6 +36,8 @@ Catch the branch that says what you can do about it::
     │   │                                failover may have taken its writes back; it is redone
     │   └── TurnTimeoutError             (toolfleet.client; also a TimeoutError) no result in time
     ├── InvalidMessageError              (schemas) a message fails its schema: dead-lettered
+    ├── SlotGroupsError                  (toolfleet.testing.sim) the simulator cannot run with
+    │                                    fewer slot groups: a module derived a value from them
     ├── ModelBehaviorError               the model's calls cannot run safely (reused/empty ids)
     ├── BackgroundTaskEnded              (kernel.adapters.background) a service's background
     │                                    loop returned while it ran (a bug): the service stopped
