@@ -771,6 +771,11 @@ class Worker:
         return None  # stale: a newer attempt of this call exists and will report
 
     async def _publish(self, outcome: CallOutcome, slots: _Slots) -> None:
+        if outcome.kind == "execute" and outcome.attempt > 1 and outcome.effect == "not_executed":
+            # A retry refused before it started (an open circuit, a cancelled run, a tool not
+            # served) says nothing of the attempts before it, and one may have applied: the
+            # reconciler decides, as for a retry that did not run.
+            outcome = outcome.model_copy(update={"resolved": False})
         _describe_span(outcome)
         await slots.free(throttled=outcome.throttled)
         with phase(self._tracer, "publish"):
