@@ -390,7 +390,7 @@ class Worker:
             return
         ref = version_ref(tool.lookup_key, tool.version)
         circuit = await self.circuits.check(ref)
-        if circuit.state == "open":
+        if circuit.state == "open" and not await self._began(command):
             await self._publish(_circuit_open(command, self.worker_id, tool, circuit.reason), slots)
             return
         # Tenant and tool quotas were applied by admission before the command reached
@@ -769,6 +769,14 @@ class Worker:
                 reason="no ledger entry for this call: commands must come from the planner",
             )
         return None  # stale: a newer attempt of this call exists and will report
+
+    async def _began(self, command: ExecutionCommand) -> bool:
+        """Whether the call went past dispatch already (a command delivered again): then the
+        ledger's begin answers for it (its stored outcome, or unknown), never a refusal that
+        says it did not run."""
+        entries = await self.ledger.read(command.tenant_id, command.run_id, [command.call_id])
+        entry = entries.get(command.call_id)
+        return entry is not None and entry.state not in ("planned", "dispatched")
 
     async def _publish(self, outcome: CallOutcome, slots: _Slots) -> None:
         if outcome.kind == "execute" and outcome.attempt > 1 and outcome.effect == "not_executed":
