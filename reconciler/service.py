@@ -214,7 +214,7 @@ class Reconciler:
         it, or take a probe's or compensation's answer. ``claimant`` names the record (the
         same record handled again may go on with the reconciliation it started)."""
         if outcome.kind == "probe":
-            await self._on_probe(outcome)
+            await self._on_probe(outcome, claimant)
         elif outcome.kind == "compensate":
             await self._on_compensated(outcome)
         elif outcome.source == "human" or (outcome.resolved and outcome.effect != "unknown"):
@@ -303,8 +303,9 @@ class Reconciler:
         action = decide_resolution(case, resolution.resolution, resolution.output)
         await self._act(self._latest(entry), action, source="human")
 
-    async def _on_probe(self, answer: CallOutcome) -> None:
-        if await self.recon.take_probe(answer.tenant_id, answer.run_id, answer.call_id) is None:
+    async def _on_probe(self, answer: CallOutcome, taker: str = "") -> None:
+        taken = await self.recon.take_probe(answer.tenant_id, answer.run_id, answer.call_id, taker)
+        if taken is None:
             return  # a duplicate answer, or one for a reconciliation that moved on
         state = probe_answer(answer.effect)
         detail = answer.error.message if answer.error else None

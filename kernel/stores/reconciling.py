@@ -47,10 +47,14 @@ class ReconcileState:
         """A probe was sent: its answer is awaited (``take_probe``)."""
         await self.redis.hset(self.keys.recon(tenant_id, run_id, call_id), "awaiting_probe", 1)
 
-    async def take_probe(self, tenant_id: str, run_id: str, call_id: str) -> int | None:
+    async def take_probe(
+        self, tenant_id: str, run_id: str, call_id: str, taker: str = ""
+    ) -> int | None:
         """Take a probe's answer: how many probes have answered now, or None when no answer
-        was awaited (a duplicate, or an answer for a reconciliation that moved on)."""
-        probes = int(await self._take_probe(keys=[self.keys.recon(tenant_id, run_id, call_id)]))
+        was awaited (a duplicate, or an answer for a reconciliation that moved on). ``taker``
+        names the record: the one that took the last answer may take it again."""
+        key = self.keys.recon(tenant_id, run_id, call_id)
+        probes = int(await self._take_probe(keys=[key], args=[taker]))
         return None if probes < 0 else probes
 
     async def probes(self, tenant_id: str, run_id: str, call_id: str) -> int:

@@ -159,6 +159,17 @@ def test_each_awaited_probe_answer_is_taken_once(lua: Lua, r: redis.Redis) -> No
     assert lua("reconciling/take_probe", ["recon"]) == 2
 
 
+def test_the_record_that_took_a_probe_answer_may_take_it_again(lua: Lua, r: redis.Redis) -> None:
+    """Its reply was lost, or its reconciler died before acting: the same record goes on with
+    the same count; another record carrying the same answer (a duplicate) does not."""
+    lua("reconciling/claim", ["recon"], [1])
+    r.hset("recon", "awaiting_probe", 1)
+    assert lua("reconciling/take_probe", ["recon"], ["outcomes:0:9"]) == 1
+    assert lua("reconciling/take_probe", ["recon"], ["outcomes:0:9"]) == 1  # the same record
+    assert lua("reconciling/take_probe", ["recon"], ["outcomes:0:12"]) == -1  # a duplicate
+    assert lua("reconciling/take_probe", ["recon"], [""]) == -1
+
+
 def test_due_actions_are_popped_once_and_at_most_a_hundred_at_a_time(
     lua: Lua, r: redis.Redis
 ) -> None:
