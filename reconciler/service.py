@@ -86,6 +86,11 @@ log = logging.getLogger(__name__)
 COMPENSATION_SUFFIX = "#compensate"
 """A compensation is a call of its own in the ledger: ``<call_id>#compensate``."""
 
+DUE_LEASE_S = 60.0
+"""How long a scheduled action taken out to be carried out is its reconciler's: unless done by
+then, another reconciler carries it out (each action may run again: a probe is answered once,
+a retry issues one attempt, a report is idempotent for the turn)."""
+
 REPORT_EVERY_S = 15.0
 """How often the backlog gauges (open human tasks, unresolved unknown effects) are reported:
 each report reads every task and up to 1,024 ledger entries."""
@@ -358,7 +363,8 @@ class Reconciler:
             span.set_attribute("toolfleet.action", name)
         if isinstance(action, Probe):
             if action.delay_s > 0:
-                due = {"tenant": tenant, "run": run, "call_id": call_id, "do": "probe"}
+                due: dict[str, Any] = {"tenant": tenant, "run": run, "call_id": call_id,
+                                       "do": "probe"}  # fmt: skip
                 await self.recon.schedule(_traced(due), time.time() + action.delay_s)
             else:
                 await self._send_probe(tenant, run, call_id)
@@ -374,10 +380,10 @@ class Reconciler:
             )  # fmt: skip
         elif isinstance(action, Retry) and action.delay_s > 0:
             due = {"tenant": tenant, "run": run, "call_id": call_id, "do": "retry",
-                   "why": action.reason}  # fmt: skip
+                   "why": action.reason, "after": about.fencing_token}  # fmt: skip
             await self.recon.schedule(_traced(due), time.time() + action.delay_s)
         elif isinstance(action, Retry):
-            await self._retry(tenant, run, call_id, action.reason)
+            await self._retry(tenant, run, call_id, action.reason, about.fencing_token)
         elif isinstance(action, HandOver):
             await self._hand_over(about, action.reason, kind="unknown_effect")
         elif isinstance(action, AskCompensationApproval):
@@ -403,8 +409,18 @@ class Reconciler:
             await self.recon.await_probe(tenant, run, call_id)
             await self._send(command)
 
-    async def _retry(self, tenant: str, run: str, call_id: str, reason: str) -> None:
-        issued = await self.ledger.dispatch(tenant, run, call_id, reason=reason, force=True)
+    async def _retry(
+        self, tenant: str, run: str, call_id: str, reason: str, after: int | None
+    ) -> None:
+        """A new attempt after the one with fencing token ``after`` (None: a retry an older
+        reconciler scheduled, after whatever attempt is the latest); carried out again (its
+        reconciler died, or an outcome was read again), it sends the same attempt, or none."""
+        if after is None:
+            entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)
+            if entry is None:
+                return
+            after = entry.fencing_token
+        issued = await self.ledger.dispatch(tenant, run, call_id, reason, retry_after=after)
         entry = (await self.ledger.read(tenant, run, [call_id])).get(call_id)
         if issued is None or entry is None:
             return
@@ -569,19 +585,21 @@ class Reconciler:
     async def tick(self) -> None:
         """Run due actions, and report calls whose worker died without any outcome."""
         now = time.time()
-        for due in await self.recon.pop_due(now):
-            where = (due["tenant"], due["run"], due["call_id"])
+        for due in await self.recon.pop_due(now, DUE_LEASE_S):
+            action = due.action
+            where = (action["tenant"], action["run"], action["call_id"])
             # In the trace of the decision that scheduled it, naming its call.
             with (
-                within(context_from_traceparent(due.get("traceparent"))),
+                within(context_from_traceparent(action.get("traceparent"))),
                 log_context(tenant_id=where[0], run_id=where[1], call_id=where[2]),
             ):
-                if due["do"] == "probe":
+                if action["do"] == "probe":
                     await self._send_probe(*where)
-                elif due["do"] == "retry":
-                    await self._retry(*where, due["why"])
+                elif action["do"] == "retry":
+                    await self._retry(*where, action["why"], action.get("after"))
                 else:
                     await self._report_unknown(*where)
+            await self.recon.done(due)
         for tenant, run, call_id in await self.ledger.expired_leases(now):
             with log_context(tenant_id=tenant, run_id=run, call_id=call_id):
                 await self._lease_expired(tenant, run, call_id)

@@ -471,19 +471,21 @@ class Ledger:
         call_id: str,
         reason: str = "planned",
         *,
-        force: bool = False,
+        retry_after: int | None = None,
     ) -> tuple[int, int] | None:
         """(attempt, fencing token) to put on the command, or None when none should be sent.
 
-        Without ``force`` this is idempotent (a redelivered plan re-sends the same attempt);
-        ``force`` starts a new attempt and fences off the previous one.
+        A planned call's first attempt; idempotent (a redelivered plan re-sends the same
+        attempt). With ``retry_after`` (the fencing token of the attempt to retry), a new
+        attempt that fences that one off, if it is still the latest; idempotent too: the retry
+        carried out again gets the attempt it issued, while still dispatched, and no other.
         """
         attempt, token = await self._dispatch(
             keys=[
                 self.keys.call(tenant_id, run_id, call_id),
                 self.keys.audit(tenant_id, run_id, call_id),
             ],
-            args=[time.time(), reason, "1" if force else "0"],
+            args=[time.time(), reason, "" if retry_after is None else retry_after],
         )
         if int(attempt) < 0:
             return None

@@ -4,12 +4,14 @@ A call's hash (``Keys.recon``) says which attempt is being reconciled (its fenci
 how many probes answered, whether a probe answer is awaited, and where the reconciliation
 stands (``reconciling``, ``handed_over``, ``resolved``): every input of the reconciler is
 idempotent against it. The schedule holds delayed actions (a probe, a retry, telling the
-model about an unknown effect), one sorted set per slot group, by when they are due.
+model about an unknown effect), one sorted set per slot group, by when they are due; an action
+taken out is leased, not removed, until it was carried out.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
@@ -21,6 +23,20 @@ from kernel.stores.scripts import script
 _CLAIM = script("reconciling/claim")
 _TAKE_PROBE = script("reconciling/take_probe")
 _POP_DUE = script("reconciling/pop_due")
+_DONE_DUE = script("reconciling/done_due")
+
+
+@dataclass(frozen=True)
+class DueAction:
+    """An action taken from the schedule (``ReconcileState.pop_due``), leased until ``until``:
+    due again then, unless ``ReconcileState.done`` removed it first."""
+
+    action: dict[str, Any]
+    """Its ``tenant``, ``run``, ``call_id``, what to ``do`` and what that needs."""
+    member: str
+    """Its entry in the schedule."""
+    until: float
+    """When its lease ends."""
 
 
 class ReconcileState:
@@ -32,6 +48,7 @@ class ReconcileState:
         self._claim = _CLAIM.register(redis)
         self._take_probe = _TAKE_PROBE.register(redis)
         self._pop_due = _POP_DUE.register(redis)
+        self._done_due = _DONE_DUE.register(redis)
 
     async def claim(
         self, tenant_id: str, run_id: str, call_id: str, token: int, claimant: str = ""
@@ -91,11 +108,19 @@ class ReconcileState:
         group = self.keys.group(due["tenant"], due["run"])
         await self.redis.zadd(self.keys.due(group), {json.dumps(due): at})
 
-    async def pop_due(self, now: float) -> list[dict[str, Any]]:
-        """Take the actions due by ``now`` out of the schedule (at most 100 per slot group,
-        every group in one round trip): two reconcilers never both take one."""
+    async def pop_due(self, now: float, lease_s: float) -> list[DueAction]:
+        """Take the actions due by ``now`` from the schedule (at most 100 per slot group,
+        every group in one round trip), each leased for ``lease_s``: no other reconciler takes
+        it meanwhile, and unless ``done`` removes it, it is due again when the lease ends (its
+        reconciler died carrying it out, or never heard this answer)."""
+        until = now + lease_s
         async with self.redis.pipeline(transaction=False) as pipe:
             for group in range(SLOT_GROUPS):  # one script per group, all in one round trip
-                await self._pop_due(keys=[self.keys.due(group)], args=[now], client=pipe)
+                await self._pop_due(keys=[self.keys.due(group)], args=[now, until], client=pipe)
             popped = await pipe.execute()
-        return [json.loads(raw) for items in popped for raw in items]
+        return [DueAction(json.loads(raw), text(raw), until) for items in popped for raw in items]
+
+    async def done(self, due: DueAction) -> None:
+        """``due`` was carried out: out of the schedule (unless scheduled again since)."""
+        group = self.keys.group(due.action["tenant"], due.action["run"])
+        await self._done_due(keys=[self.keys.due(group)], args=[due.member, due.until])

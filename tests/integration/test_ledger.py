@@ -138,10 +138,7 @@ async def test_an_older_fencing_token_is_stale(
     ledger = Ledger(redis, Keys.of(settings))
     await ledger.create("t", "run", [_call(call_id)])
     await ledger.dispatch("t", "run", call_id)
-    _attempt, token = await ledger.dispatch("t", "run", call_id, reason="retry", force=True) or (
-        0,
-        0,
-    )
+    _attempt, token = await ledger.dispatch("t", "run", call_id, "retry", retry_after=1) or (0, 0)
     assert (await ledger.begin("t", "run", call_id, token=token - 1, worker_id="w1", lease_s=30))[
         0
     ] == "stale"
@@ -157,11 +154,14 @@ async def test_planner_dispatch_is_idempotent_and_a_forced_retry_fences_the_old_
     assert await ledger.dispatch("t", "run", call_id) == (1, 1)
     await ledger.begin("t", "run", call_id, token=1, worker_id="w1", lease_s=30)
     assert await ledger.dispatch("t", "run", call_id) is None
-    assert await ledger.dispatch("t", "run", call_id, reason="probe: not applied", force=True) == (
-        2,
-        2,
-    )
+    retry = await ledger.dispatch("t", "run", call_id, "probe: not applied", retry_after=1)
+    assert retry == (2, 2)
     assert await ledger.finish(_outcome(call_id, 1)) == "stale"
+    # The retry carried out again (its reconciler died after it): the same attempt, no third.
+    assert await ledger.dispatch("t", "run", call_id, "probe: not applied", retry_after=1) == retry
+    await ledger.begin("t", "run", call_id, token=2, worker_id="w2", lease_s=30)
+    # Once that attempt started, carrying the retry out again sends nothing.
+    assert await ledger.dispatch("t", "run", call_id, "probe: not applied", retry_after=1) is None
 
 
 async def test_a_finished_call_returns_its_stored_outcome_instead_of_running(
@@ -263,7 +263,7 @@ async def test_retention_lets_a_plain_settled_call_expire_and_keeps_any_other_hi
     await ledger.set_approval("t", "run", approved, approve=False, message="no", by="ops")
     await ledger.settle(_outcome(approved, 0).model_copy(update={"effect": "not_executed"}))
     await ledger.resolve(_outcome(resolved, 0), "probe_resolved", probe="applied")
-    await ledger.dispatch("t", "run", retried, "probe proved it not applied", force=True)
+    await ledger.dispatch("t", "run", retried, "probe proved it not applied", retry_after=0)
     for call_id in (approved, resolved, retried):
         assert await ttls(call_id) == (-1, -1), call_id
         assert (await redis.hget(keys.call("t", "run", call_id), "keep")) == b"1"
@@ -286,7 +286,9 @@ async def test_a_retry_keeps_the_first_attempts_events_before_its_own(
     assert not await redis.exists(keys.audit("t", "run", call_id))
 
     await ledger.append_audit("t", "run", call_id, "probe", state="not_applied")
-    assert await ledger.dispatch("t", "run", call_id, "probe: not applied", force=True) == (2, 2)
+    assert await ledger.dispatch("t", "run", call_id, "probe: not applied", retry_after=1) == (
+        2, 2,
+    )  # fmt: skip
     await ledger.begin("t", "run", call_id, token=2, worker_id="w2", lease_s=30)
     assert await ledger.finish(_outcome(call_id, 2)) == "ok"
     events = await ledger.audit("t", "run", call_id)

@@ -111,20 +111,22 @@ def test_create_fresh_writes_every_call_or_none(lua: Lua, r: redis.Redis) -> Non
     assert r.exists("tf:c1") == 0
 
 
-def test_dispatch_is_idempotent_unless_forced_and_a_forced_one_fences_off_the_last(
+def test_dispatch_is_idempotent_and_a_retry_fences_off_the_attempt_it_follows(
     lua: Lua, r: redis.Redis
 ) -> None:
-    assert [int(v) for v in lua("ledger/dispatch", [CALL, AUDIT], [100.0, "planned", "0"])] == [
+    assert [int(v) for v in lua("ledger/dispatch", [CALL, AUDIT], [100.0, "planned", ""])] == [
         -1, 0,
     ]  # fmt: skip
     _create(lua, dispatch="0")
-    dispatch = [100.0, "planned", "0"]
+    dispatch = [100.0, "planned", ""]
     assert [int(v) for v in lua("ledger/dispatch", [CALL, AUDIT], dispatch)] == [1, 1]
     assert [int(v) for v in lua("ledger/dispatch", [CALL, AUDIT], dispatch)] == [1, 1]
     assert _begin(lua)[0] == "run"
     assert _finish(lua) == "ok"
     assert [int(v) for v in lua("ledger/dispatch", [CALL, AUDIT], dispatch)] == [-2, 0]
-    retry = [110.0, "probe: not applied", "1"]
+    retry = [110.0, "probe: not applied", 1]
+    assert [int(v) for v in lua("ledger/dispatch", [CALL, AUDIT], retry)] == [2, 2]
+    # The same retry again (carried out again): the attempt it issued, while dispatched.
     assert [int(v) for v in lua("ledger/dispatch", [CALL, AUDIT], retry)] == [2, 2]
     assert r.hmget(CALL, "state", "keep") == [b"dispatched", b"1"]
     # The plain run moved into the chain before the retry's event.
@@ -134,6 +136,10 @@ def test_dispatch_is_idempotent_unless_forced_and_a_forced_one_fences_off_the_la
         2, 2, "probe: not applied",
     )  # fmt: skip
     assert _begin(lua, token=1)[0] == "stale"  # the old holder is fenced off
+    assert _begin(lua, token=2)[0] == "run"
+    # Carried out again once its attempt began: nothing, not a third attempt beside it.
+    assert [int(v) for v in lua("ledger/dispatch", [CALL, AUDIT], retry)] == [-4, 0]
+    assert r.hmget(CALL, "state", "attempts") == [b"started", b"2"]
 
 
 # -- begin, renew, upstream_ref ---------------------------------------------------------------
@@ -366,7 +372,7 @@ def test_finish_keeps_every_failed_attempts_failure_the_latest_where_it_always_w
     _begin(lua)
     assert _finish(lua, failure=failure(1)) == "ok"
     for attempt in (2, 3):  # forced retries (the reconciler's), each failing again
-        retry = [110.0 + attempt, "transient", "1"]
+        retry = [110.0 + attempt, "transient", attempt - 1]
         assert [int(v) for v in lua("ledger/dispatch", [CALL, AUDIT], retry)] == [attempt] * 2
         assert _begin(lua, token=attempt)[0] == "run"
         assert _finish(lua, token=attempt, failure=failure(attempt)) == "ok"
@@ -376,7 +382,7 @@ def test_finish_keeps_every_failed_attempts_failure_the_latest_where_it_always_w
     assert json.loads(entry["failure:2"])["message"] == "try 2"
     assert "failure:3" not in entry  # the latest is not kept twice
     # A retry that succeeds (no failure) leaves every record in place.
-    assert [int(v) for v in lua("ledger/dispatch", [CALL, AUDIT], [120.0, "t", "1"])] == [4, 4]
+    assert [int(v) for v in lua("ledger/dispatch", [CALL, AUDIT], [120.0, "t", 3])] == [4, 4]
     _begin(lua, token=4)
     assert _finish(lua, token=4) == "ok"
     assert {k for k in _entry(r) if k.startswith("failure")} == {

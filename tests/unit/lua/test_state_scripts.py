@@ -170,14 +170,34 @@ def test_the_record_that_took_a_probe_answer_may_take_it_again(lua: Lua, r: redi
     assert lua("reconciling/take_probe", ["recon"], [""]) == -1
 
 
-def test_due_actions_are_popped_once_and_at_most_a_hundred_at_a_time(
+def test_due_actions_are_taken_once_a_lease_and_at_most_a_hundred_at_a_time(
     lua: Lua, r: redis.Redis
 ) -> None:
     r.zadd("due", {f"a{i:03}": 1000 + i for i in range(150)})
     r.zadd("due", {"later": 5000})
-    first = lua("reconciling/pop_due", ["due"], [2000])
+    first = lua("reconciling/pop_due", ["due"], [2000, 2060.5])
     assert [m.decode() for m in first] == [f"a{i:03}" for i in range(100)]
-    second = lua("reconciling/pop_due", ["due"], [2000])
+    second = lua("reconciling/pop_due", ["due"], [2000, 2060.5])
     assert [m.decode() for m in second] == [f"a{i:03}" for i in range(100, 150)]
-    assert lua("reconciling/pop_due", ["due"], [2000]) == []
-    assert r.zrange("due", 0, -1) == [b"later"]
+    assert lua("reconciling/pop_due", ["due"], [2000, 2060.5]) == []
+    # Taken, not removed: each is due again when its lease ends, unless done by then.
+    assert r.zscore("due", "a000") == 2060.5 and r.zcard("due") == 151
+    for i in range(149):
+        assert lua("reconciling/done_due", ["due"], [f"a{i:03}", 2060.5]) == 1
+    assert lua("reconciling/done_due", ["due"], ["a000", 2060.5]) == 0  # done already
+    again = lua("reconciling/pop_due", ["due"], [2061, 2121.25])
+    assert [m.decode() for m in again] == ["a149"]  # its reconciler never said it was done
+    assert r.zrange("due", 0, -1) == [b"a149", b"later"]
+
+
+def test_an_action_scheduled_again_while_taken_is_not_removed_as_done(
+    lua: Lua, r: redis.Redis
+) -> None:
+    now = 1765063294.123456  # a clock's time: the lease's end goes through Redis and back
+    r.zadd("due", {"probe": now - 1})
+    [taken] = lua("reconciling/pop_due", ["due"], [now, now + 60])
+    r.zadd("due", {"probe": now + 5})  # the same action, scheduled again meanwhile
+    assert lua("reconciling/done_due", ["due"], [taken, now + 60]) == 0
+    assert r.zscore("due", "probe") == now + 5
+    r.zadd("due", {"probe": now + 60})
+    assert lua("reconciling/done_due", ["due"], [taken, now + 60]) == 1

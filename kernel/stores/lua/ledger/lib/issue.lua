@@ -10,8 +10,14 @@
 --@include audit.lua
 -- luacheck: read globals keep
 -- luacheck: ignore 211/issue 211/plan
-local function issue(call, audit, h, force, now, reason)
+local function issue(call, audit, h, force, now, reason, after)
   local state = h[1]
+  if force and tonumber(h[3]) ~= after then
+    if state == 'dispatched' and tonumber(h[3]) == after + 1 then
+      return {tonumber(h[2]), tonumber(h[3])}
+    end
+    return {-4, 0}
+  end
   if not force then
     if state == 'committed' or state == 'finished' then return {-2, 0} end
     if state == 'dispatched' then return {tonumber(h[2]), tonumber(h[3])} end
