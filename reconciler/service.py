@@ -234,7 +234,11 @@ class Reconciler:
             if entry is not None and entry.fencing_token > outcome.fencing_token:
                 # A later attempt exists: this outcome was acted on already (the record handled
                 # again, after a lost reply or a read from the committed offsets). Deciding
-                # again, with the later attempt counted, would decide something else.
+                # again, with the later attempt counted, would decide something else; but the
+                # retry it decided may never have been sent (its reply lost, a failover): sent
+                # again while it waits for a worker (the same attempt: it runs once).
+                if entry.state == "dispatched":
+                    await self._retry(*where, "sent again", outcome.fencing_token)
                 return
             if outcome.effect == "unknown":
                 await self.unknowns.add(
