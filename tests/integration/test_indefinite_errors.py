@@ -309,11 +309,25 @@ class TestTheAggregatorsTransactions:
             proxy.rule = None
         hit = rule.hit
         assert hit is not None, "the fault was never injected"
-        after = _after(proxy, hit)
-        assert [r for r in after if r.api_key == kind and r.producer() == hit.producer()]
+
+        def answered_again() -> list[KafkaAnswer]:
+            later = {id(r) for r in _after(proxy, hit)}
+            return [
+                a
+                for a in proxy.answers
+                if id(a.request) in later
+                and a.request.api_key == kind
+                and a.request.producer() == hit.producer()
+                and _error_codes(a.fields) <= {0}
+            ]
+
+        # Asked again once aiokafka's backoff passed, and answered. Not before the results
+        # could be read: the broker applied the refused request (an EndTxn's markers are
+        # written), so the turns' results may be read before aiokafka sends it again.
+        await wait_for(lambda: asyncio.sleep(0, answered_again()), within=20)
         assert [
             r
-            for r in after
+            for r in _after(proxy, hit)
             if r.api_key == INIT_PRODUCER_ID and r.transactional_id == transactional_id
         ] == []
         assert await _one_result_each(fleet, events) == {}
