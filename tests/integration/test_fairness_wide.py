@@ -2,9 +2,11 @@
 
 Admission gives a freed slot to the fairest waiting call, and the worker whose slot freed
 runs it at once (its own partition): a light tenant's call never queues behind a flooding
-tenant's calls that a full worker already holds. Here the light tenant's median latency
-beside a 3,000-call flood stays within 2x its idle median, with the CPU to spare on 2 cores
-(bodies of 100-900 ms: about 200 calls/s).
+tenant's calls that a full worker already holds. Here each light turn beside a 3,000-call flood
+(bodies of 100-900 ms: about 200 calls/s) ends in a fraction of the time the flood's backlog
+ahead of it would take to run. How its latency compares with idle is a measurement, printed
+here and kept by ``make bench`` (bench/fairness.py), not a bound: it follows the machine's
+load.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.long_scenario]
 
 TOOLS = "tests.integration.fair_tools:tools"
 SLOTS_PER_WORKER = 50
+MEAN_BODY_S = 0.5
+"""The flood's calls hold their slot 100-900 ms."""
 
 
 def _flood_turn(tenant: str, n: int) -> ModelResponseEvent:
@@ -72,7 +76,12 @@ async def test_a_light_tenant_beside_a_flood_on_50_slot_workers(
         return int(running or 0) == 2 * SLOTS_PER_WORKER and await flood_waiting() > 0
 
     await wait_for(slots_full)
-    beside = [await turn_latency(fleet, client, light) for _ in range(5)]
+    beside, backlogs = [], []
+    for _ in range(5):
+        # Queued behind the flood's waiting calls, the light call would start once they ran
+        # on every slot: this long, at the least.
+        backlogs.append(await flood_waiting() * MEAN_BODY_S / (2 * SLOTS_PER_WORKER))
+        beside.append(await turn_latency(fleet, client, light))
     loaded = statistics.median(beside)
     waiting = await flood_waiting()
     for event in floods:
@@ -83,8 +92,10 @@ async def test_a_light_tenant_beside_a_flood_on_50_slot_workers(
     assert failed == []  # cancelled or skipped, never failed
     print(
         f"light tenant: idle {idle * 1000:.0f} ms, beside the flood {loaded * 1000:.0f} ms "
-        f"({loaded / idle:.2f}x; each {[round(t * 1000) for t in beside]} ms); "
+        f"({loaded / idle:.2f}x; each {[round(t * 1000) for t in beside]} ms, behind the "
+        f"backlog {[round(b * 1000) for b in backlogs]} ms); "
         f"{waiting} of the flood's 3,000 calls still waited when its last turn ended"
     )
     assert waiting > 0  # the light turns ran while the flood's backlog waited
-    assert loaded <= 2 * idle
+    # None queued behind the backlog: each ended in a quarter of the time it would take.
+    assert all(took < backlog / 4 for took, backlog in zip(beside, backlogs, strict=True))
