@@ -102,6 +102,23 @@ def accept_outcome(state: TurnState, outcome: CallOutcome) -> bool:
     return True
 
 
+def for_a_resumed_plan(state: TurnState, outcome: CallOutcome) -> bool:
+    """Whether ``outcome``, which this plan does not take, is for a resumed plan still to come:
+    its call waits for approval here (``interrupt``), and once approved a resumed plan
+    dispatches it. The planner sends the command before the plan, and outcomes travel on
+    another topic: the outcome can come first, and must wait for that plan (``early``)."""
+    plan = state.plan
+    call = _planned(state, outcome.call_id)
+    return (
+        outcome.kind == "execute"
+        and outcome.status != "pending_approval"
+        and (outcome.tenant_id, outcome.run_id, outcome.turn_id)
+        == (plan.tenant_id, plan.run_id, plan.turn_id)
+        and call is not None
+        and call.disposition == "interrupt"
+    )
+
+
 def unsettled_calls(state: TurnState) -> list[str]:
     """call_ids still waiting for a settling outcome, in model order."""
     return [

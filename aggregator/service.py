@@ -29,7 +29,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from opentelemetry.trace import Span, SpanKind
 
 from aggregator._store import StoredTurn, TurnStore
-from aggregator._turn import TurnState, accept_outcome, build_result, is_settled
+from aggregator._turn import (
+    TurnState,
+    accept_outcome,
+    build_result,
+    for_a_resumed_plan,
+    is_settled,
+)
 from kernel.adapters.bus import (
     COMMIT_INTERVAL_S,
     TRANSIENT_ERRORS,
@@ -468,12 +474,13 @@ class Aggregator:
             if state.turn is None:
                 # The plan is not here yet (another topic, another pace): keep the outcomes.
                 for outcome, _ in outcomes:
-                    known = state.early.get(outcome.call_id)
-                    if known is None or known.fencing_token <= outcome.fencing_token:
-                        state.early[outcome.call_id] = outcome
+                    _keep_early(state, outcome)
                 return None
             for outcome, _ in outcomes:
-                accept_outcome(state.turn, outcome)
+                if not accept_outcome(state.turn, outcome) and for_a_resumed_plan(
+                    state.turn, outcome
+                ):
+                    _keep_early(state, outcome)
             return _maybe_emit(state, state.turn, triggers)
 
         return await self._update(tenant, run, turn_id, change)
@@ -563,6 +570,13 @@ class Aggregator:
                 copy = outcome.model_copy(update={"run_id": run_id, "turn_id": turn_id})
                 copies.append((copy, f"attached:{run_id}:{turn_id}:{outcome.call_id}"))
         return copies
+
+
+def _keep_early(state: StoredTurn, outcome: CallOutcome) -> None:
+    """Keep ``outcome`` for a plan still to come (its latest attempt's, per call)."""
+    known = state.early.get(outcome.call_id)
+    if known is None or known.fencing_token <= outcome.fencing_token:
+        state.early[outcome.call_id] = outcome
 
 
 def _maybe_emit(state: StoredTurn, turn: TurnState, triggers: list[str]) -> Emission | None:

@@ -11,6 +11,7 @@ from aggregator import (
     TurnState,
     accept_outcome,
     build_result,
+    for_a_resumed_plan,
     is_settled,
     turn_error,
     unsettled_calls,
@@ -137,6 +138,21 @@ def test_outcome_for_another_turn_or_an_unknown_call_is_ignored() -> None:
 def test_outcome_for_a_call_decided_by_the_plan_is_ignored(disposition: str) -> None:
     s = state(call("c1", 0, disposition, output="x"))
     assert not accept_outcome(s, outcome("c1", 0))
+
+
+def test_the_outcome_of_a_call_waiting_for_approval_is_for_the_resumed_plan() -> None:
+    """Approved, the call is dispatched by a resumed plan (a newer epoch); its outcome may come
+    before that plan does, and is kept for it rather than dropped."""
+    s = state(call("c1", 0, "interrupt"), call("c2", 1))
+    ran = outcome("c1", 0)
+    assert not accept_outcome(s, ran) and for_a_resumed_plan(s, ran)
+    assert not for_a_resumed_plan(s, outcome("c1", 0, "pending_approval"))  # the question
+    assert not for_a_resumed_plan(s, outcome("c1", 0, turn_id=8))  # another turn's
+    assert not for_a_resumed_plan(s, outcome("c2", 1))  # a call this plan dispatched
+    assert not for_a_resumed_plan(s, outcome("zz", 0))
+    resumed = state(call("c1", 0), call("c2", 1))
+    resumed.plan = resumed.plan.model_copy(update={"epoch": 5})
+    assert accept_outcome(resumed, ran)
 
 
 NOT_FOUND = "Tool 'x' not found."
