@@ -423,11 +423,19 @@ class Aggregator:
             return _maybe_emit(state, turn, triggers)
 
         # A plan usually comes first: write without reading (early outcomes fail the write).
-        # The run's turn list (for cancellations) is written in the same round trip.
-        _, emitted = await asyncio.gather(
+        # The run's turn list (for cancellations) and its cancellation mark go in the same
+        # round trip.
+        _, cancelled, emitted = await asyncio.gather(
             self.runs.add(plan.tenant_id, plan.run_id, plan.turn_id),
+            self.ledger.run_cancelled(plan.tenant_id, plan.run_id),
             self._update(plan.tenant_id, plan.run_id, plan.turn_id, change, new=True),
         )
+        if cancelled:
+            # The cancellation came first (another topic): none of this turn's calls starts,
+            # and the turn ends cancelled as it would have, had it been here; unless its
+            # result went out just now (every call decided by the plan): one result a plan.
+            tenant, run, turn = plan.tenant_id, plan.run_id, [plan.turn_id]
+            emitted += await self._cancel(tenant, run, turn, triggers, emit=not emitted)
         return emitted
 
     async def on_outcomes(
@@ -495,14 +503,26 @@ class Aggregator:
         """
         if request.call_id is not None:
             return []  # tool-local: the worker reports it as the call's failure
+        tenant, run = request.tenant_id, request.run_id
+        # Marked here too (the planner marks it as well): a plan of the run that comes after
+        # this (another topic) finds it, whichever of the two read the cancellation first.
+        await self.ledger.cancel_run(tenant, run, request.reason)
+        return await self._cancel(tenant, run, await self.runs.of_run(tenant, run), triggers)
+
+    async def _cancel(
+        self, tenant: str, run: str, turn_ids: list[int], triggers: list[str], *, emit: bool = True
+    ) -> list[Emission]:
+        """End the turns ``turn_ids`` of a cancelled run, with its calls still waiting for
+        admission taken out of the queue (skipped: they never start); ``emit`` False keeps
+        their state so and emits nothing."""
         withdrawn = [
             ended(queued_command(payload).command(), None, "skipped")
-            for _, payload in await self.admission.withdraw_run(request.tenant_id, request.run_id)
+            for _, payload in await self.admission.withdraw_run(tenant, run)
         ]
         # The ledger says so too: a call that never started does not stay ``dispatched``.
         await asyncio.gather(*(self.ledger.settle(outcome) for outcome in withdrawn))
         results = []
-        for turn_id in await self.runs.of_run(request.tenant_id, request.run_id):
+        for turn_id in turn_ids:
 
             def change(state: StoredTurn, turn_id: int = turn_id) -> Emission | None:
                 if state.turn is None:
@@ -511,9 +531,9 @@ class Aggregator:
                     if outcome.turn_id == turn_id:
                         accept_outcome(state.turn, outcome)
                 state.turn.cancelled = True
-                return _maybe_emit(state, state.turn, triggers)
+                return _maybe_emit(state, state.turn, triggers) if emit else None
 
-            results += await self._update(request.tenant_id, request.run_id, turn_id, change)
+            results += await self._update(tenant, run, turn_id, change)
         return results
 
     async def _update(

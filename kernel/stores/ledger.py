@@ -793,6 +793,10 @@ class Ledger:
                 pipe.expire(key, self.retention_s)
             await pipe.execute()
 
+    async def run_cancelled(self, tenant_id: str, run_id: str) -> bool:
+        """Whether the run was cancelled (``cancel_run``): none of its calls starts."""
+        return bool(await self.redis.exists(self.keys.cancelled(tenant_id, run_id)))
+
     async def held(self, tenant_id: str, run_id: str) -> set[str]:
         """The run's calls with a wrong effect not yet compensated (``hold``)."""
         return {text(m) for m in await self.redis.smembers(self.keys.held(tenant_id, run_id))}

@@ -696,6 +696,25 @@ async def test_parent_cancellation_propagates_promptly_and_is_never_tool_output(
     assert await store.count(effects_key(cid(event, "b"))) == 0  # the queued call never ran
 
 
+@pytest.mark.parametrize("capped", [False, True], ids=["uncapped", "max_concurrency"])
+async def test_a_turn_planned_after_its_runs_cancellation_ends_cancelled(
+    client: FleetClient, store: Store, capped: bool
+) -> None:
+    """The cancellation and the response travel on different topics: one that is read first
+    still ends the turn, cancelled, and none of its calls runs."""
+    event = turn(
+        ("a", "charge", {"amount": 5}),
+        ("b", "timed_work", {"text": "never"}),
+        max_concurrency=1 if capped else None,
+    )
+    await client.cancel(CancelRequest(tenant_id=TENANT, run_id=event.run_id, reason="user left"))
+    result = await client.run_turn(event, within=15)
+    assert result.status == "cancelled", result
+    assert result.outputs == []
+    assert await store.count(effects_key(cid(event, "a"))) == 0
+    assert await store.count(effects_key(cid(event, "b"))) == 0
+
+
 @pytest.mark.parametrize("policy", ["error_as_output", "fail_turn"])
 async def test_tool_local_cancellation_follows_the_failure_policy(
     client: FleetClient, store: Store, policy: str
