@@ -216,7 +216,9 @@ class Planner:
         plan_sent = await self.bus.publish("plans", event.run_id, plan)
         if capped:
             release = await self.gate.open(plan, list(dispatches))
-            await self._send(event, [dispatches[cid] for cid in release])
+            # Handled again, the gate gives back what it released the first time; what ran
+            # since is no longer dispatched (the ledger reads it finished): nothing to send.
+            await self._send(event, [dispatches[cid] for cid in release if cid in dispatches])
         elif not result.failed:
             pairs = zip(dispatches.values(), issued, strict=True)
             await self._publish_commands(_commands_for(event, [(d, i) for d, i in pairs if i]))
