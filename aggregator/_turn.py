@@ -306,11 +306,17 @@ def _record(state: TurnState, call: PlannedCall) -> CallRecord:
     # The latest outcome even if unsettled: an unresolved timeout says more than "skipped".
     outcome = state.outcomes.get(call.call_id)
     if outcome is not None:
+        effect = outcome.effect
+        if not _settles(call, outcome):
+            # Not settled (a turn cancelled early): the reconciler still decides the call. A
+            # retry it sent may be running, and a retry that never began says nothing of an
+            # earlier attempt, which may have applied.
+            effect = "unknown"
         return CallRecord(
             call_id=call.call_id,
             tool_name=call.tool_name,
             status=outcome.status,
-            effect=outcome.effect,
+            effect=effect,
             attempts=outcome.attempt,
             started_at=outcome.started_at,
             finished_at=outcome.finished_at,

@@ -280,6 +280,28 @@ def test_a_call_of_a_cancelled_turn_without_an_outcome_has_an_unknown_effect() -
     ] * 2
 
 
+def test_an_unsettled_call_of_a_cancelled_turn_has_an_unknown_effect() -> None:
+    """c1: attempt 1 was cancelled with the run (its effect unknown); the retry never began
+    (skipped, not executed) and waits for the reconciler. c2: attempt 1 failed before it
+    applied, and the reconciler's retry may be running. Neither effect is known yet."""
+    s = state(call("c1", 0), call("c2", 1))
+    first = outcome("c1", 0, "cancelled", effect="unknown", resolved=False)
+    retry = outcome("c1", 0, "skipped", effect="not_executed", resolved=False, attempt=2,
+                    fencing_token=2)  # fmt: skip
+    accept_outcome(s, first)
+    accept_outcome(s, retry)
+    accept_outcome(s, outcome("c2", 1, "failed", effect="not_executed", resolved=False))
+    s.cancelled = True
+    records = build_result(s).calls
+    assert [(r.status, r.effect, r.attempts) for r in records] == [
+        ("skipped", "unknown", 2),
+        ("failed", "unknown", 1),
+    ]
+    resolved = retry.model_copy(update={"resolved": True, "fencing_token": 3, "attempt": 3})
+    accept_outcome(s, resolved)  # settled by the reconciler: its word stands
+    assert build_result(s).calls[0].effect == "not_executed"
+
+
 @pytest.mark.parametrize("reverse", [False, True])
 def test_failure_choice_base_exception_beats_error_beats_cancellation(reverse: bool) -> None:
     s = state(call("c0", 0), call("c1", 1), call("c2", 2), call("c3", 3))
