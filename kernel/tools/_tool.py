@@ -14,6 +14,8 @@ worker thread that cannot be interrupted, so declaring a timeout on one is a Con
 from __future__ import annotations
 
 import asyncio
+import copy
+import functools
 import inspect
 import json
 import math
@@ -280,7 +282,12 @@ class Tool:
 
     @property
     def parameters_schema(self) -> dict[str, Any]:
-        """The JSON schema of the arguments, as published to the registry."""
+        """The JSON schema of the arguments, as published to the registry (a copy)."""
+        return copy.deepcopy(self._schema)
+
+    @functools.cached_property
+    def _schema(self) -> dict[str, Any]:
+        # Built once: a worker publishes its tools' specs with every status report.
         return self.args_model.model_json_schema()
 
     @property
