@@ -1,9 +1,12 @@
 """The invariants a simulated world must hold at its end, and the states it reached.
 
 - no upstream effect applied twice by the fleet's own action (per idempotency key, and per call);
-- every submitted turn ends with exactly one result, or waits on a recorded human task;
+- every submission of a turn (resuming it is one more) ends with exactly one result, or waits
+  on a recorded human task; no turn is left interrupted once its calls were decided;
 - no call's recorded effect contradicts the upstream (applied is there, not_executed is not);
 - no tenant's call acts for, or answers with, another tenant (runs and call ids are shared);
+- no decision of one tenant changes another's call: a call that needs approval applies only
+  once its own tenant approved it, and a run ends cancelled only if its own tenant cancelled it;
 - nothing dead-lettered; no slot left held once everything settled.
 """
 
@@ -14,17 +17,18 @@ from typing import TYPE_CHECKING
 
 from kernel.stores.circuit import parse_task_call_ref
 from kernel.stores.door import Stores
-from schemas import CallOutcome, TurnResult
+from schemas import CallOutcome, ModelResponseEvent, TurnResult
 
 if TYPE_CHECKING:
     from toolfleet.testing.sim._world import World
 
 
-def _results(world: World) -> Counter[tuple[str, str, int]]:
-    found: Counter[tuple[str, str, int]] = Counter()
+def _results(world: World) -> dict[tuple[str, str, int], list[TurnResult]]:
+    """Every turn's results, in the order they were emitted."""
+    found: dict[tuple[str, str, int], list[TurnResult]] = {}
     for record in world.broker.read(world.settings.topic("turn-results")):
         result = TurnResult.decode(record.value or b"")
-        found[(result.tenant_id, result.run_id, result.turn_id)] += 1
+        found.setdefault((result.tenant_id, result.run_id, result.turn_id), []).append(result)
     return found
 
 
@@ -57,11 +61,32 @@ def _turn_calls(world: World) -> dict[tuple[str, str, int], list[str]]:
     }
 
 
+def _records(world: World) -> Counter[tuple[str, str, int]]:
+    """How many results each turn may have: one for its first response (written twice, it is
+    one: the fleet plans a turn once), one for each resumed response in the log. A resumed
+    response written twice may get two: nothing tells it from the runtime resuming again with
+    the same response. toolfleet's producers are idempotent and never write a record twice;
+    the simulator does, to reach the duplicates a consumer must survive."""
+    found: Counter[tuple[str, str, int]] = Counter()
+    for record in world.broker.read(world.settings.topic("model-responses")):
+        event = ModelResponseEvent.decode(record.value or b"")
+        turn = (event.tenant_id, event.run_id, event.turn_id)
+        if event.resume or not found[turn]:
+            found[turn] += 1
+    return found
+
+
+def _answered(results: list[TurnResult], submissions: int) -> bool:
+    """Whether each submission of a turn has its result, and the last is not interrupted
+    (the agent runtime submits an interrupted turn again)."""
+    return bool(results) and len(results) >= submissions and results[-1].status != "interrupted"
+
+
 async def settled(world: World) -> bool:
-    """Whether every turn has a result or a call a person must look at."""
-    results = _results(world)
+    """Whether every turn has its results or a call a person must look at."""
+    results, submitted = _results(world), world.submitted
     calls = _turn_calls(world)
-    pending = [turn for turn in calls if not results[turn]]
+    pending = [t for t in calls if not _answered(results.get(t, []), submitted[t])]
     if not pending:
         return True
     held = await _waiting_on_people(world)
@@ -71,21 +96,30 @@ async def settled(world: World) -> bool:
 async def check(world: World) -> list[str]:
     """Every violation of the invariants (empty: the seed passed); fills ``world.states``."""
     violations: list[str] = []
-    results = _results(world)
+    results, records = _results(world), _records(world)
     held = await _waiting_on_people(world, count=True)
     calls = _turn_calls(world)
     for (tenant, run, turn), ids in calls.items():
-        emitted = results[(tenant, run, turn)]
-        if emitted > 1:
-            violations.append(f"{tenant}/{run} turn {turn}: {emitted} results emitted")
-        elif emitted == 0 and not any((tenant, run, c) in held for c in ids):
+        emitted = results.get((tenant, run, turn), [])
+        submitted = world.submitted[(tenant, run, turn)]
+        if len(emitted) > records[(tenant, run, turn)]:
+            violations.append(
+                f"{tenant}/{run} turn {turn}: {len(emitted)} results emitted for {submitted} "
+                "submissions"
+            )
+        elif any((tenant, run, c) in held for c in ids):
+            continue  # waits on a person
+        elif len(emitted) < submitted:
             violations.append(f"{tenant}/{run} turn {turn}: no result and no human task")
+        elif emitted[-1].status == "interrupted":
+            violations.append(f"{tenant}/{run} turn {turn}: still interrupted once decided")
     violations += _effects(world)
     violations += _upstream(world)
     for record, reason, service in world.broker.dead_letters:
         violations.append(f"{service} dead-lettered a record of {record.topic}: {reason}")
+    violations += _decided_by_their_tenant(world, results)
     stores = Stores(world.state.client("checker", observer=True)[0], world.settings)
-    if all(results[turn] for turn in calls):
+    if all(_answered(results.get(t, []), world.submitted[t]) for t in calls):
         # t:TENANT, o:TOOL, p:POOL are slots held; admitted:TENANT counts admissions ever made.
         running = {
             k: v
@@ -113,8 +147,8 @@ def _effects(world: World) -> list[str]:
                 )
         for call in result.calls:
             world.states[f"call {call.status}/{call.effect}"] += 1
-            if call.tool_name == "lookup":
-                continue
+            if call.tool_name == "lookup" or call.status == "pending_approval":
+                continue  # a read; or a call that waited, and may run once approved
             there = (call.tool_name, result.tenant_id, result.run_id, call.call_id) in applied
             if call.effect == "applied" and not there:
                 violations.append(
@@ -129,6 +163,21 @@ def _effects(world: World) -> list[str]:
     for record in world.broker.read(world.settings.topic("outcomes")):
         outcome = CallOutcome.decode(record.value or b"")
         world.states[f"outcome {outcome.status}/{outcome.effect}"] += 1
+    return violations
+
+
+def _decided_by_their_tenant(
+    world: World, results: dict[tuple[str, str, int], list[TurnResult]]
+) -> list[str]:
+    """A call that needs approval applied only with its own tenant's approval; a run ended
+    cancelled only by its own tenant's cancellation (runs and call ids are shared)."""
+    violations = []
+    for tool, _key, tenant, run, call in world.upstream.applied:
+        if tool == "refund" and world.decisions.get((tenant, run, call)) is not True:
+            violations.append(f"{tenant}/{run}/{call}: refunded without its tenant's approval")
+    for (tenant, run, turn), emitted in results.items():
+        if (tenant, run) not in world.cancelled and any(r.status == "cancelled" for r in emitted):
+            violations.append(f"{tenant}/{run} turn {turn}: cancelled, though its tenant was not")
     return violations
 
 

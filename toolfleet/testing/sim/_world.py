@@ -1,8 +1,12 @@
 """One simulated world: the real services, their tools' upstream, the faults of one seed.
 
 ``simulate(seed)`` builds everything from the seed: two tenants whose runs share run and call
-ids, a few turns of calls to three tools (a non-idempotent charge with a probe, an idempotent
-ticket whose upstream dedupes by idempotency key, a read-only lookup), and a schedule of faults.
+ids, a few turns of calls to four tools (a non-idempotent charge with a probe, an idempotent
+ticket whose upstream dedupes by idempotency key, a read-only lookup, a non-idempotent refund
+without a probe that needs approval), each turn failing on its first failed call or not and
+running its calls one at a time or all at once, and a schedule of faults. An agent runtime
+drawn from the seed too decides each call that waits for approval (approves or rejects) and
+submits its turn again to resume it, and cancels some runs while their turns run.
 The real planner, aggregator, reconciler and two workers run on a ``SimLoop`` over the
 simulator's log and state server; services crash at whatever await they are in and restart;
 replies are lost after the command applied; the state server fails over; groups rebalance
@@ -32,11 +36,19 @@ from executors import NotExecuted, ProbeResult, ToolContext, ToolRegistry
 from executors.worker import Worker
 from kernel.adapters.bus import TRANSIENT_ERRORS, Bus
 from kernel.adapters.dependencies import DEPENDENCIES
+from kernel.rules.auth import DecisionAuth
 from kernel.settings import Settings
 from kernel.stores.door import Stores
 from planner.service import Planner
 from reconciler.service import Reconciler
-from schemas import AgentRef, ModelResponseEvent
+from schemas import (
+    AgentRef,
+    ApprovalDecision,
+    CancelRequest,
+    ModelResponseEvent,
+    TurnConfig,
+    TurnResult,
+)
 from toolfleet.testing.sim._broker import Broker, Faults, SimBus, SimConsumer
 from toolfleet.testing.sim._fresh import as_new_process
 from toolfleet.testing.sim._groups import slot_groups
@@ -44,6 +56,10 @@ from toolfleet.testing.sim._loop import SimLoop, Stalled, virtual_time
 from toolfleet.testing.sim._state import StateServer
 
 TENANTS = ("acme", "globex")
+TurnKey = tuple[str, str, int]
+"""(tenant, run, turn)."""
+CallKey = tuple[str, str, str]
+"""(tenant, run, call id)."""
 SERVICES = ("planner", "aggregator", "reconciler", "worker-0", "worker-1")
 SCHEDULED = (
     "crash",
@@ -134,6 +150,8 @@ def _settings() -> Settings:
         # here, so a seed's end can wait for them.
         admission_lease_s=LEASE_S,
         admission_tick_ms=200,  # the planner's refill pass: enough for the seeds' rates
+        # Decisions and cancellations are signed, each tenant with its own key.
+        decision_keys={tenant: f"sim-key-{tenant}" for tenant in TENANTS},
     )
 
 
@@ -154,7 +172,17 @@ class World:
         self.loop = SimLoop(random.Random(self.rng.random()))
         self.state = StateServer(self._lose_reply)
         self.broker = Broker(self.settings, self._broker_faults())
+        self.cancels: dict[int, float] = {}
+        """Runs the agent runtime cancels: the index of the event after whose submission it
+        does, and how long after."""
         self.events = self._turns(turns if turns is not None else self.rng.randint(1, 4))
+        self.submitted: Counter[TurnKey] = Counter()
+        """How many times each turn was submitted (resuming it is once more)."""
+        self.decisions: dict[CallKey, bool] = {}
+        """The agent runtime's decision on each call that waited for approval: approved?"""
+        self.cancelled: set[tuple[str, str]] = set()
+        """(tenant, run) of every run the agent runtime cancelled."""
+        self.auth = DecisionAuth.of(self.settings)
         self.services: dict[str, Any] = {}
         self.links: dict[str, Any] = {}
         self.buses: dict[str, SimBus] = {}
@@ -184,10 +212,11 @@ class World:
             turn = sum(1 for e in events if e.tenant_id == tenant and e.run_id == run)
             items = []
             for c in range(self.rng.randint(1, 3)):
-                tool = self.rng.choice(("charge", "ticket", "lookup"))
+                tool = self.rng.choice(("charge", "ticket", "lookup", "refund"))
                 arguments = {"charge": {"cents": self.rng.randint(1, 9) * 100},
                              "ticket": {"title": f"t{n}{c}"},
-                             "lookup": {"q": f"q{n}{c}"}}[tool]  # fmt: skip
+                             "lookup": {"q": f"q{n}{c}"},
+                             "refund": {"cents": self.rng.randint(1, 9) * 100}}[tool]  # fmt: skip
                 items.append(
                     {
                         "type": "function_call",
@@ -204,8 +233,14 @@ class World:
                     agent=AgentRef(name="sim"),
                     response_id=f"resp-{n}",
                     items=items,
+                    config=TurnConfig(
+                        failure_policy=self.rng.choice(("error_as_output", "fail_turn")),
+                        max_concurrency=self.rng.choice((None, None, 1)),
+                    ),
                 )
             )
+            if self.rng.random() < 0.15:
+                self.cancels[n] = self.rng.choice((0.0, 0.05, 0.5, 2.0))
         return events
 
     def _schedule(self) -> list[tuple[int, str, str]]:
@@ -282,6 +317,12 @@ class World:
         async def lookup(ctx: ToolContext, q: str) -> str:
             """Reads something."""
             return await world._act("lookup", ctx, f"found {q}")
+
+        @tools.tool(effect="non_idempotent", timeout=5.0, needs_approval=True)
+        async def refund(ctx: ToolContext, cents: int) -> str:
+            """Refunds a card once its tenant approved: no probe, so an unknown effect goes to
+            a person."""
+            return await world._act("refund", ctx, f"refunded {cents}")
 
         return tools
 
@@ -466,8 +507,13 @@ class World:
             self._start(name)
         await asyncio.sleep(2.0)  # the workers publish their tools and own their partitions
         client = SimBus(self.broker, self.settings, "client")
-        for event in self.events:
-            await client.publish("model-responses", event.run_id, event)
+        runtime = asyncio.get_running_loop().create_task(self._resume_interrupted(client))
+        cancelling = []
+        for n, event in enumerate(self.events):
+            await self._submit(client, event)
+            if n in self.cancels:
+                cancel = self._cancel_later(client, event, self.cancels[n])
+                cancelling.append(asyncio.get_running_loop().create_task(cancel))
             await asyncio.sleep(self.rng.choice((0.0, 0.01, 0.5)))
         deadline = self.loop.time() + SETTLE_WITHIN_S
         from toolfleet.testing.sim._check import settled
@@ -481,6 +527,61 @@ class World:
             self.loop.time() < self.failed_over_at + LEASE_S + 10.0
         ):
             await asyncio.sleep(self.failed_over_at + LEASE_S + 10.0 - self.loop.time())
+        runtime.cancel()
+        for task in cancelling:
+            task.cancel()
+
+    # --- the agent runtime ----------------------------------------------------------------------
+    async def _submit(self, client: SimBus, event: ModelResponseEvent) -> None:
+        self.submitted[(event.tenant_id, event.run_id, event.turn_id)] += 1
+        await client.publish("model-responses", event.run_id, event)
+
+    async def _cancel_later(self, client: SimBus, event: ModelResponseEvent, after: float) -> None:
+        """Cancel ``event``'s run ``after`` seconds after it was submitted."""
+        await asyncio.sleep(after)
+        self.cancelled.add((event.tenant_id, event.run_id))
+        request = CancelRequest(
+            tenant_id=event.tenant_id, run_id=event.run_id, reason="simulated: the user stopped",
+            decided_by="sim",
+        )  # fmt: skip
+        await client.publish("cancellations", event.run_id, self.auth.sign(request))
+
+    async def _resume_interrupted(self, client: SimBus) -> None:
+        """As an agent runtime does with a turn whose result is interrupted: decide each call
+        that waits (approve or reject, drawn from the seed; once a call), and submit the turn
+        again to resume it. A resumed response that overtakes its decision is interrupted
+        again, and submitted again."""
+        answered: Counter[TurnKey] = Counter()
+        by_turn = {(e.tenant_id, e.run_id, e.turn_id): e for e in self.events}
+        while True:
+            latest: dict[TurnKey, TurnResult] = {}
+            count: Counter[TurnKey] = Counter()
+            for record in self.broker.read(self.settings.topic("turn-results")):
+                result = TurnResult.decode(record.value or b"")
+                key = (result.tenant_id, result.run_id, result.turn_id)
+                latest[key] = result
+                count[key] += 1
+            for key, result in latest.items():
+                if result.status != "interrupted" or count[key] <= answered[key]:
+                    continue
+                if count[key] < self.submitted[key]:
+                    continue  # the result of the latest submission is still to come
+                answered[key] = count[key]
+                tenant, run, _turn = key
+                for item in result.interruptions:
+                    call = (tenant, run, item.call_id)
+                    if call not in self.decisions:
+                        self.decisions[call] = self.rng.random() < 0.6
+                        decision = ApprovalDecision(
+                            tenant_id=tenant, run_id=run, call_id=item.call_id,
+                            tool_name=item.tool_name, approve=self.decisions[call],
+                            message=None if self.decisions[call] else "simulated: rejected",
+                            decided_by="sim",
+                        )  # fmt: skip
+                        await client.publish("approvals", run, self.auth.sign(decision))
+                await asyncio.sleep(self.rng.choice((0.0, 0.01, 0.5)))
+                await self._submit(client, by_turn[key].model_copy(update={"resume": True}))
+            await asyncio.sleep(0.5)
 
     def run(self) -> Report:
         """Run the seed to its end and check the invariants."""
