@@ -89,5 +89,6 @@ def test_background_jobs_a_run_leaves_are_reported_and_stopped(tmp_path: Path) -
         readme, workdir=tmp_path, venv=Path(sys.prefix), env=dict(os.environ), timeout=60
     )
     pid = int((tmp_path / "sleeper.pid").read_text())
-    assert [line.split()[:2] for line in done.leftovers] == [[str(pid), "sleep"]]
+    # By its pid: under load the job may not have become ``sleep`` yet (still the shell's fork).
+    assert [line.split()[0] for line in done.leftovers] == [str(pid)]
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
