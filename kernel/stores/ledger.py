@@ -435,7 +435,7 @@ class Ledger:
                         self.keys.call(tenant_id, run_id, call_id),
                         self.keys.audit(tenant_id, run_id, call_id),
                     ],
-                    args=[now, "planned", "0"],
+                    args=[now, "planned", ""],  # not a retry: no attempt to follow
                     client=pipe,
                 )
             replies = await pipe.execute()

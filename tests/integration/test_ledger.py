@@ -145,6 +145,20 @@ async def test_an_older_fencing_token_is_stale(
     assert await ledger.finish(_outcome(call_id, token - 1)) == "stale"
 
 
+async def test_releasing_planned_calls_dispatches_them_as_planned_not_as_retries(
+    redis: Redis, call_id: str, settings: Settings
+) -> None:
+    """A capped turn's calls are created first and dispatched as they are released: a plain
+    first attempt (its dispatch time kept, nothing kept past retention), never a retry."""
+    keys = Keys.of(settings)
+    ledger = Ledger(redis, keys)
+    await ledger.create("t", "run", [_call(call_id)])
+    assert await ledger.dispatch_many("t", "run", [call_id]) == [(1, 1)]
+    assert await ledger.dispatch_many("t", "run", [call_id]) == [(1, 1)]
+    keep, dispatched_at = await redis.hmget(keys.call("t", "run", call_id), "keep", "dispatched_at")
+    assert keep is None and dispatched_at is not None
+
+
 async def test_planner_dispatch_is_idempotent_and_a_forced_retry_fences_the_old_attempt(
     redis: Redis, call_id: str, settings: Settings
 ) -> None:
