@@ -72,6 +72,7 @@ from kernel.rules.outcomes import (
     lost,
     missed_schedule_to_start,
     not_started_in_time,
+    reported,
 )
 from kernel.rules.state_versions import carries, spec_for_readers
 from kernel.rules.texts import CIRCUIT_OPEN, UNKNOWN_OUTCOME, unknown_outcome_text
@@ -490,6 +491,9 @@ class Worker:
         except asyncio.CancelledError:
             if (command.tenant_id, command.run_id) not in self._cancelled_runs:
                 raise
+            if key not in self._leases:
+                # Cancelled before it began (pacing, its begin): its body never ran.
+                return reported(ended(command, self.worker_id, "skipped"))
             # Parent cancellation: no tool output, only the fact that the call was cancelled.
             outcome = ended(command, self.worker_id, "cancelled")
         finally:
@@ -662,8 +666,8 @@ class Worker:
             retry_after_s=outcome.retry_after_s,
         ):
             return outcome.model_copy(update={"resolved": False})
-        if outcome.effect == "not_executed" and command.attempt > 1:
-            return outcome.model_copy(update={"resolved": False})
+        if outcome.effect == "not_executed":
+            return reported(outcome)
         if outcome.effect != "unknown":
             return outcome
         if tool.on_unknown == "reconcile_then_report":
@@ -758,7 +762,7 @@ class Worker:
             entry = entries.get(command.call_id)
             return entry.outcome if entry else None
         if verdict == "cancelled":  # queued when its run was cancelled: never starts
-            return ended(command, self.worker_id, "skipped")
+            return reported(ended(command, self.worker_id, "skipped"))
         if verdict in ("unknown", "unreplicated"):
             spec = self.registry.get(command.tool_name, command.tool_version).spec(self.pool)
             cause = _UNREPLICATED if verdict == "unreplicated" else WORKER_LOST
@@ -779,11 +783,7 @@ class Worker:
         return entry is not None and entry.state not in ("planned", "dispatched")
 
     async def _publish(self, outcome: CallOutcome, slots: _Slots) -> None:
-        if outcome.kind == "execute" and outcome.attempt > 1 and outcome.effect == "not_executed":
-            # A retry refused before it started (an open circuit, a cancelled run, a tool not
-            # served) says nothing of the attempts before it, and one may have applied: the
-            # reconciler decides, as for a retry that did not run.
-            outcome = outcome.model_copy(update={"resolved": False})
+        outcome = reported(outcome)
         _describe_span(outcome)
         await slots.free(throttled=outcome.throttled)
         with phase(self._tracer, "publish"):

@@ -77,6 +77,16 @@ def ended(
     )
 
 
+def reported(outcome: CallOutcome) -> CallOutcome:
+    """``outcome`` as the turn may take it: a later attempt that did not apply (refused, or
+    never begun: an open circuit, a cancelled run, a tool not served) says nothing of the
+    attempts before it, one of which may have applied; the reconciler, which knows, settles
+    the call."""
+    if outcome.kind == "execute" and outcome.attempt > 1 and outcome.effect == "not_executed":
+        return outcome.model_copy(update={"resolved": False})
+    return outcome
+
+
 def past_deadline(command: ExecutionCommand) -> CallOutcome:
     """A call that waited for capacity until its turn's deadline: never started."""
     return CallOutcome(
