@@ -171,13 +171,20 @@ async def test_a_cancelled_runs_waiting_calls_leave_the_queue_as_skipped(
         [m.decode()[-2:] for m in await redis.zrange(starts_key(tenant), 0, -1)],
     )
     waited = [c for c in result.calls if c.call_id != event.function_calls[0].call_id]
-    assert [(c.status, c.effect) for c in waited] == [("skipped", "not_executed")] * 3
     assert await redis.zcard(starts_key(tenant)) == 1  # none of them ever started
+    # Taken out of the queue: skipped, not executed. The cancellation also cancels the running
+    # call, whose slot may admit the next one before the queue is emptied: that one was on its
+    # way to a worker when the turn ended (cancelled, effect unknown to the turn), and never
+    # begins there. Only one slot frees, so at most one.
+    withdrawn = [c for c in waited if (c.status, c.effect) == ("skipped", "not_executed")]
+    on_its_way = [c for c in waited if (c.status, c.effect) == ("cancelled", "unknown")]
+    assert len(withdrawn) + len(on_its_way) == 3 and len(on_its_way) <= 1, result.calls
     # The ledger says what the turn result says: settled without running, not "dispatched".
-    entries = await Ledger(redis, keys).read(tenant, event.run_id, [c.call_id for c in waited])
+    ids = [c.call_id for c in withdrawn]
+    entries = await Ledger(redis, keys).read(tenant, event.run_id, ids)
     assert [(e.state, e.outcome and e.outcome.status) for e in entries.values()] == [
         ("committed", "skipped")
-    ] * 3
+    ] * len(withdrawn)
 
 
 async def test_a_call_still_waiting_at_its_deadline_never_starts(
