@@ -186,8 +186,8 @@ class Worker:
         self._tracer = tracer("worker")
         self._recording = FailureRecording.of(settings)
         """The secrets taken out of what user code raised, and the console its lines link to."""
-        self._cancelled_runs: set[tuple[str, str]] = set()
-        """(tenant, run) of runs cancelled while this worker lives."""
+        self._cancelled_runs: dict[tuple[str, str], str] = {}
+        """(tenant, run) of runs cancelled while this worker lives, with the reason given."""
         self._stopping = asyncio.Event()
         self._started_at = time.time()
         self.background = BackgroundTasks(
@@ -386,9 +386,12 @@ class Worker:
             if compensated is not None:
                 await self._publish(compensated, slots)
             return
-        if (command.tenant_id, command.run_id) in self._cancelled_runs:
-            await self._publish(ended(command, self.worker_id, "skipped"), slots)
-            return
+        run = (command.tenant_id, command.run_id)
+        if run in self._cancelled_runs:
+            # The ledger's begin refuses it (skipped) unless it began already: a command
+            # delivered again after its call ran is answered by its stored outcome, never by
+            # "not executed". Marked first: begin refuses it whichever service marks first.
+            await self._mark_cancelled(*run, self._cancelled_runs[run])
         ref = version_ref(tool.lookup_key, tool.version)
         circuit = await self.circuits.check(ref)
         if circuit.state == "open" and not await self._began(command):
@@ -857,19 +860,19 @@ class Worker:
                     running[1].set_result(None)  # tool-local: a failure of the call, per its policy
                 continue
             run = (request.tenant_id, request.run_id)
-            self._cancelled_runs.add(run)
+            self._cancelled_runs[run] = request.reason
             mine = [task for (t, r, _c), (task, _) in list(self._running.items()) if (t, r) == run]
             if mine:
                 # Mark the ledger before the slots free: a sibling the freed slot admits may
                 # start on a worker that has not read this cancellation, and the planner may
                 # not have marked the run yet. ``begin`` then refuses it (skipped).
-                await self._mark_cancelled(request)
+                await self._mark_cancelled(*run, request.reason)
             for task in mine:
                 task.cancel()
 
-    async def _mark_cancelled(self, request: CancelRequest) -> None:
+    async def _mark_cancelled(self, tenant_id: str, run_id: str, reason: str) -> None:
         try:
-            await self.ledger.cancel_run(request.tenant_id, request.run_id, request.reason)
+            await self.ledger.cancel_run(tenant_id, run_id, reason)
         except TRANSIENT_ERRORS as exc:  # the planner marks it too; cancel regardless
             DEPENDENCIES.failed(exc)
             log.debug("could not mark the run cancelled", extra={"error": str(exc)})
