@@ -14,7 +14,12 @@ from typing import Literal
 
 from kernel.errors import ToolfleetError
 from kernel.rules.approvals import approval_arguments
-from kernel.rules.texts import TOOL_DISABLED, TOOL_NOT_FOUND, TOOL_NOT_IN_AGENT
+from kernel.rules.texts import (
+    TOOL_DISABLED,
+    TOOL_NOT_FOUND,
+    TOOL_NOT_IN_AGENT,
+    unknown_outcome_text,
+)
 from planner._identity import (
     EMPTY_CALL_ID,
     EXECUTED_NOT_COMMITTED,
@@ -70,6 +75,9 @@ class LedgerView:
     """The call was reported pending_approval (by a worker or by the planner)."""
     run_id: str | None = None
     """The run the call was first planned for (None: unknown, taken to be this one)."""
+    resolved: bool = True
+    """False: the committed outcome is still the reconciler's to settle (an attempt's effect
+    unknown, or a retry that did nothing), and the model was told the effect is unknown."""
 
     @property
     def awaiting_approval(self) -> bool:
@@ -359,6 +367,11 @@ def _plan_call(
     if entry is not None and entry.state == "committed":
         disposition, output = "reuse", entry.output
         status, effect = entry.status or "succeeded", entry.effect or "applied"
+        if not entry.resolved:
+            # What the reconciler told the model of it: unknown (a retry's "not executed"
+            # says nothing of the attempt before it), until it settles the call.
+            effect = "unknown"
+            output = unknown_outcome_text(tool) if tool is not None else output
     elif _settled_by_ledger(entry, event.run_id):
         disposition = "attach"
     elif tool is None:  # only under return_error_to_model: raise_error failed the turn already

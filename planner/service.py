@@ -547,6 +547,7 @@ def _view(entry: LedgerEntry) -> LedgerView:
         approval_message=entry.approval_message,
         pending_approval=entry.pending_approval,
         run_id=entry.run_id or None,
+        resolved=outcome.resolved if outcome else True,
     )
 
 

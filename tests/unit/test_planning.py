@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from kernel.rules.texts import unknown_outcome_text
 from planner import (
     DEFAULT_REJECTION_MESSAGE,
     EMPTY_CALL_ID,
@@ -157,6 +158,18 @@ def test_committed_id_same_fingerprint_reuses_committed_output() -> None:
     assert (reused.output, reused.status, reused.effect) == ("2", "succeeded", "applied")
     assert sent(result) == [("c2", False)]
     assert [u.call.call_id for u in result.ledger_updates] == ["c2"]
+
+
+def test_a_committed_call_the_reconciler_has_not_settled_is_reused_as_unknown() -> None:
+    """Its retry did nothing (not executed), the attempt before it may have applied: the model
+    was told the effect is unknown, and a resumed turn tells it the same."""
+    ledger = {
+        "c1": entry("c1", "committed", output="x", status="failed", effect="not_executed",
+                    resolved=False),
+    }  # fmt: skip
+    reused = plan(event(fc("c1")), ledger=ledger).plan.calls[0]
+    assert (reused.disposition, reused.status, reused.effect) == ("reuse", "failed", "unknown")
+    assert reused.output == unknown_outcome_text(TOOLS["add"])
 
 
 def test_committed_id_different_fingerprint_fails_the_turn() -> None:
