@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kernel.rules.effects import fails_turn
+from kernel.rules.effects import fails_turn, settles_call
 from kernel.stores.gates import GateStore, JsonState
 from planner._planning import next_to_release
 from schemas import CallOutcome, PlannedCall, TurnPlan
@@ -73,6 +73,11 @@ class Gate:
                 or outcome.kind != "execute"
                 or outcome.call_id not in _ids(state["calls"])
             ):
+                return state, []
+            planned = next(c for c in state["calls"] if c["call_id"] == outcome.call_id)
+            if not settles_call(outcome, planned.get("on_unknown", "reconcile_then_report")):
+                # Not the call's end (the fleet retries it, or the reconciler settles it): it
+                # holds its place and fails nothing yet, as the aggregator waits for it too.
                 return state, []
             redelivered = outcome.call_id in state["finished"]
             if not redelivered:

@@ -223,3 +223,40 @@ async def test_a_capped_turn_cancelled_with_its_run_reports_no_queued_call_skipp
     assert [ExecutionCommand.decode(raw).call_id for raw in bus.on("commands.default")] == [
         first.call_id
     ]  # and nothing more starts: the run is cancelled
+
+
+async def test_a_capped_turns_call_the_fleet_retries_holds_its_place_until_it_settles(
+    planner: Planner,
+) -> None:
+    """An outcome the fleet still acts on (unresolved: the reconciler retries it, or settles
+    its unknown effect) is not the call's end: under fail_turn it fails nothing (the attempt
+    after it may succeed), and it releases nothing (its retry takes its place). Its settling
+    outcome does. (Seed 2106: the held-back call was reported skipped, then ran on resume.)"""
+    bus = planner.bus
+    assert isinstance(bus, InMemoryBus)
+    run = f"run-{uuid.uuid4().hex}"
+    event = _response(
+        run, *(("add", {"a": i, "b": i}) for i in range(2)),
+        max_concurrency=1, failure_policy="fail_turn",
+    )  # fmt: skip
+    await planner.handle(ConsumedRecord.of(planner.settings, "model-responses", event, key=run))
+    [first] = [ExecutionCommand.decode(raw) for raw in bus.on("commands.default")]
+    transient = CallOutcome(
+        tenant_id="t", run_id=run, turn_id=0, call_id=first.call_id, tool_name="add", index=0,
+        attempt=1, fencing_token=first.fencing_token, capped=True, admitted=True,
+        status="failed", effect="not_executed", resolved=False, retry="transient",
+    )  # fmt: skip
+    await planner.on_outcome(transient)
+    assert bus.on("outcomes") == []  # nothing reported skipped
+    assert [ExecutionCommand.decode(raw).call_id for raw in bus.on("commands.default")] == [
+        first.call_id
+    ]  # and nothing more started
+    retried = transient.model_copy(
+        update={"attempt": 2, "fencing_token": first.fencing_token + 1, "status": "succeeded",
+                "effect": "applied", "resolved": True, "retry": None, "output": "0"}
+    )  # fmt: skip
+    await planner.on_outcome(retried)
+    assert bus.on("outcomes") == []
+    assert [ExecutionCommand.decode(raw).call_id for raw in bus.on("commands.default")] == [
+        first.call_id, f"{run}-1",
+    ]  # fmt: skip
