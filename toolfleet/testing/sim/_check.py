@@ -82,6 +82,14 @@ def _answered(results: list[TurnResult], submissions: int) -> bool:
     return bool(results) and len(results) >= submissions and results[-1].status != "interrupted"
 
 
+async def slots_held(world: World) -> dict[str, int]:
+    """The admission counts still held: t:TENANT, o:TOOL, p:POOL (admitted:TENANT, which
+    counts admissions ever made, left out)."""
+    stores = Stores(world.state.client("checker", observer=True)[0], world.settings)
+    running = await stores.admission().running()
+    return {k: v for k, v in running.items() if v and not k.startswith("admitted:")}
+
+
 async def settled(world: World) -> bool:
     """Whether every turn has its results or a call a person must look at."""
     results, submitted = _results(world), world.submitted
@@ -120,12 +128,7 @@ async def check(world: World) -> list[str]:
     violations += _decided_by_their_tenant(world, results)
     stores = Stores(world.state.client("checker", observer=True)[0], world.settings)
     if all(_answered(results.get(t, []), world.submitted[t]) for t in calls):
-        # t:TENANT, o:TOOL, p:POOL are slots held; admitted:TENANT counts admissions ever made.
-        running = {
-            k: v
-            for k, v in (await stores.admission().running()).items()
-            if v and not k.startswith("admitted:")
-        }
+        running = await slots_held(world)
         if running:
             violations.append(f"slots still held after every turn settled: {running}")
     await _ledger_states(world, stores)

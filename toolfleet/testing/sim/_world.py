@@ -194,6 +194,9 @@ class World:
         """Faults waiting for their moment (the next reply, record, commit...)."""
         self.failed_over_at: float | None = None
         """When the last failover happened (virtual time)."""
+        self.worker_crashed_at: float | None = None
+        """When a worker last crashed (virtual time): the calls it held come back when their
+        leases run out."""
         self.schedule = self._schedule()
         # No failover drawn: the state server keeps no replica (it draws nothing from the seed).
         self.state.replicating = any(kind == "failover" for _, kind, _ in self.schedule)
@@ -452,6 +455,8 @@ class World:
         """Kill service ``name`` where it stands; restart it a little later."""
         instance = f"{name}#{self.generation[name]}"
         self.faults["crash"] += 1
+        if name.startswith("worker"):
+            self.worker_crashed_at = self.loop.time()
         self.links[name].severed = True
         bus = self.buses[name]
         bus.severed = True
@@ -516,7 +521,7 @@ class World:
                 cancelling.append(asyncio.get_running_loop().create_task(cancel))
             await asyncio.sleep(self.rng.choice((0.0, 0.01, 0.5)))
         deadline = self.loop.time() + SETTLE_WITHIN_S
-        from toolfleet.testing.sim._check import settled
+        from toolfleet.testing.sim._check import settled, slots_held
 
         while self.loop.time() < deadline and not await settled(self):  # noqa: ASYNC110
             await asyncio.sleep(1.0)  # checked each virtual second: nothing signals it
@@ -527,6 +532,12 @@ class World:
             self.loop.time() < self.failed_over_at + LEASE_S + 10.0
         ):
             await asyncio.sleep(self.failed_over_at + LEASE_S + 10.0 - self.loop.time())
+        # A turn can end before a crashed worker's call does (its run cancelled, say): that
+        # call's slots come back once its lease runs out and the reconciler reports it lost.
+        if self.worker_crashed_at is not None and await slots_held(self):
+            await asyncio.sleep(
+                max(0.0, self.worker_crashed_at + LEASE_S + 10.0 - self.loop.time())
+            )
         runtime.cancel()
         for task in cancelling:
             task.cancel()
