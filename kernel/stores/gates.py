@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from typing import Any, TypeVar
-from weakref import WeakKeyDictionary
 
 import orjson
 from redis.asyncio import Redis
@@ -29,8 +28,6 @@ JsonState = dict[str, Any]
 _CAS = script("gates/cas")
 """Compare-and-set of one value by the SHA-1 of what was read (``gates/cas.lua``)."""
 
-_cas_scripts: WeakKeyDictionary[Redis, AsyncScript] = WeakKeyDictionary()
-
 
 async def update_json(
     redis: Redis,
@@ -38,16 +35,18 @@ async def update_json(
     change: Callable[[JsonState | None], tuple[JsonState | None, T]],
     *,
     ttl_s: int,
+    cas: AsyncScript | None = None,
 ) -> tuple[JsonState | None, T]:
     """Read-modify-write one JSON value atomically (compare-and-set), retrying on a conflict.
 
     ``change`` gets the current value (None when absent) and returns the new value (None
     leaves the key as it is) and a result; it must be pure, because it may run again.
     Two round trips: GET, then a script that sets the value only if it did not change.
+    ``cas``: that script registered on ``redis`` already (a store keeps its own: a cache of
+    them by client would keep every client alive, since each script holds its client).
     """
-    cas = _cas_scripts.get(redis)
     if cas is None:
-        cas = _cas_scripts[redis] = _CAS.register(redis)
+        cas = _CAS.register(redis)
     while True:
         raw = await redis.get(key)
         current = raw.encode() if isinstance(raw, str) else raw or b""
@@ -68,6 +67,7 @@ class GateStore:
         self.ttl_s = ttl_s
         """How long a turn's gate lives after its last change (as long as its ledger
         entries)."""
+        self._cas = _CAS.register(redis)
 
     async def add_turn(self, tenant_id: str, run_id: str, turn_id: int) -> None:
         """Count the turn among its run's gated turns (``turns``), kept ``ttl_s`` from now."""
@@ -91,4 +91,4 @@ class GateStore:
         """Change the turn's gate by compare-and-set (``update_json``): ``change`` gets the
         gate (None when it has none) and returns the new one (None: leave it) and a result."""
         key = self.keys.gate(tenant_id, run_id, turn_id)
-        return await update_json(self.redis, key, change, ttl_s=self.ttl_s)
+        return await update_json(self.redis, key, change, ttl_s=self.ttl_s, cas=self._cas)
