@@ -1,5 +1,6 @@
 """Redis primaries with replicas: a failover right after ``started`` never lets a call run
-twice, and while no replica confirms, nothing leaves for Kafka and nothing runs.
+twice, while no replica confirms nothing leaves for Kafka and nothing runs, and a ``started``
+no replica confirmed never runs.
 
 A private Redis Cluster (3 primaries, one replica each; its own ports and state dir) holds
 the fleet's state. The test tools count their side effects on the session's Redis instead
@@ -201,3 +202,72 @@ async def test_while_no_replica_confirms_nothing_leaves_and_the_call_runs_once_t
     record = result.calls[0]
     assert (record.status, record.effect) == ("succeeded", "applied")
     assert int(await redis.get(effects_key(call_id)) or 0) == 1
+
+
+async def test_a_started_no_replica_confirms_is_never_run_and_reported_unknown(
+    fleet: LocalFleet,
+    client: FleetClient,
+    redis: Redis,
+    state: Redis,
+    replicated: Settings,
+) -> None:
+    """The plan and its command went out (replicas answering); then the call's replicas stop
+    acknowledging before the worker writes ``started``. The WAIT after it times out, so the
+    body never runs (a failover could take ``started`` back and let a second worker run the
+    call); the call is reported failed with effect unknown (``UnreplicatedWriteError``), once
+    the replicas answer again and the worker's outcome may leave."""
+    event = turn(("c0", "charge", {"amount": 5}))
+    call_id = event.function_calls[0].call_id
+    keys = Keys.of(fleet.settings)
+    _primary, replicas = _slot_nodes(replicated, keys.call("acme", event.run_id, call_id))
+    assert replicas, "the call's primary has no replica"
+    port = fleet.metrics_port("planner")
+    assert port is not None
+    topic = fleet.settings.topic("model-responses")
+    marker = "started not replicated"
+
+    async def planner_processed() -> float:
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("toolfleet_messages_total{")
+            and f'topic="{topic}"' in line
+            and 'result="processed"' in line
+        )
+
+    processed = await planner_processed()
+    refusals = fleet.logs("worker-0").count(marker)
+    worker = fleet.pid("worker-0")
+    stopped = [_pid(port) for port in replicas]
+
+    async def command_sent() -> bool:
+        return await planner_processed() > processed
+
+    os.kill(worker, signal.SIGSTOP)  # the command waits in Kafka, not yet begun
+    try:
+        await client.submit(event)
+        await wait_for(command_sent, within=30)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+    finally:
+        os.kill(worker, signal.SIGCONT)
+
+    async def worker_refused() -> bool:
+        return fleet.logs("worker-0").count(marker) > refusals
+
+    try:
+        await wait_for(worker_refused, within=60)
+        assert await redis.get(holder_key(call_id)) is None, "the body ran"
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    result = await result_of(fleet, client, event.run_id, within=90)
+    record = result.calls[0]
+    assert (record.status, record.effect) == ("failed", "unknown")
+    assert record.error is not None and record.error.type == "UnreplicatedWriteError"
+    assert await redis.get(holder_key(call_id)) is None, "the body ran"
+    assert int(await redis.get(effects_key(call_id)) or 0) == 0
+    events = [e["event"] for e in await Ledger(state, keys).audit("acme", event.run_id, call_id)]
+    assert events.count("started") == 1, events
