@@ -194,9 +194,10 @@ class World:
         """Faults waiting for their moment (the next reply, record, commit...)."""
         self.failed_over_at: float | None = None
         """When the last failover happened (virtual time)."""
-        self.worker_crashed_at: float | None = None
-        """When a worker last crashed (virtual time): the calls it held come back when their
-        leases run out."""
+        self.worker_stranded_at: float | None = None
+        """When a worker last may have left a call started under a lease nobody renews
+        (virtual time): it crashed, or lost the reply to a write (its ``started`` applied, the
+        worker never knew). Such calls come back when their leases run out."""
         self.schedule = self._schedule()
         # No failover drawn: the state server keeps no replica (it draws nothing from the seed).
         self.state.replicating = any(kind == "failover" for _, kind, _ in self.schedule)
@@ -294,6 +295,8 @@ class World:
         if self.armed[f"lost redis reply:{service}"]:
             self.armed[f"lost redis reply:{service}"] -= 1
             self.faults["lost redis reply"] += 1
+            if service.startswith("worker"):
+                self.worker_stranded_at = self.loop.time()
             return True
         return False
 
@@ -456,7 +459,7 @@ class World:
         instance = f"{name}#{self.generation[name]}"
         self.faults["crash"] += 1
         if name.startswith("worker"):
-            self.worker_crashed_at = self.loop.time()
+            self.worker_stranded_at = self.loop.time()
         self.links[name].severed = True
         bus = self.buses[name]
         bus.severed = True
@@ -532,11 +535,11 @@ class World:
             self.loop.time() < self.failed_over_at + LEASE_S + 10.0
         ):
             await asyncio.sleep(self.failed_over_at + LEASE_S + 10.0 - self.loop.time())
-        # A turn can end before a crashed worker's call does (its run cancelled, say): that
-        # call's slots come back once its lease runs out and the reconciler reports it lost.
-        if self.worker_crashed_at is not None and await slots_held(self):
+        # A turn can end before a stranded call does (its run cancelled, say): that call's
+        # slots come back once its lease runs out and it is reported lost.
+        if self.worker_stranded_at is not None and await slots_held(self):
             await asyncio.sleep(
-                max(0.0, self.worker_crashed_at + LEASE_S + 10.0 - self.loop.time())
+                max(0.0, self.worker_stranded_at + LEASE_S + 10.0 - self.loop.time())
             )
         runtime.cancel()
         for task in cancelling:
