@@ -115,6 +115,22 @@ def _slot_nodes(replicated: Settings, key: str) -> tuple[int, list[int]]:
     raise AssertionError("no node of the private cluster answered CLUSTER SLOTS")
 
 
+async def _model_responses(fleet: LocalFleet, result: str) -> float:
+    """How many model responses the planner counts with ``result`` (its /metrics)."""
+    port = fleet.metrics_port("planner")
+    assert port is not None
+    topic = fleet.settings.topic("model-responses")
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("toolfleet_messages_total{")
+        and f'topic="{topic}"' in line
+        and f'result="{result}"' in line
+    )
+
+
 def _pid(port: int) -> int:
     node = redis.Redis(port=port)
     try:
@@ -174,20 +190,9 @@ async def test_while_no_replica_confirms_nothing_leaves_and_the_call_runs_once_t
     keys = Keys.of(fleet.settings)
     _primary, replicas = _slot_nodes(replicated, keys.call("acme", event.run_id, call_id))
     stopped = [_pid(port) for port in replicas]
-    port = fleet.metrics_port("planner")
-    assert port is not None
-    topic = fleet.settings.topic("model-responses")
 
     async def planner_retried() -> bool:
-        async with httpx.AsyncClient() as http:
-            text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
-        return any(
-            line.startswith("toolfleet_messages_total{")
-            and f'topic="{topic}"' in line
-            and 'result="retried"' in line
-            and float(line.rsplit(" ", 1)[1]) > 0
-            for line in text.splitlines()
-        )
+        return await _model_responses(fleet, "retried") > 0
 
     for pid in stopped:  # the replicas stay connected but acknowledge nothing
         os.kill(pid, signal.SIGSTOP)
@@ -221,29 +226,14 @@ async def test_a_started_no_replica_confirms_is_never_run_and_reported_unknown(
     keys = Keys.of(fleet.settings)
     _primary, replicas = _slot_nodes(replicated, keys.call("acme", event.run_id, call_id))
     assert replicas, "the call's primary has no replica"
-    port = fleet.metrics_port("planner")
-    assert port is not None
-    topic = fleet.settings.topic("model-responses")
     marker = "started not replicated"
-
-    async def planner_processed() -> float:
-        async with httpx.AsyncClient() as http:
-            text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("toolfleet_messages_total{")
-            and f'topic="{topic}"' in line
-            and 'result="processed"' in line
-        )
-
-    processed = await planner_processed()
+    processed = await _model_responses(fleet, "processed")
     refusals = fleet.logs("worker-0").count(marker)
     worker = fleet.pid("worker-0")
     stopped = [_pid(port) for port in replicas]
 
     async def command_sent() -> bool:
-        return await planner_processed() > processed
+        return await _model_responses(fleet, "processed") > processed
 
     os.kill(worker, signal.SIGSTOP)  # the command waits in Kafka, not yet begun
     try:
