@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from kernel.adapters.bus import KafkaBus
 from kernel.adapters.security import kafka_options
 from kernel.adapters.topics import TopicsMissingError
-from kernel.errors import InvalidMessageError, UnavailableError
+from kernel.errors import InvalidMessageError, UnavailableError, UsageError
 from kernel.rules.auth import DecisionAuth
 from kernel.rules.progress import ProgressCursor
 from kernel.rules.versions import newest_version
@@ -42,8 +42,9 @@ class TurnTimeoutError(UnavailableError, TimeoutError):
 TOOLS_TOPIC_RECHECK_S = 5.0
 """How often a client looks again for a ``tools`` topic that does not exist yet."""
 
-TurnKey = tuple[str, int]
-"""(run_id, turn_id)."""
+TurnKey = tuple[str | None, str, int]
+"""(tenant_id, run_id, turn_id); a tenant of None stands for any tenant (a turn expected
+without naming its tenant)."""
 
 OutcomeHandler = Callable[[CallOutcome], None]
 """Called with each outcome of a followed turn's calls (``FleetClient.follow``)."""
@@ -57,11 +58,13 @@ class FleetClient:
     """Publishes model responses, approvals and cancellations; collects TurnResults.
 
     Results are read from the end of ``turn-results`` as it was when the client started,
-    so start the client before submitting. A client keeps only the results of turns it
-    submitted or awaits: every other record is passed over by its key (the run id) before
-    it is decoded, so N agent-runtime replicas on one topic each hold only their own results,
-    whatever the others' traffic. A result of a submitted turn that nobody asks for within
-    ``client_result_window_s`` is dropped, and at most ``client_max_results`` are kept.
+    so start the client before submitting. A turn is its tenant's: two tenants' turns of the
+    same run id and turn id are two turns, and each gets its own tenant's result. A client
+    keeps only the results of turns it submitted or awaits: every other record is passed
+    over by its key (the run id) before it is decoded, so N agent-runtime replicas on one
+    topic each hold only their own results, whatever the others' traffic. A result of a
+    submitted turn that nobody asks for within ``client_result_window_s`` is dropped, and at
+    most ``client_max_results`` are kept.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -72,13 +75,15 @@ class FleetClient:
         """Turns whose results this client keeps, with the monotonic time it stops waiting."""
         self._wanted_runs: dict[bytes, int] = {}
         """The run ids of ``_wanted`` (as record keys), with how many turns each."""
+        self._tenants: dict[tuple[str, int], list[str | None]] = {}
+        """The tenants of ``_wanted`` by (run_id, turn_id)."""
         self._results: dict[TurnKey, TurnResult] = {}
         self._arrived = asyncio.Condition()
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
         self.decoded = 0
         """How many results this client decoded (only those of turns it wanted)."""
-        self._followers: dict[TurnKey, list[OutcomeHandler]] = {}
+        self._followers: dict[tuple[str, int], list[tuple[str | None, OutcomeHandler]]] = {}
         self._followed_runs: dict[bytes, int] = {}
         self._outcomes: AIOKafkaConsumer | None = None
         self._outcome_reader: asyncio.Task[None] | None = None
@@ -157,7 +162,9 @@ class FleetClient:
         The turn's trace joins the caller's: ``traceparent`` (W3C) when given, else the
         current OpenTelemetry span's context; without either the planner starts a trace.
         """
-        self._want((event.run_id, event.turn_id), self.settings.client_result_window_s)
+        self._want(
+            (event.tenant_id, event.run_id, event.turn_id), self.settings.client_result_window_s
+        )
         headers = [("traceparent", traceparent.encode())] if traceparent else None
         await (await self.bus.publish("model-responses", event.run_id, event, headers))
 
@@ -170,15 +177,21 @@ class FleetClient:
         """Cancel a run (no call_id) or one call (signed with the tenant's key)."""
         await self.bus.publish_and_wait("cancellations", request.run_id, self.auth.sign(request))
 
-    def expect(self, run_id: str, turn_id: int) -> None:
+    def expect(self, run_id: str, turn_id: int, *, tenant_id: str | None = None) -> None:
         """Keep the result of a turn this client did not submit (another process or a raw
         publish submitted it), for ``client_result_window_s``; call it before the turn can
-        finish, since results that arrived before are not kept."""
-        self._want((run_id, turn_id), self.settings.client_result_window_s)
+        finish, since results that arrived before are not kept. Without ``tenant_id`` the
+        first result of that run id and turn id is kept, whichever tenant's: name the tenant
+        when tenants may share run ids."""
+        self._want((tenant_id, run_id, turn_id), self.settings.client_result_window_s)
 
-    async def result(self, run_id: str, turn_id: int, *, within: float = 60.0) -> TurnResult:
-        """The TurnResult of one turn, waiting up to ``within`` seconds."""
-        key = (run_id, turn_id)
+    async def result(
+        self, run_id: str, turn_id: int, *, within: float = 60.0, tenant_id: str | None = None
+    ) -> TurnResult:
+        """The TurnResult of one turn, waiting up to ``within`` seconds. ``tenant_id``
+        defaults to the tenant this client submitted (or expected) the turn for; it must be
+        named when the client did so for several tenants."""
+        key = (self._tenant_of(run_id, turn_id, tenant_id), run_id, turn_id)
         self._want(key, within)
         try:
             async with asyncio.timeout(within), self._arrived:
@@ -188,8 +201,12 @@ class FleetClient:
                 f"no TurnResult for run {run_id} turn {turn_id} within {within:g} s; "
                 "are the planner, a worker of the tool's pool and the aggregator running?"
             ) from None
+        result = self._results.pop(key)
         self._unwant(key)
-        return self._results.pop(key)
+        # It also answers a wait for the turn that named no tenant (``expect``).
+        self._unwant((None, run_id, turn_id))
+        self._results.pop((None, run_id, turn_id), None)
+        return result
 
     async def run_turn(
         self, event: ModelResponseEvent, *, within: float = 60.0, traceparent: str | None = None
@@ -197,10 +214,12 @@ class FleetClient:
         """Submit a model response and wait for its TurnResult (``traceparent``: see
         ``submit``)."""
         await self.submit(event, traceparent=traceparent)
-        return await self.result(event.run_id, event.turn_id, within=within)
+        return await self.result(
+            event.run_id, event.turn_id, within=within, tenant_id=event.tenant_id
+        )
 
     async def follow(
-        self, run_id: str, turn_id: int, handler: OutcomeHandler
+        self, run_id: str, turn_id: int, handler: OutcomeHandler, *, tenant_id: str | None = None
     ) -> Callable[[], None]:
         """Call ``handler`` with every outcome the fleet reports for a call of one turn, as it
         is reported, until the function this returns is called.
@@ -209,17 +228,18 @@ class FleetClient:
         (FleetRunner); the turn's TurnResult stays its answer, in model order. The outcomes
         are read from ``outcomes`` (passed over by their key, the run id, like results), from
         the topic's end when this client first follows a turn: follow before submitting.
+        ``tenant_id`` passes over other tenants' turns of the same run id and turn id.
         """
         await self._read_outcomes()
-        key, run = (run_id, turn_id), run_id.encode()
-        self._followers.setdefault(key, []).append(handler)
+        key, run, follower = (run_id, turn_id), run_id.encode(), (tenant_id, handler)
+        self._followers.setdefault(key, []).append(follower)
         self._followed_runs[run] = self._followed_runs.get(run, 0) + 1
 
         def stop() -> None:
             handlers = self._followers.get(key, [])
-            if handler not in handlers:
+            if follower not in handlers:
                 return
-            handlers.remove(handler)
+            handlers.remove(follower)
             if not handlers:
                 del self._followers[key]
             left = self._followed_runs[run] - 1
@@ -264,7 +284,9 @@ class FleetClient:
                 outcome = CallOutcome.decode(record.value or b"")
             except InvalidMessageError:
                 continue
-            for handler in list(self._followers.get((outcome.run_id, outcome.turn_id), ())):
+            for tenant, handler in list(self._followers.get((outcome.run_id, outcome.turn_id), ())):
+                if tenant is not None and tenant != outcome.tenant_id:
+                    continue  # another tenant's turn of the same ids
                 try:
                     handler(outcome)
                 except Exception:  # one follower's bug must not stop the others' outcomes
@@ -417,11 +439,25 @@ class FleetClient:
                 extra={"key": key[:200].decode(errors="replace"), "error": str(exc)[:300]},
             )
 
+    def _tenant_of(self, run_id: str, turn_id: int, tenant_id: str | None) -> str | None:
+        """``tenant_id``, else the one tenant this client wants that turn for (None: any)."""
+        if tenant_id is not None:
+            return tenant_id
+        tenants = {t for t in self._tenants.get((run_id, turn_id), ()) if t is not None}
+        if len(tenants) > 1:
+            raise UsageError(
+                f"this client submitted or expects turn {turn_id} of run {run_id} for "
+                f"{len(tenants)} tenants: name the one whose result you want (tenant_id=...)"
+            )
+        return next(iter(tenants), None)
+
     def _want(self, key: TurnKey, for_s: float) -> None:
         until = time.monotonic() + for_s
         if key not in self._wanted:
-            run = key[0].encode()
+            tenant, run_id, turn_id = key
+            run = run_id.encode()
             self._wanted_runs[run] = self._wanted_runs.get(run, 0) + 1
+            self._tenants.setdefault((run_id, turn_id), []).append(tenant)
             self._wanted[key] = until
             self._expire()
         else:
@@ -430,12 +466,17 @@ class FleetClient:
     def _unwant(self, key: TurnKey) -> None:
         if self._wanted.pop(key, None) is None:
             return
-        run = key[0].encode()
+        tenant, run_id, turn_id = key
+        run = run_id.encode()
         left = self._wanted_runs[run] - 1
         if left:
             self._wanted_runs[run] = left
         else:
             del self._wanted_runs[run]
+        tenants = self._tenants[(run_id, turn_id)]
+        tenants.remove(tenant)
+        if not tenants:
+            del self._tenants[(run_id, turn_id)]
 
     def _expire(self) -> None:
         """Forget the oldest turns nobody waits for any more, and keep at most
@@ -460,12 +501,21 @@ class FleetClient:
                 result = TurnResult.decode(record.value or b"")
             except InvalidMessageError:
                 continue
-            key = (result.run_id, result.turn_id)
-            if key not in self._wanted:
+            # Wanted for its own tenant, or for any tenant (expected without one).
+            keys = [
+                key
+                for key in (
+                    (result.tenant_id, result.run_id, result.turn_id),
+                    (None, result.run_id, result.turn_id),
+                )
+                if key in self._wanted
+            ]
+            if not keys:
                 continue
             self.decoded += 1
             async with self._arrived:
-                self._results[key] = result
+                for key in keys:
+                    self._results[key] = result
                 self._arrived.notify_all()
 
 

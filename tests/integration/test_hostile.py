@@ -20,9 +20,10 @@ from redis.asyncio import Redis
 
 from kernel.adapters.bus import KafkaBus
 from kernel.adapters.topics import ensure_topics
+from kernel.errors import UsageError
 from kernel.rules.texts import DEFAULT_ERROR
 from kernel.settings import Settings
-from schemas import ApprovalDecision, CancelRequest, DeadLetter, ModelResponseEvent
+from schemas import ApprovalDecision, CallOutcome, CancelRequest, DeadLetter, ModelResponseEvent
 from tests.conftest import wait_for
 from tests.integration.fleet_tools import effects_key, starts_key
 from tests.integration.test_pipeline import turn
@@ -161,6 +162,36 @@ async def test_a_cancellation_never_reaches_another_tenants_calls(
     await client.cancel(CancelRequest(tenant_id="acme", run_id=b.run_id, reason="done"))
     b_result = await result_of(fleet, client, b.run_id)
     assert (b_result.tenant_id, b_result.outputs[0].output) == ("beta", "charged 2")
+
+
+async def test_two_tenants_turns_of_one_run_id_each_get_their_own_result(
+    client: FleetClient,
+) -> None:
+    """One client for two tenants that number their runs alike: the turns share run id and
+    turn id, and each gets its own tenant's result and, when followed, outcomes."""
+    acme = turn(("c", "sleep_then_echo", {"text": "for acme"}))
+    beta = _tenant(turn(("c", "sleep_then_echo", {"text": "for beta"}), run_id=acme.run_id), "beta")
+    seen: dict[str, list[CallOutcome]] = {"acme": [], "beta": []}
+    stops = [
+        await client.follow(acme.run_id, 0, seen[tenant].append, tenant_id=tenant)
+        for tenant in seen
+    ]
+    try:
+        for_beta, for_acme = await asyncio.gather(client.run_turn(beta), client.run_turn(acme))
+    finally:
+        for stop in stops:
+            stop()
+    assert (for_acme.tenant_id, for_acme.outputs[0].output) == ("acme", "for acme")
+    assert (for_beta.tenant_id, for_beta.outputs[0].output) == ("beta", "for beta")
+    for tenant, outcomes in seen.items():
+        assert outcomes and {(o.tenant_id, o.output) for o in outcomes} == {
+            (tenant, f"for {tenant}")
+        }
+    # Awaited without its tenant, a turn the client holds for both is ambiguous.
+    for tenant in seen:
+        client.expect(acme.run_id, 1, tenant_id=tenant)
+    with pytest.raises(UsageError, match="tenant_id"):
+        await client.result(acme.run_id, 1, within=1)
 
 
 def _shared_call_id_in_three_runs(call_id: str) -> list[ModelResponseEvent]:

@@ -338,7 +338,7 @@ class Batch:
                 for pending in self.calls:
                     await server.ensure_served(pending.tool)
             stop_following = await binding.client.follow(
-                event.run_id, event.turn_id, self._on_outcome
+                event.run_id, event.turn_id, self._on_outcome, tenant_id=event.tenant_id
             )
             result = await binding.client.run_turn(event, within=binding.turn_timeout)
         except asyncio.CancelledError:

@@ -92,7 +92,8 @@ class Calls:
             ):
                 settled.set_result(outcome)
 
-        stop = await self.client.follow(run_id, 0, on_outcome)
+        tenant = submit.tenant_id if submit is not None else None
+        stop = await self.client.follow(run_id, 0, on_outcome, tenant_id=tenant)
         turn: asyncio.Task[Any] | None = None
         try:
             if submit is not None:
@@ -101,7 +102,9 @@ class Calls:
                     await submitted()
             else:
                 self.client.expect(run_id, 0)
-            turn = asyncio.create_task(self.client.result(run_id, 0, within=self.limits.wait_s))
+            turn = asyncio.create_task(
+                self.client.result(run_id, 0, within=self.limits.wait_s, tenant_id=tenant)
+            )
             await asyncio.wait({settled, turn}, return_when=asyncio.FIRST_COMPLETED)
             if settled.done():
                 return call_tool_result(settled.result())

@@ -275,7 +275,7 @@ class Tasks:
             if outcome.call_id == call_id and outcome.kind == "execute":
                 arrived.put_nowait(outcome)
 
-        stop = await self.client.follow(record.run_id, 0, on_outcome)
+        stop = await self.client.follow(record.run_id, 0, on_outcome, tenant_id=record.tenant_id)
         deadline = loop.time() + self.limits.wait_s
         shown: tuple[str, str | None] | None = None
         try:
