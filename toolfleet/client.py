@@ -11,11 +11,10 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Self
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 from pydantic import ValidationError
 
-from kernel.adapters.bus import KafkaBus
-from kernel.adapters.security import kafka_options
+from kernel.adapters.bus import Bus, KafkaBus
 from kernel.adapters.topics import TopicsMissingError
 from kernel.errors import InvalidMessageError, UnavailableError, UsageError
 from kernel.rules.auth import DecisionAuth
@@ -67,9 +66,11 @@ class FleetClient:
     most ``client_max_results`` are kept.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, bus: Bus | None = None) -> None:
         self.settings = settings
-        self.bus = KafkaBus(settings, service="client")
+        self.bus: Bus = bus or KafkaBus(settings, service="client")
+        """What the client publishes with and reads through (Kafka unless given one: the
+        simulator gives its own)."""
         self.auth = DecisionAuth.of(settings)
         self._wanted: dict[TurnKey, float] = {}
         """Turns whose results this client keeps, with the monotonic time it stops waiting."""
@@ -118,19 +119,9 @@ class FleetClient:
 
     async def __aenter__(self) -> Self:
         await self.bus.start()
-        topic = self.settings.topic("turn-results")
-        consumer = AIOKafkaConsumer(
-            **kafka_options(self.settings),
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-        )
+        consumer = self.bus.reader(isolation_level="read_committed")
         await consumer.start()
-        partitions = await self.bus.producer.partitions_for(topic)  # waits for metadata
-        assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
-        consumer.assign(assigned)
-        await consumer.seek_to_end(*assigned)
-        for tp in assigned:  # resolve the end offsets now, before anything is submitted
-            await consumer.position(tp)
+        await self._from_the_end(consumer, "turn-results")  # before anything is submitted
         self._consumer = consumer
         self._reader = asyncio.create_task(self._read())
         return self
@@ -255,22 +246,16 @@ class FleetClient:
         async with self._outcomes_started:
             if self._outcomes is not None:
                 return
-            topic = self.settings.topic("outcomes")
-            consumer = AIOKafkaConsumer(
-                **kafka_options(self.settings),
-                enable_auto_commit=False,
-                isolation_level="read_committed",
-            )
+            consumer = self.bus.reader(isolation_level="read_committed")
             await consumer.start()
-            await self._from_the_end(consumer, topic)  # nothing submitted after it is missed
+            await self._from_the_end(consumer, "outcomes")  # nothing submitted after is missed
             self._outcomes = consumer
             self._outcome_reader = asyncio.create_task(self._read_followed(consumer))
 
     async def _from_the_end(self, consumer: AIOKafkaConsumer, topic: str) -> None:
-        """Assign ``consumer`` every partition of ``topic``, positioned at its end now (the
-        positions resolved before this returns, not at the first fetch)."""
-        partitions = await self.bus.producer.partitions_for(topic)
-        assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+        """Assign ``consumer`` every partition of logical ``topic``, positioned at its end
+        now (the positions resolved before this returns, not at the first fetch)."""
+        assigned = await self.bus.partitions(topic)  # waits for the broker's metadata
         consumer.assign(assigned)
         await consumer.seek_to_end(*assigned)
         for tp in assigned:
@@ -342,14 +327,14 @@ class FleetClient:
             if self._progress is not None:
                 return
             topic = self.settings.topic("progress")
-            consumer = AIOKafkaConsumer(**kafka_options(self.settings), enable_auto_commit=False)
+            consumer = self.bus.reader()
             await consumer.start()
             # Looked for, not named: naming a missing topic can have the broker create it
             # with its defaults (a week's retention, its partition count), not the plan's.
             if topic not in await consumer.topics():
                 await consumer.stop()
                 raise TopicsMissingError([topic], ("default",))
-            await self._from_the_end(consumer, topic)  # nothing reported after it is missed
+            await self._from_the_end(consumer, "progress")  # nothing reported after is missed
             self._progress = consumer
             self._progress_reader = asyncio.create_task(self._read_watched(consumer))
 
@@ -396,7 +381,7 @@ class FleetClient:
         async with self._tools_started:
             if self._tools is not None:
                 return
-            consumer = AIOKafkaConsumer(**kafka_options(self.settings), enable_auto_commit=False)
+            consumer = self.bus.reader()
             await consumer.start()
             self._tools = consumer
             self._tool_reader = asyncio.create_task(self._read_announced(consumer))
@@ -409,8 +394,7 @@ class FleetClient:
         while topic not in await consumer.topics():
             self._tools_read.set()  # nothing to read yet: every tool is unknown
             await asyncio.sleep(TOOLS_TOPIC_RECHECK_S)  # wait-ok: polling for the topic
-        partitions = await self.bus.producer.partitions_for(topic)
-        assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+        assigned = await self.bus.partitions("tools")
         consumer.assign(assigned)
         await consumer.seek_to_beginning(*assigned)
         ends = await consumer.end_offsets(assigned)

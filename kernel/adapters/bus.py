@@ -149,6 +149,13 @@ class Bus(Protocol):
     def consumer(self, topics: Iterable[str], group: str, **options: Any) -> AIOKafkaConsumer:
         """A consumer of logical ``topics`` whose offsets only the caller commits."""
 
+    def reader(self, **options: Any) -> AIOKafkaConsumer:
+        """A consumer in no group, of the partitions its caller assigns (a client's view of
+        a topic); ``options`` are aiokafka's (``isolation_level``, say)."""
+
+    async def partitions(self, topic: str) -> list[TopicPartition]:
+        """Every partition of logical ``topic``, once the broker's metadata names them."""
+
     def transactional_producer(self, transactional_id: str) -> TransactionalProducer:
         """A producer whose records a ``read_committed`` reader sees only once committed."""
 
@@ -391,6 +398,16 @@ class KafkaBus:
         if names:
             consumer.subscribe(names, listener=_LogAssignments())
         return consumer
+
+    def reader(self, **options: Any) -> AIOKafkaConsumer:
+        """A consumer in no group, of the partitions its caller assigns (a client's view of
+        a topic); ``options`` are aiokafka's (``isolation_level``, say)."""
+        return AIOKafkaConsumer(**kafka_options(self.settings), enable_auto_commit=False, **options)
+
+    async def partitions(self, topic: str) -> list[TopicPartition]:
+        """Every partition of logical ``topic``, once the broker's metadata names them."""
+        full = self.topic(topic)
+        return [TopicPartition(full, p) for p in sorted(await self.producer.partitions_for(full))]
 
 
 class IndefiniteOutcome(InfrastructureError):

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from aiokafka import TopicPartition
+
 from kernel.adapters.bus import Record
 from kernel.adapters.tracing import Headers
 from kernel.adapters.tracing import headers as trace_headers
@@ -120,6 +122,17 @@ class InMemoryBus:
             "InMemoryBus cannot consume; call the service's handlers with records, or run the "
             "service against Kafka (toolfleet.testing.LocalFleet)"
         )
+
+    def reader(self, **options: Any) -> NoReturn:
+        """Refused: reading needs a broker."""
+        raise UsageError(
+            "InMemoryBus cannot consume; run against Kafka (toolfleet.testing.LocalFleet)"
+        )
+
+    async def partitions(self, topic: str) -> list[TopicPartition]:
+        """The partitions the settings give ``topic``."""
+        full = self.settings.topic(topic)
+        return [TopicPartition(full, p) for p in range(self.settings.partitions_of(topic))]
 
     def transactional_producer(self, transactional_id: str) -> NoReturn:
         """Refused: transactions need a broker."""

@@ -283,6 +283,15 @@ class SimBus:
             consumer.subscribe(names)
         return consumer
 
+    def reader(self, **options: Any) -> SimConsumer:
+        """A consumer in no group, of the partitions its caller assigns (aiokafka's default
+        isolation, read_uncommitted, unless ``options`` name one)."""
+        return SimConsumer(self, "", {"isolation_level": "read_uncommitted", **options})
+
+    async def partitions(self, topic: str) -> list[TopicPartition]:
+        """Every partition of logical ``topic``."""
+        return self.broker.partitions(self.topic(topic))
+
     def transactional_producer(self, transactional_id: str) -> SimTransactionalProducer:
         """A producer for transactions under ``transactional_id``."""
         return SimTransactionalProducer(self, transactional_id)

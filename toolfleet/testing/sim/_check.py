@@ -126,6 +126,7 @@ async def check(world: World) -> list[str]:
     for record, reason, service in world.broker.dead_letters:
         violations.append(f"{service} dead-lettered a record of {record.topic}: {reason}")
     violations += _decided_by_their_tenant(world, results)
+    violations += world.crossed  # what the client handed the runtime of another tenant
     stores = Stores(world.state.client("checker", observer=True)[0], world.settings)
     if all(_answered(results.get(t, []), world.submitted[t]) for t in calls):
         running = await slots_held(world)

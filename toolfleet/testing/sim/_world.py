@@ -44,11 +44,12 @@ from reconciler.service import Reconciler
 from schemas import (
     AgentRef,
     ApprovalDecision,
+    CallOutcome,
     CancelRequest,
     ModelResponseEvent,
     TurnConfig,
-    TurnResult,
 )
+from toolfleet.client import FleetClient, TurnTimeoutError
 from toolfleet.testing.sim._broker import Broker, Faults, SimBus, SimConsumer
 from toolfleet.testing.sim._fresh import as_new_process
 from toolfleet.testing.sim._groups import slot_groups
@@ -182,6 +183,8 @@ class World:
         """The agent runtime's decision on each call that waited for approval: approved?"""
         self.cancelled: set[tuple[str, str]] = set()
         """(tenant, run) of every run the agent runtime cancelled."""
+        self.crossed: list[str] = []
+        """What the client handed the agent runtime of another tenant's turn (a violation)."""
         self.auth = DecisionAuth.of(self.settings)
         self.services: dict[str, Any] = {}
         self.links: dict[str, Any] = {}
@@ -511,10 +514,15 @@ class World:
         for name in SERVICES:
             self._start(name)
         await asyncio.sleep(2.0)  # the workers publish their tools and own their partitions
-        client = SimBus(self.broker, self.settings, "client")
-        runtime = asyncio.get_running_loop().create_task(self._resume_interrupted(client))
+        client = FleetClient(
+            self.settings, bus=cast("Bus", SimBus(self.broker, self.settings, "client"))
+        )
+        await client.__aenter__()
+        loop = asyncio.get_running_loop()
+        runtime: list[asyncio.Task[None]] = []
         cancelling = []
         for n, event in enumerate(self.events):
+            runtime.append(loop.create_task(self._follow_through(client, event)))
             await self._submit(client, event)
             if n in self.cancels:
                 cancel = self._cancel_later(client, event, self.cancels[n])
@@ -543,16 +551,18 @@ class World:
             while self.down:  # noqa: ASYNC110 (checked each virtual second: nothing signals it)
                 await asyncio.sleep(1.0)
             await asyncio.sleep(LEASE_S + 10.0)
-        runtime.cancel()
-        for task in cancelling:
+        for task in [*runtime, *cancelling]:
             task.cancel()
+        await client.__aexit__(None, None, None)
 
     # --- the agent runtime ----------------------------------------------------------------------
-    async def _submit(self, client: SimBus, event: ModelResponseEvent) -> None:
+    async def _submit(self, client: FleetClient, event: ModelResponseEvent) -> None:
         self.submitted[(event.tenant_id, event.run_id, event.turn_id)] += 1
-        await client.publish("model-responses", event.run_id, event)
+        await client.submit(event)
 
-    async def _cancel_later(self, client: SimBus, event: ModelResponseEvent, after: float) -> None:
+    async def _cancel_later(
+        self, client: FleetClient, event: ModelResponseEvent, after: float
+    ) -> None:
         """Cancel ``event``'s run ``after`` seconds after it was submitted."""
         await asyncio.sleep(after)
         self.cancelled.add((event.tenant_id, event.run_id))
@@ -560,30 +570,38 @@ class World:
             tenant_id=event.tenant_id, run_id=event.run_id, reason="simulated: the user stopped",
             decided_by="sim",
         )  # fmt: skip
-        await client.publish("cancellations", event.run_id, self.auth.sign(request))
+        await client.cancel(request)
 
-    async def _resume_interrupted(self, client: SimBus) -> None:
-        """As an agent runtime does with a turn whose result is interrupted: decide each call
-        that waits (approve or reject, drawn from the seed; once a call), and submit the turn
-        again to resume it. A resumed response that overtakes its decision is interrupted
-        again, and submitted again."""
-        answered: Counter[TurnKey] = Counter()
-        by_turn = {(e.tenant_id, e.run_id, e.turn_id): e for e in self.events}
-        while True:
-            latest: dict[TurnKey, TurnResult] = {}
-            count: Counter[TurnKey] = Counter()
-            for record in self.broker.read(self.settings.topic("turn-results")):
-                result = TurnResult.decode(record.value or b"")
-                key = (result.tenant_id, result.run_id, result.turn_id)
-                latest[key] = result
-                count[key] += 1
-            for key, result in latest.items():
-                if result.status != "interrupted" or count[key] <= answered[key]:
-                    continue
-                if count[key] < self.submitted[key]:
-                    continue  # the result of the latest submission is still to come
-                answered[key] = count[key]
-                tenant, run, _turn = key
+    async def _follow_through(self, client: FleetClient, event: ModelResponseEvent) -> None:
+        """As an agent runtime does with each turn it submitted: await its result through the
+        client (and follow its calls' outcomes); for a result that is interrupted, decide each
+        call that waits (approve or reject, drawn from the seed; once a call) and submit the
+        turn again to resume it. A resumed response that overtakes its decision is
+        interrupted again, and submitted again. Whatever the client hands over must be this
+        tenant's turn: the tenants' runs share their ids."""
+        tenant, run, turn = event.tenant_id, event.run_id, event.turn_id
+
+        def on_outcome(outcome: CallOutcome) -> None:
+            if (outcome.tenant_id, outcome.run_id, outcome.turn_id) != (tenant, run, turn):
+                self.crossed.append(
+                    f"{tenant}/{run} turn {turn} was shown {outcome.tenant_id}'s outcome"
+                )
+
+        stop = await client.follow(run, turn, on_outcome, tenant_id=tenant)
+        try:
+            while True:
+                try:
+                    result = await client.result(
+                        run, turn, within=SETTLE_WITHIN_S, tenant_id=tenant
+                    )
+                except TurnTimeoutError:
+                    return  # the turn waits on a person, or never ends (the checker says which)
+                if (result.tenant_id, result.run_id, result.turn_id) != (tenant, run, turn):
+                    self.crossed.append(
+                        f"{tenant}/{run} turn {turn} was handed {result.tenant_id}'s result"
+                    )
+                if result.status != "interrupted":
+                    return
                 for item in result.interruptions:
                     call = (tenant, run, item.call_id)
                     if call not in self.decisions:
@@ -594,10 +612,11 @@ class World:
                             message=None if self.decisions[call] else "simulated: rejected",
                             decided_by="sim",
                         )  # fmt: skip
-                        await client.publish("approvals", run, self.auth.sign(decision))
+                        await client.decide(decision)
                 await asyncio.sleep(self.rng.choice((0.0, 0.01, 0.5)))
-                await self._submit(client, by_turn[key].model_copy(update={"resume": True}))
-            await asyncio.sleep(0.5)
+                await self._submit(client, event.model_copy(update={"resume": True}))
+        finally:
+            stop()
 
     def run(self) -> Report:
         """Run the seed to its end and check the invariants."""
