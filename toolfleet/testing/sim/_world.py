@@ -36,7 +36,6 @@ from executors import NotExecuted, ProbeResult, ToolContext, ToolRegistry
 from executors.worker import Worker
 from kernel.adapters.bus import TRANSIENT_ERRORS, Bus
 from kernel.adapters.dependencies import DEPENDENCIES
-from kernel.rules.auth import DecisionAuth
 from kernel.settings import Settings
 from kernel.stores.door import Stores
 from planner.service import Planner
@@ -185,7 +184,6 @@ class World:
         """(tenant, run) of every run the agent runtime cancelled."""
         self.crossed: list[str] = []
         """What the client handed the agent runtime of another tenant's turn (a violation)."""
-        self.auth = DecisionAuth.of(self.settings)
         self.services: dict[str, Any] = {}
         self.links: dict[str, Any] = {}
         self.buses: dict[str, SimBus] = {}
