@@ -441,7 +441,12 @@ class Worker:
         task = asyncio.current_task()
         assert task is not None
         cancel_call: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._running[key] = (task, cancel_call)
+        # A copy of a command delivered again (a duplicate, a rebalance) can be handled here
+        # while the first copy runs the call: it waits in ``_begin`` and must not take over
+        # the entries the cancellation listener and the lease renewal go by. The handler that
+        # begins the call holds them; the others only fill a gap.
+        self._running.setdefault(key, (task, cancel_call))
+        started_here = False
         labelled(IN_FLIGHT, self.pool).inc()
         began = time.monotonic()
 
@@ -456,7 +461,9 @@ class Worker:
                 verdict = await self._begin(command, tool.version)
             if verdict != "run":
                 raise _NotStarted(verdict)
-            self._leases[key] = command
+            nonlocal started_here
+            started_here = True
+            self._hold(key, (task, cancel_call), command)
             if slots.paced:
                 await _persist(lambda: self.admitter.started(command, slots.paced))
 
@@ -494,18 +501,16 @@ class Worker:
         except asyncio.CancelledError:
             if (command.tenant_id, command.run_id) not in self._cancelled_runs:
                 raise
-            if key not in self._leases:
-                # Cancelled before it began (pacing, its begin): its body never ran.
-                return reported(ended(command, self.worker_id, "skipped"))
+            if not started_here:
+                return await self._cancelled_before_it_began(command)
             # Parent cancellation: no tool output, only the fact that the call was cancelled.
             outcome = ended(command, self.worker_id, "cancelled")
         finally:
             # The tool is done: its slot runs the next call while this one's outcome is
             # written and published (the limit is on running tools, not on bookkeeping).
             release_slot()
-            self._leases.pop(key, None)
+            self._let_go(key, task, started=started_here)
             labelled(IN_FLIGHT, self.pool).dec()
-            self._running.pop(key, None)
         latency = labelled(CALL_LATENCY, self.pool, tool_label(command.tool_name))
         latency.observe(time.monotonic() - began)
         if deferrals:
@@ -776,6 +781,33 @@ class Worker:
                 reason="no ledger entry for this call: commands must come from the planner",
             )
         return None  # stale: a newer attempt of this call exists and will report
+
+    def _hold(
+        self,
+        key: _CallKey,
+        running: tuple[asyncio.Task[None], asyncio.Future[None]],
+        command: ExecutionCommand,
+    ) -> None:
+        """The handler that began a call holds its entries: cancellations reach its task,
+        and its lease is renewed."""
+        self._running[key] = running
+        self._leases[key] = command
+
+    def _let_go(self, key: _CallKey, task: asyncio.Task[None], *, started: bool) -> None:
+        """Drop a handler's entries for a call (a copy that never began holds no lease, and
+        the running entry only if nobody took it over)."""
+        if started:
+            self._leases.pop(key, None)
+        if self._running.get(key, (None,))[0] is task:
+            del self._running[key]
+
+    async def _cancelled_before_it_began(self, command: ExecutionCommand) -> CallOutcome | None:
+        """A call its run's cancellation stopped before it began here (pacing, its begin): its
+        body never ran here. If it began all the same (another copy of the command, another
+        worker), its holder reports it, never "not executed"; else it is skipped."""
+        if await self._began(command):
+            return None
+        return reported(ended(command, self.worker_id, "skipped"))
 
     async def _began(self, command: ExecutionCommand) -> bool:
         """Whether the call went past dispatch already (a command delivered again): then the
