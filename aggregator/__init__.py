@@ -8,6 +8,7 @@ from aggregator._turn import (
     build_result,
     for_a_resumed_plan,
     is_settled,
+    keep_early,
     turn_error,
     unsettled_calls,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "build_result",
     "for_a_resumed_plan",
     "is_settled",
+    "keep_early",
     "turn_error",
     "unsettled_calls",
 ]

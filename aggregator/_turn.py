@@ -102,6 +102,30 @@ def accept_outcome(state: TurnState, outcome: CallOutcome) -> bool:
     return True
 
 
+def keep_early(early: dict[str, CallOutcome], outcome: CallOutcome) -> None:
+    """Keep ``outcome`` in ``early`` (one per call) for a plan still to come, as that plan
+    would take it had it been there: only the call's execution outcomes (a probe's or a
+    compensation's is the reconciler's, never a turn's, and must not replace the one the
+    plan needs), the latest attempt's, and of one attempt a final outcome over any other (a
+    record of the attempt read again, or delivered late, must not bring back an unsettled
+    outcome the reconciler has since resolved)."""
+    if outcome.kind != "execute":
+        return
+    known = early.get(outcome.call_id)
+    if (
+        known is None
+        or outcome.fencing_token > known.fencing_token
+        or (outcome.fencing_token == known.fencing_token and not _final(known))
+    ):
+        early[outcome.call_id] = outcome
+
+
+def _final(outcome: CallOutcome) -> bool:
+    """Whether an outcome is its attempt's last word: resolved, and not the question of a
+    call waiting for approval (its attempt's execution, once approved, comes after it)."""
+    return outcome.resolved and outcome.status != "pending_approval"
+
+
 def for_a_resumed_plan(state: TurnState, outcome: CallOutcome) -> bool:
     """Whether ``outcome``, which this plan does not take, is for a resumed plan still to come:
     its call waits for approval here (``interrupt``), and once approved a resumed plan

@@ -35,6 +35,7 @@ from aggregator._turn import (
     build_result,
     for_a_resumed_plan,
     is_settled,
+    keep_early,
 )
 from kernel.adapters.bus import (
     COMMIT_INTERVAL_S,
@@ -482,13 +483,13 @@ class Aggregator:
             if state.turn is None:
                 # The plan is not here yet (another topic, another pace): keep the outcomes.
                 for outcome, _ in outcomes:
-                    _keep_early(state, outcome)
+                    keep_early(state.early, outcome)
                 return None
             for outcome, _ in outcomes:
                 if not accept_outcome(state.turn, outcome) and for_a_resumed_plan(
                     state.turn, outcome
                 ):
-                    _keep_early(state, outcome)
+                    keep_early(state.early, outcome)
             return _maybe_emit(state, state.turn, triggers)
 
         return await self._update(tenant, run, turn_id, change)
@@ -590,13 +591,6 @@ class Aggregator:
                 copy = outcome.model_copy(update={"run_id": run_id, "turn_id": turn_id})
                 copies.append((copy, f"attached:{run_id}:{turn_id}:{outcome.call_id}"))
         return copies
-
-
-def _keep_early(state: StoredTurn, outcome: CallOutcome) -> None:
-    """Keep ``outcome`` for a plan still to come (its latest attempt's, per call)."""
-    known = state.early.get(outcome.call_id)
-    if known is None or known.fencing_token <= outcome.fencing_token:
-        state.early[outcome.call_id] = outcome
 
 
 def _maybe_emit(state: StoredTurn, turn: TurnState, triggers: list[str]) -> Emission | None:

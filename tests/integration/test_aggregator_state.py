@@ -83,6 +83,28 @@ async def test_a_plan_with_its_outcomes_in_one_update_emits_what_one_by_one_woul
     assert late == []
 
 
+async def test_a_resolution_before_the_plan_is_not_replaced_by_the_probes_outcome(
+    redis: Redis, settings: Settings
+) -> None:
+    """Seed 34474: a call's unknown effect, the probe's outcome, the reconciler's resolution
+    and the probe's again, all read before the turn's plan (another topic, a slower
+    planner); the plan then finds the call settled and the turn's result goes out."""
+    aggregator = Aggregator(
+        settings, bus=InMemoryBus(settings=settings), stores=Stores(redis, settings)
+    )
+    run = f"run-{uuid.uuid4().hex}"
+    unknown = _outcome(run, 0).model_copy(
+        update={"status": "failed", "effect": "unknown", "resolved": False, "output": None}
+    )
+    probe = _outcome(run, 0).model_copy(update={"kind": "probe", "source": "reconciler"})
+    resolution = _outcome(run, 0).model_copy(update={"source": "reconciler"})
+    for n, early in enumerate([unknown, _outcome(run, 1), probe, resolution, probe, unknown]):
+        assert await aggregator.on_outcomes([(early, f"o:{n}")]) == []
+    emitted = await aggregator.on_plan(_plan(run), ["p:0"])
+    assert [e.result.status for e in emitted] == ["completed"]
+    assert [o.output for o in emitted[0].result.outputs] == ["out-0", "out-1"]
+
+
 @pytest.fixture
 async def own(settings: Settings) -> AsyncIterator[Settings]:
     """Topics of this test alone: no other aggregator of the session shares its group."""

@@ -21,7 +21,7 @@ SEEDS = 300
 
 FOUND = (
     384, 388, 405, 503, 572, 573, 600, 646, 796, 1149, 1184, 1215, 1602, 1792, 1895, 2092,
-    2106, 4875, 5529, 5637, 6166, 6296, 7810, 7950, 8245, 9214, 15685, 17036, 18249,
+    2106, 4875, 5529, 5637, 6166, 6296, 7810, 7950, 8245, 9214, 15685, 17036, 18249, 34474,
 )  # fmt: skip
 """Seeds beyond the batch that failed in a campaign before the fix their commit names. A seed's
 run changes with the code, so each now runs another schedule than the one that found its bug;

@@ -13,6 +13,7 @@ from aggregator import (
     build_result,
     for_a_resumed_plan,
     is_settled,
+    keep_early,
     turn_error,
     unsettled_calls,
 )
@@ -153,6 +154,38 @@ def test_the_outcome_of_a_call_waiting_for_approval_is_for_the_resumed_plan() ->
     resumed = state(call("c1", 0), call("c2", 1))
     resumed.plan = resumed.plan.model_copy(update={"epoch": 5})
     assert accept_outcome(resumed, ran)
+
+
+def test_an_outcome_before_its_plan_is_kept_as_the_plan_would_take_it() -> None:
+    """Seed 34474: a charge's unknown effect, the probe's outcome and the reconciler's
+    resolution all came before the turn's plan; the probe's, read last, replaced the
+    resolution, the plan never saw its call settle, and the turn never ended."""
+    early: dict[str, CallOutcome] = {}
+    unknown = outcome("c1", 0, "failed", effect="unknown", resolved=False)
+    resolved = outcome("c1", 0, effect="applied", source="reconciler")
+    for record in (unknown, outcome("c1", 0, kind="probe"), resolved,
+                   outcome("c1", 0, kind="compensate"), unknown):  # fmt: skip
+        keep_early(early, record)
+    assert early == {"c1": resolved}  # a probe's is the reconciler's; the unknown is older
+    s = state(call("c1", 0))
+    assert all(accept_outcome(s, o) for o in early.values()) and is_settled(s)
+
+
+def test_an_outcome_kept_before_its_plan_gives_way_to_a_newer_attempt_only() -> None:
+    early: dict[str, CallOutcome] = {}
+    keep_early(early, outcome("c1", 0, kind="probe"))
+    assert early == {}
+    first = outcome("c1", 0, "failed", resolved=False, retry="transient")
+    second = outcome("c1", 0, attempt=2, fencing_token=2)
+    keep_early(early, first)
+    keep_early(early, second)
+    keep_early(early, first)  # the older attempt's, read again
+    assert early == {"c1": second}
+    # A call's approval question, then the same attempt's execution once approved.
+    asked = outcome("c2", 1, "pending_approval")
+    keep_early(early, asked)
+    keep_early(early, ran := outcome("c2", 1))
+    assert early["c2"] == ran
 
 
 NOT_FOUND = "Tool 'x' not found."
